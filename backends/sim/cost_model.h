@@ -1,0 +1,42 @@
+// GPU description and per-primitive cost model of the sim backend (read from configs/gpus/*.yaml).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "backends/backend.h"
+
+namespace memsim {
+
+// Cost of one call: per_call + per_handle x handles touched + per_granule x granules
+// + bytes / bandwidth. All figures in microseconds (bandwidth in bytes per microsecond).
+struct CostTerm {
+  double per_call_us = 0;
+  double per_handle_us = 0;
+  double per_granule_us = 0;
+  double bytes_per_us = 0;  // 0 = no per-byte term
+};
+
+struct GpuSpec {
+  std::string name;
+  uint64_t capacity = 0;       // device memory in bytes
+  uint64_t granularity = 0;    // VMM allocation granularity
+  uint64_t va_space = 0;       // bytes of virtual address space the backend may reserve
+  // Extra per-node costs of graphs: a captured node, instantiating one node, replaying one.
+  double capture_per_node_us = 0;
+  double instantiate_per_node_us = 0;
+  double replay_per_node_us = 0;
+  // Graph memory nodes: mapping physical pages at a graph's first launch, and remapping when a
+  // graph moves to another stream (per granule).
+  double graph_mem_map_per_granule_us = 0;
+  double graph_mem_remap_per_granule_us = 0;
+  std::array<CostTerm, static_cast<size_t>(Primitive::kCount)> costs{};
+
+  const CostTerm& cost(Primitive p) const { return costs[static_cast<size_t>(p)]; }
+  CostTerm& cost(Primitive p) { return costs[static_cast<size_t>(p)]; }
+  // Nanoseconds for one call of `p` touching `handles` handles and `bytes` bytes.
+  SimTime price(Primitive p, uint64_t handles, uint64_t bytes) const;
+};
+
+}  // namespace memsim

@@ -1,0 +1,184 @@
+// Graph memory node model: capture bookkeeping, launch planning, trim.
+#include "backends/sim/graph_memory_model.h"
+
+#include <algorithm>
+#include <string>
+
+namespace memsim {
+
+Status GraphMemoryModel::begin(StreamId s) {
+  if (capturing(s))
+    return make_error(ErrorCode::kInvalidState,
+                      "begin_capture: stream " + std::to_string(s.id) + " is already capturing");
+  captures_.emplace(s, Capture{});
+  return {};
+}
+
+void GraphMemoryModel::add_node(StreamId s) { ++captures_.at(s).graph.nodes; }
+
+uint64_t GraphMemoryModel::nodes_in_capture(StreamId s) const {
+  auto it = captures_.find(s);
+  return it == captures_.end() ? 0 : it->second.graph.nodes;
+}
+
+void GraphMemoryModel::add_alloc(StreamId s, DevPtr va, uint64_t bytes) {
+  Capture& c = captures_.at(s);
+  c.index.emplace(va, c.graph.allocs.size());
+  c.graph.allocs.push_back(Alloc{va, pages(bytes)});
+  c.live += pages(bytes);
+  c.graph.peak = std::max(c.graph.peak, c.live);
+  ++c.graph.nodes;
+}
+
+Status GraphMemoryModel::add_free(StreamId s, DevPtr va) {
+  Capture& c = captures_.at(s);
+  auto it = c.index.find(va);
+  if (it == c.index.end()) {
+    // A free node for another graph's allocation: it runs when this graph is launched.
+    if (!alloc_owner_.count(va))
+      return make_error(ErrorCode::kInvalidArgument,
+                        "free_async during capture of a pointer that is no graph allocation");
+    c.graph.frees_of_others.push_back(va);
+    ++c.graph.nodes;
+    return {};
+  }
+  Alloc& a = c.graph.allocs[it->second];
+  if (a.freed_in_graph) return make_error(ErrorCode::kInvalidState, "free_async: double free");
+  a.freed_in_graph = true;
+  c.live -= a.pages;
+  ++c.graph.nodes;
+  return {};
+}
+
+Result<GraphMemoryModel::Ended> GraphMemoryModel::end(StreamId s) {
+  auto it = captures_.find(s);
+  if (it == captures_.end())
+    return make_error(ErrorCode::kInvalidState,
+                      "end_capture: stream " + std::to_string(s.id) + " is not capturing");
+  Graph g = std::move(it->second.graph);
+  captures_.erase(it);
+  const uint64_t id = next_graph_++;
+  for (const Alloc& a : g.allocs) alloc_owner_.emplace(a.va, id);
+  const uint64_t nodes = g.nodes;
+  graphs_.emplace(id, std::move(g));
+  return Ended{id, nodes};
+}
+
+uint64_t GraphMemoryModel::live_bytes_of(const Graph& g) const {
+  uint64_t sum = 0;
+  for (const Alloc& a : g.allocs)
+    if (a.live_outside) sum += a.pages;
+  return sum;
+}
+
+GraphMemoryModel::Alloc* GraphMemoryModel::find_alloc(DevPtr va, uint64_t* graph_id) {
+  auto owner = alloc_owner_.find(va);
+  if (owner == alloc_owner_.end()) return nullptr;
+  auto g = graphs_.find(owner->second);
+  if (g == graphs_.end()) return nullptr;
+  *graph_id = owner->second;
+  for (Alloc& a : g->second.allocs)
+    if (a.va == va) return &a;
+  return nullptr;
+}
+
+uint64_t GraphMemoryModel::backing_sum() const {
+  uint64_t sum = 0;
+  for (const auto& [stream, bytes] : backing_) sum += bytes;
+  return sum;
+}
+
+Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t graph_id,
+                                                                   StreamId s) const {
+  auto it = graphs_.find(graph_id);
+  if (it == graphs_.end() || it->second.destroyed)
+    return make_error(ErrorCode::kInvalidArgument, "launch of an unknown or destroyed graph");
+  const Graph& g = it->second;
+  LaunchPlan plan;
+  plan.nodes = g.nodes;
+  uint64_t backing = backing_sum();
+  auto b = backing_.find(s);
+  const uint64_t current = b == backing_.end() ? 0 : b->second;
+  if (g.peak > current) backing += g.peak - current;
+  // Outputs of this graph's previous launch are freed on launch (AutoFreeOnLaunch).
+  const uint64_t others = live_outputs_ - live_bytes_of(g);
+  plan.reserved_after = std::max(reserved_, backing + others);
+  if (!g.mapped) plan.map_granules = g.peak / granularity_;
+  else if (g.last_stream && *g.last_stream != s) plan.remap_granules = g.peak / granularity_;
+  return plan;
+}
+
+void GraphMemoryModel::commit_launch(uint64_t graph_id, StreamId s, const LaunchPlan& plan) {
+  Graph& g = graphs_.at(graph_id);
+  uint64_t& b = backing_[s];
+  b = std::max(b, g.peak);
+  reserved_ = plan.reserved_after;
+  for (Alloc& a : g.allocs) {
+    if (a.freed_in_graph || a.live_outside) continue;  // live ones: auto-freed, re-allocated
+    a.live_outside = true;
+    a.freed_outside = false;
+    live_outputs_ += a.pages;
+  }
+  g.mapped = true;
+  g.last_stream = s;
+  const std::vector<DevPtr> frees = g.frees_of_others;
+  for (DevPtr va : frees) {
+    uint64_t owner = 0;
+    Alloc* a = find_alloc(va, &owner);
+    if (a == nullptr || !a->live_outside) continue;  // freeing a dead allocation: a no-op here
+    a->live_outside = false;
+    a->freed_outside = true;
+    live_outputs_ -= a->pages;
+  }
+}
+
+Result<std::optional<DevPtr>> GraphMemoryModel::free_outside(DevPtr va) {
+  uint64_t owner = 0;
+  Alloc* a = find_alloc(va, &owner);
+  if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, "not a graph allocation");
+  if (!a->live_outside)
+    return make_error(ErrorCode::kInvalidState,
+                      "free of a graph allocation that is not live (never launched or freed)");
+  a->live_outside = false;
+  a->freed_outside = true;
+  live_outputs_ -= a->pages;
+  Graph& g = graphs_.at(owner);
+  if (!g.destroyed) return std::optional<DevPtr>();
+  alloc_owner_.erase(va);
+  if (live_bytes_of(g) == 0) graphs_.erase(owner);
+  return std::optional<DevPtr>(va);
+}
+
+Result<std::vector<DevPtr>> GraphMemoryModel::destroy(uint64_t graph_id) {
+  auto it = graphs_.find(graph_id);
+  if (it == graphs_.end() || it->second.destroyed)
+    return make_error(ErrorCode::kInvalidArgument, "destroy of an unknown or destroyed graph");
+  Graph& g = it->second;
+  g.destroyed = true;
+  std::vector<DevPtr> release;
+  for (const Alloc& a : g.allocs) {
+    // A live output outlives its graph (the guide: destruction frees nothing that is live).
+    if (a.live_outside) continue;
+    // An output never launched is never allocated; its VA goes with the graph.
+    release.push_back(a.va);
+    alloc_owner_.erase(a.va);
+  }
+  if (live_bytes_of(g) == 0) graphs_.erase(it);
+  return release;
+}
+
+void GraphMemoryModel::trim() {
+  backing_.clear();
+  reserved_ = live_outputs_;
+  for (auto& [id, g] : graphs_) g.mapped = live_bytes_of(g) > 0;
+}
+
+std::vector<DevPtr> GraphMemoryModel::all_alloc_vas() const {
+  std::vector<DevPtr> out;
+  for (const auto& [va, id] : alloc_owner_) out.push_back(va);
+  for (const auto& [s, c] : captures_)
+    for (const Alloc& a : c.graph.allocs) out.push_back(a.va);
+  return out;
+}
+
+}  // namespace memsim

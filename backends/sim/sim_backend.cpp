@@ -1,0 +1,505 @@
+// SimBackend implementation: exact accounting of handles, reservations, mappings, plain and
+// stream-ordered allocations and graph memory; time charged from the GPU cost model.
+#include "backends/sim/sim_backend.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+namespace memsim {
+namespace {
+
+constexpr uint64_t kDeviceVaBase = 0x7f0000000000ull >> 4;  // 0x7f000000000
+constexpr uint64_t kHostVaBase = 0x100000000ull;
+constexpr uint64_t kHostVaSize = 1ull << 44;
+
+uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
+
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
+
+}  // namespace
+
+SimBackend::SimBackend(GpuSpec gpu, SimClock& clock, MetricsRecorder* metrics,
+                       std::vector<FaultInjection> faults)
+    : gpu_(std::move(gpu)),
+      clock_(clock),
+      metrics_(metrics),
+      faults_(std::move(faults)),
+      va_(kDeviceVaBase, gpu_.va_space),
+      host_va_(kHostVaBase, kHostVaSize),
+      graph_mem_(gpu_.granularity) {
+  if (metrics_) {
+    g_physical_ = metrics_->series("physical_bytes");
+    g_reserved_ = metrics_->series("virtual_reserved");
+    g_mapped_ = metrics_->series("virtual_mapped");
+    g_graph_mem_ = metrics_->series("graph_mem_reserved");
+  }
+}
+
+Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes) {
+  const auto i = static_cast<size_t>(p);
+  const uint64_t call = ++calls_[i];
+  const SimTime cost = gpu_.price(p, handles, bytes);
+  time_[i] += cost;
+  clock_.advance(cost);
+  for (const FaultInjection& f : faults_) {
+    if (f.primitive == p && f.call == call)
+      return make_error(ErrorCode::kOutOfMemory,
+                        fmt::format("{}: injected fault at call {}", to_string(p), call), bytes);
+  }
+  return {};
+}
+
+Status SimBackend::charge_physical(uint64_t bytes, std::string_view what) {
+  const uint64_t in_use = physical_ + graph_mem_.reserved();
+  if (bytes > gpu_.capacity || in_use > gpu_.capacity - bytes) {
+    const uint64_t short_by = in_use + bytes - gpu_.capacity;
+    return make_error(ErrorCode::kOutOfMemory,
+                      fmt::format("{}: {} requested, {} of {} in use ({} short)", what, mib(bytes),
+                                  mib(in_use), mib(gpu_.capacity), mib(short_by)),
+                      short_by);
+  }
+  return {};
+}
+
+void SimBackend::add_tag(std::string_view tag, int64_t delta) {
+  auto it = per_tag_.find(tag);
+  if (it == per_tag_.end()) {
+    TagGauge g;
+    if (metrics_) g.series = metrics_->series(fmt::format("tag.{}", tag));
+    it = per_tag_.emplace(std::string(tag), g).first;
+  }
+  TagGauge& g = it->second;
+  g.bytes = static_cast<uint64_t>(static_cast<int64_t>(g.bytes) + delta);
+  if (metrics_) metrics_->set(g.series, static_cast<double>(g.bytes));
+}
+
+void SimBackend::publish() {
+  if (!metrics_) return;
+  metrics_->set(g_physical_, static_cast<double>(physical_ + graph_mem_.reserved()));
+  metrics_->set(g_reserved_, static_cast<double>(virtual_reserved_));
+  metrics_->set(g_mapped_, static_cast<double>(virtual_mapped_));
+  metrics_->set(g_graph_mem_, static_cast<double>(graph_mem_.reserved()));
+}
+
+// ---- physical -------------------------------------------------------------------------------
+
+Result<PhysHandle> SimBackend::create_physical(uint64_t bytes, std::string_view tag) {
+  MEMSIM_TRY(enter(Primitive::kCreatePhysical, 1, bytes));
+  if (bytes == 0 || bytes % gpu_.granularity != 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("create_physical: {} bytes is not a non-zero multiple of the "
+                                  "granularity ({} bytes)",
+                                  bytes, gpu_.granularity));
+  MEMSIM_TRY(charge_physical(bytes, "create_physical"));
+  const uint64_t id = next_handle_++;
+  handles_.emplace(id, HandleRec{bytes, std::string(tag)});
+  physical_ += bytes;
+  add_tag(tag, static_cast<int64_t>(bytes));
+  publish();
+  return PhysHandle{id};
+}
+
+void SimBackend::drop_handle(uint64_t id) {
+  auto it = handles_.find(id);
+  physical_ -= it->second.bytes;
+  add_tag(it->second.tag, -static_cast<int64_t>(it->second.bytes));
+  handles_.erase(it);
+}
+
+Status SimBackend::release_physical(PhysHandle h) {
+  auto it = handles_.find(h.id);
+  MEMSIM_TRY(enter(Primitive::kReleasePhysical, 1, it == handles_.end() ? 0 : it->second.bytes));
+  if (it == handles_.end() || it->second.released)
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("release_physical: handle {} is not live (double release?)",
+                                  h.id));
+  // Like cuMemRelease: a handle still mapped is freed when its last mapping is unmapped.
+  if (it->second.mappings > 0) {
+    it->second.released = true;
+    return {};
+  }
+  drop_handle(h.id);
+  publish();
+  return {};
+}
+
+// ---- virtual --------------------------------------------------------------------------------
+
+Result<DevPtr> SimBackend::reserve_virtual(uint64_t bytes, uint64_t align) {
+  MEMSIM_TRY(enter(Primitive::kReserveVirtual, 0, 0));
+  if (bytes == 0 || bytes % gpu_.granularity != 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("reserve_virtual: {} bytes is not a non-zero multiple of the "
+                                  "granularity",
+                                  bytes));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr va, va_.alloc(bytes, std::max(align, gpu_.granularity)));
+  reservations_.emplace(va, Reservation{bytes, {}});
+  virtual_reserved_ += bytes;
+  publish();
+  return va;
+}
+
+Status SimBackend::free_virtual(DevPtr va) {
+  MEMSIM_TRY(enter(Primitive::kFreeVirtual, 0, 0));
+  auto it = reservations_.find(va);
+  if (it == reservations_.end())
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("free_virtual: {:#x} is not a reservation", va));
+  if (!it->second.maps.empty())
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("free_virtual: reservation {:#x} still has {} mapping(s)", va,
+                                  it->second.maps.size()));
+  virtual_reserved_ -= it->second.size;
+  reservations_.erase(it);
+  (void)va_.free(va);
+  publish();
+  return {};
+}
+
+SimBackend::Reservation* SimBackend::find_reservation(DevPtr va, uint64_t bytes,
+                                                      uint64_t* offset) {
+  return const_cast<Reservation*>(std::as_const(*this).find_reservation(va, bytes, offset));
+}
+
+const SimBackend::Reservation* SimBackend::find_reservation(DevPtr va, uint64_t bytes,
+                                                            uint64_t* offset) const {
+  auto it = reservations_.upper_bound(va);
+  if (it == reservations_.begin()) return nullptr;
+  --it;
+  if (va - it->first + bytes > it->second.size || va - it->first >= it->second.size)
+    return nullptr;
+  *offset = va - it->first;
+  return &it->second;
+}
+
+// ---- mapping --------------------------------------------------------------------------------
+
+Status SimBackend::map(DevPtr va, uint64_t bytes, PhysHandle h, uint64_t offset) {
+  MEMSIM_TRY(enter(Primitive::kMap, 1, bytes));
+  const uint64_t g = gpu_.granularity;
+  if (bytes == 0 || va % g || bytes % g || offset % g)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "map: address, size and offset must be granularity-aligned and non-zero");
+  auto hit = handles_.find(h.id);
+  if (hit == handles_.end() || hit->second.released)
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("map: unknown handle {}", h.id));
+  if (offset + bytes > hit->second.bytes)
+    return make_error(ErrorCode::kInvalidArgument, "map: range exceeds the handle's size");
+  uint64_t off = 0;
+  Reservation* r = find_reservation(va, bytes, &off);
+  if (!r)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("map: {:#x}+{} is not inside one reservation", va, bytes));
+  auto next = r->maps.lower_bound(off);
+  if (next != r->maps.end() && next->first < off + bytes)
+    return make_error(ErrorCode::kInvalidState, "map: range overlaps an existing mapping");
+  if (next != r->maps.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.bytes > off)
+      return make_error(ErrorCode::kInvalidState, "map: range overlaps an existing mapping");
+  }
+  r->maps.emplace(off, MapRec{bytes, h.id, offset});
+  ++hit->second.mappings;
+  virtual_mapped_ += bytes;
+  publish();
+  return {};
+}
+
+Status SimBackend::unmap(DevPtr va, uint64_t bytes) {
+  uint64_t off = 0;
+  Reservation* r = find_reservation(va, bytes, &off);
+  // Count the handles the range touches: unmap is priced per handle (DEVICE.md).
+  std::vector<std::map<uint64_t, MapRec>::iterator> victims;
+  bool whole = r != nullptr && bytes > 0;
+  if (whole) {
+    uint64_t cursor = off;
+    for (auto it = r->maps.lower_bound(off); it != r->maps.end() && it->first < off + bytes;
+         ++it) {
+      if (it->first != cursor || it->first + it->second.bytes > off + bytes) {
+        whole = false;
+        break;
+      }
+      cursor += it->second.bytes;
+      victims.push_back(it);
+    }
+    whole = whole && cursor == off + bytes;
+  }
+  MEMSIM_TRY(enter(Primitive::kUnmap, victims.size(), bytes));
+  if (!whole)
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("unmap: {:#x}+{} is not exactly covered by whole mappings", va,
+                                  bytes));
+  for (auto it : victims) {
+    HandleRec& h = handles_.at(it->second.handle);
+    --h.mappings;
+    virtual_mapped_ -= it->second.bytes;
+    const uint64_t id = it->second.handle;
+    r->maps.erase(it);
+    if (h.released && h.mappings == 0) drop_handle(id);
+  }
+  publish();
+  return {};
+}
+
+Status SimBackend::set_access(DevPtr va, uint64_t bytes) {
+  uint64_t off = 0;
+  const Reservation* r = find_reservation(va, bytes, &off);
+  uint64_t handles = 0, covered = 0;
+  if (r) {
+    for (auto it = r->maps.lower_bound(off); it != r->maps.end() && it->first < off + bytes;
+         ++it) {
+      ++handles;
+      covered += it->second.bytes;
+    }
+  }
+  MEMSIM_TRY(enter(Primitive::kSetAccess, handles, bytes));
+  if (!r || covered != bytes)
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("set_access: {:#x}+{} is not fully mapped", va, bytes));
+  return {};
+}
+
+std::optional<SimBackend::Resolved> SimBackend::resolve(DevPtr va) const {
+  uint64_t off = 0;
+  const Reservation* r = find_reservation(va, 1, &off);
+  if (!r) return std::nullopt;
+  auto it = r->maps.upper_bound(off);
+  if (it == r->maps.begin()) return std::nullopt;
+  --it;
+  if (off >= it->first + it->second.bytes) return std::nullopt;
+  return Resolved{PhysHandle{it->second.handle}, it->second.handle_offset + (off - it->first)};
+}
+
+// ---- plain and stream-ordered allocations ---------------------------------------------------
+
+Result<DevPtr> SimBackend::device_malloc(uint64_t bytes, std::string_view tag) {
+  // cudaMalloc backs allocations with whole pages of the VMM granularity.
+  const uint64_t accounted = round_up(bytes, gpu_.granularity);
+  MEMSIM_TRY(enter(Primitive::kDeviceMalloc, 1, accounted));
+  if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "device_malloc: 0 bytes");
+  MEMSIM_TRY(charge_physical(accounted, "device_malloc"));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr p, va_.alloc(accounted, gpu_.granularity));
+  plain_.emplace(p, PlainAlloc{accounted, std::string(tag), PlainKind::kDevice});
+  physical_ += accounted;
+  virtual_mapped_ += accounted;
+  add_tag(tag, static_cast<int64_t>(accounted));
+  publish();
+  return p;
+}
+
+Status SimBackend::device_free(DevPtr p) {
+  auto it = plain_.find(p);
+  MEMSIM_TRY(enter(Primitive::kDeviceFree, 1, it == plain_.end() ? 0 : it->second.accounted));
+  if (it == plain_.end() || it->second.kind == PlainKind::kPinned)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("device_free: {:#x} is not a live device allocation", p));
+  physical_ -= it->second.accounted;
+  virtual_mapped_ -= it->second.accounted;
+  add_tag(it->second.tag, -static_cast<int64_t>(it->second.accounted));
+  (void)va_.free(p);
+  plain_.erase(it);
+  publish();
+  return {};
+}
+
+Result<DevPtr> SimBackend::malloc_async(uint64_t bytes, StreamId stream) {
+  const uint64_t pages = round_up(bytes, gpu_.granularity);
+  MEMSIM_TRY(enter(Primitive::kMallocAsync, 1, graph_mem_.capturing(stream) ? 0 : pages));
+  if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "malloc_async: 0 bytes");
+  if (graph_mem_.capturing(stream)) {
+    // A graph memory node: VA now, physical memory at launch.
+    MEMSIM_ASSIGN_OR_RETURN(DevPtr va, va_.alloc(pages, gpu_.granularity));
+    graph_mem_.add_alloc(stream, va, bytes);
+    virtual_mapped_ += pages;
+    publish();
+    return va;
+  }
+  MEMSIM_TRY(charge_physical(pages, "malloc_async"));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr p, va_.alloc(pages, gpu_.granularity));
+  plain_.emplace(p, PlainAlloc{pages, "stream_ordered", PlainKind::kAsync});
+  physical_ += pages;
+  virtual_mapped_ += pages;
+  add_tag("stream_ordered", static_cast<int64_t>(pages));
+  publish();
+  return p;
+}
+
+Status SimBackend::free_async(DevPtr p, StreamId stream) {
+  MEMSIM_TRY(enter(Primitive::kFreeAsync, 1, 0));
+  if (graph_mem_.capturing(stream)) return graph_mem_.add_free(stream, p);
+  if (graph_mem_.is_graph_alloc(p)) {
+    MEMSIM_ASSIGN_OR_RETURN(std::optional<DevPtr> release, graph_mem_.free_outside(p));
+    if (release) {
+      virtual_mapped_ -= va_.size_of(*release);
+      (void)va_.free(*release);
+    }
+    publish();
+    return {};
+  }
+  auto it = plain_.find(p);
+  if (it == plain_.end() || it->second.kind != PlainKind::kAsync)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("free_async: {:#x} is not a live stream-ordered allocation", p));
+  physical_ -= it->second.accounted;
+  virtual_mapped_ -= it->second.accounted;
+  add_tag(it->second.tag, -static_cast<int64_t>(it->second.accounted));
+  (void)va_.free(p);
+  plain_.erase(it);
+  publish();
+  return {};
+}
+
+Result<DevPtr> SimBackend::host_malloc_pinned(uint64_t bytes) {
+  MEMSIM_TRY(enter(Primitive::kHostMallocPinned, 1, bytes));
+  if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "host_malloc_pinned: 0 bytes");
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr p, host_va_.alloc(round_up(bytes, 4096), 4096));
+  plain_.emplace(p, PlainAlloc{bytes, "pinned_host", PlainKind::kPinned});
+  pinned_ += bytes;
+  return p;
+}
+
+Status SimBackend::host_free_pinned(DevPtr p) {
+  MEMSIM_TRY(enter(Primitive::kHostFreePinned, 1, 0));
+  auto it = plain_.find(p);
+  if (it == plain_.end() || it->second.kind != PlainKind::kPinned)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("host_free_pinned: {:#x} is not pinned host memory", p));
+  pinned_ -= it->second.accounted;
+  (void)host_va_.free(p);
+  plain_.erase(it);
+  return {};
+}
+
+// ---- streams and work -----------------------------------------------------------------------
+
+Result<StreamId> SimBackend::create_stream() { return StreamId{next_stream_++}; }
+
+Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId stream) {
+  const bool captured = graph_mem_.capturing(stream);
+  MEMSIM_TRY(enter(Primitive::kFill, 0, captured ? 0 : bytes));
+  if (p == 0 || bytes == 0) return make_error(ErrorCode::kInvalidArgument, "fill: empty range");
+  if (captured) graph_mem_.add_node(stream);
+  return {};
+}
+
+Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) {
+  const bool captured = graph_mem_.capturing(stream);
+  MEMSIM_TRY(enter(Primitive::kCopy, 0, captured ? 0 : 2 * bytes));
+  if (dst == 0 || src == 0 || bytes == 0)
+    return make_error(ErrorCode::kInvalidArgument, "copy: empty range");
+  if (captured) graph_mem_.add_node(stream);
+  return {};
+}
+
+// ---- graphs ---------------------------------------------------------------------------------
+
+Status SimBackend::begin_capture(StreamId stream) {
+  MEMSIM_TRY(enter(Primitive::kBeginCapture, 0, 0));
+  return graph_mem_.begin(stream);
+}
+
+Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
+  const uint64_t nodes = graph_mem_.nodes_in_capture(stream);
+  MEMSIM_TRY(enter(Primitive::kEndCapture, 0, 0));
+  // Capturing a node and instantiating it are charged here, per node.
+  const auto per_node =
+      static_cast<SimTime>((gpu_.capture_per_node_us + gpu_.instantiate_per_node_us) * 1000.0);
+  const SimTime extra = per_node * static_cast<SimTime>(nodes);
+  clock_.advance(extra);
+  time_[static_cast<size_t>(Primitive::kEndCapture)] += extra;
+  MEMSIM_ASSIGN_OR_RETURN(auto ended, graph_mem_.end(stream));
+  return GraphHandle{ended.graph_id};
+}
+
+Status SimBackend::launch(GraphHandle g, StreamId stream) {
+  MEMSIM_TRY(enter(Primitive::kLaunch, 0, 0));
+  if (graph_mem_.capturing(stream))
+    return make_error(ErrorCode::kInvalidState, "launch into a capturing stream");
+  MEMSIM_ASSIGN_OR_RETURN(auto plan, graph_mem_.plan_launch(g.id, stream));
+  const uint64_t growth = plan.reserved_after - graph_mem_.reserved();
+  if (growth > 0) MEMSIM_TRY(charge_physical(growth, "launch (graph memory)"));
+  const double us = gpu_.replay_per_node_us * static_cast<double>(plan.nodes) +
+                    gpu_.graph_mem_map_per_granule_us * static_cast<double>(plan.map_granules) +
+                    gpu_.graph_mem_remap_per_granule_us *
+                        static_cast<double>(plan.remap_granules);
+  const auto extra = static_cast<SimTime>(us * 1000.0);
+  clock_.advance(extra);
+  time_[static_cast<size_t>(Primitive::kLaunch)] += extra;
+  const uint64_t before = graph_mem_.reserved();
+  graph_mem_.commit_launch(g.id, stream, plan);
+  if (graph_mem_.reserved() != before)
+    add_tag("graph_mem", static_cast<int64_t>(graph_mem_.reserved() - before));
+  publish();
+  return {};
+}
+
+Status SimBackend::destroy_graph(GraphHandle g) {
+  MEMSIM_TRY(enter(Primitive::kDestroyGraph, 0, 0));
+  MEMSIM_ASSIGN_OR_RETURN(std::vector<DevPtr> release, graph_mem_.destroy(g.id));
+  for (DevPtr va : release) {
+    virtual_mapped_ -= va_.size_of(va);
+    (void)va_.free(va);
+  }
+  publish();
+  return {};
+}
+
+Status SimBackend::graph_mem_trim() {
+  MEMSIM_TRY(enter(Primitive::kGraphMemTrim, 0, 0));
+  const uint64_t before = graph_mem_.reserved();
+  graph_mem_.trim();
+  add_tag("graph_mem", -static_cast<int64_t>(before - graph_mem_.reserved()));
+  publish();
+  return {};
+}
+
+// ---- observe --------------------------------------------------------------------------------
+
+Usage SimBackend::usage() const {
+  Usage u;
+  u.physical_bytes = physical_ + graph_mem_.reserved();
+  u.virtual_reserved = virtual_reserved_;
+  u.virtual_mapped = virtual_mapped_;
+  u.graph_mem_reserved = graph_mem_.reserved();
+  u.graph_mem_used = graph_mem_.used();
+  u.pinned_host_bytes = pinned_;
+  for (const auto& [tag, g] : per_tag_)
+    if (g.bytes) u.per_tag.emplace(tag, g.bytes);
+  return u;
+}
+
+bool SimBackend::check_invariants(std::string* why) const {
+  auto fail = [&](std::string m) {
+    if (why) *why = std::move(m);
+    return false;
+  };
+  uint64_t phys = 0;
+  std::unordered_map<uint64_t, uint32_t> maps_per_handle;
+  for (const auto& [id, h] : handles_) phys += h.bytes;
+  uint64_t mapped = 0, reserved = 0;
+  for (const auto& [base, r] : reservations_) {
+    reserved += r.size;
+    uint64_t end = 0;
+    for (const auto& [off, m] : r.maps) {
+      if (off < end) return fail("overlapping mappings");
+      end = off + m.bytes;
+      if (end > r.size) return fail("mapping exceeds its reservation");
+      mapped += m.bytes;
+      ++maps_per_handle[m.handle];
+    }
+  }
+  for (const auto& [id, h] : handles_)
+    if (maps_per_handle[id] != h.mappings) return fail("handle mapping count mismatch");
+  uint64_t plain_dev = 0;
+  for (const auto& [p, a] : plain_)
+    if (a.kind != PlainKind::kPinned) plain_dev += a.accounted;
+  if (phys + plain_dev != physical_) return fail("physical byte counter mismatch");
+  if (reserved != virtual_reserved_) return fail("reserved VA counter mismatch");
+  uint64_t graph_va = 0;
+  for (DevPtr va : graph_mem_.all_alloc_vas()) graph_va += va_.size_of(va);
+  if (mapped + plain_dev + graph_va != virtual_mapped_) return fail("mapped VA counter mismatch");
+  if (physical_ + graph_mem_.reserved() > gpu_.capacity) return fail("over capacity");
+  return true;
+}
+
+}  // namespace memsim

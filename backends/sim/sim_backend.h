@@ -1,0 +1,135 @@
+// SimBackend: exact byte accounting of every Backend primitive, time from the GPU cost model,
+// and fault injection; no GPU needed.
+#pragma once
+
+#include <array>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/sim/cost_model.h"
+#include "backends/sim/graph_memory_model.h"
+#include "backends/sim/va_space.h"
+#include "sim/clock.h"
+#include "sim/metrics.h"
+
+namespace memsim {
+
+// Makes the k-th call (1-based) of `primitive` fail with kOutOfMemory.
+struct FaultInjection {
+  Primitive primitive = Primitive::kCreatePhysical;
+  uint64_t call = 0;
+};
+
+class SimBackend final : public Backend {
+ public:
+  // `metrics` may be null; when set, the backend records gauges physical_bytes, virtual_reserved,
+  // virtual_mapped, graph_mem_reserved and tag.<tag> on every change.
+  SimBackend(GpuSpec gpu, SimClock& clock, MetricsRecorder* metrics = nullptr,
+             std::vector<FaultInjection> faults = {});
+  ~SimBackend() override = default;
+
+  std::string_view name() const override { return "sim"; }
+  uint64_t granularity() const override { return gpu_.granularity; }
+  uint64_t capacity() const override { return gpu_.capacity; }
+  Result<PhysHandle> create_physical(uint64_t bytes, std::string_view tag) override;
+  Status release_physical(PhysHandle h) override;
+  Result<DevPtr> reserve_virtual(uint64_t bytes, uint64_t align) override;
+  Status free_virtual(DevPtr va) override;
+  Status map(DevPtr va, uint64_t bytes, PhysHandle h, uint64_t offset) override;
+  Status unmap(DevPtr va, uint64_t bytes) override;
+  Status set_access(DevPtr va, uint64_t bytes) override;
+  Result<DevPtr> device_malloc(uint64_t bytes, std::string_view tag) override;
+  Status device_free(DevPtr p) override;
+  Result<DevPtr> malloc_async(uint64_t bytes, StreamId stream) override;
+  Status free_async(DevPtr p, StreamId stream) override;
+  Result<DevPtr> host_malloc_pinned(uint64_t bytes) override;
+  Status host_free_pinned(DevPtr p) override;
+  Result<StreamId> create_stream() override;
+  Status fill(DevPtr p, uint64_t bytes, uint32_t pattern, StreamId stream) override;
+  Status copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) override;
+  Status begin_capture(StreamId stream) override;
+  Result<GraphHandle> end_capture(StreamId stream) override;
+  Status launch(GraphHandle g, StreamId stream) override;
+  Status destroy_graph(GraphHandle g) override;
+  Status graph_mem_trim() override;
+  Usage usage() const override;
+  SimTime now() const override { return clock_.now(); }
+  SimTime time_in(Primitive p) const override { return time_[static_cast<size_t>(p)]; }
+  uint64_t calls_of(Primitive p) const override { return calls_[static_cast<size_t>(p)]; }
+
+  // Translates a device address to (handle, offset) when it lies in a VMM mapping.
+  struct Resolved {
+    PhysHandle handle;
+    uint64_t offset;
+  };
+  std::optional<Resolved> resolve(DevPtr va) const;
+  // Verifies the accounting: counters equal sums over records, mapping counts match.
+  bool check_invariants(std::string* why) const;
+  const GpuSpec& gpu() const { return gpu_; }
+
+ private:
+  struct HandleRec {
+    uint64_t bytes;
+    std::string tag;
+    uint32_t mappings = 0;
+    bool released = false;  // cuMemRelease called while still mapped: freed at last unmap
+  };
+  struct MapRec {
+    uint64_t bytes;
+    uint64_t handle;
+    uint64_t handle_offset;
+  };
+  struct Reservation {
+    uint64_t size;
+    std::map<uint64_t, MapRec> maps;  // offset in reservation -> mapping
+  };
+  enum class PlainKind : uint8_t { kDevice, kAsync, kPinned };
+  struct PlainAlloc {
+    uint64_t accounted;  // physical (or pinned host) bytes charged
+    std::string tag;
+    PlainKind kind;
+  };
+
+  // Counts the call, charges its cost, and returns an injected fault if one is due.
+  Status enter(Primitive p, uint64_t handles, uint64_t bytes);
+  Status charge_physical(uint64_t bytes, std::string_view what);
+  void add_tag(std::string_view tag, int64_t delta);
+  void drop_handle(uint64_t id);
+  Reservation* find_reservation(DevPtr va, uint64_t bytes, uint64_t* offset);
+  const Reservation* find_reservation(DevPtr va, uint64_t bytes, uint64_t* offset) const;
+  void publish();
+
+  GpuSpec gpu_;
+  SimClock& clock_;
+  MetricsRecorder* metrics_;
+  std::vector<FaultInjection> faults_;
+  VaSpace va_;
+  VaSpace host_va_;
+  GraphMemoryModel graph_mem_;
+
+  std::unordered_map<uint64_t, HandleRec> handles_;
+  std::map<DevPtr, Reservation> reservations_;
+  std::unordered_map<DevPtr, PlainAlloc> plain_;
+  struct TagGauge {
+    uint64_t bytes = 0;
+    MetricsRecorder::SeriesId series = 0;
+  };
+  std::map<std::string, TagGauge, std::less<>> per_tag_;
+  // Gauge ids, interned once (metrics_ may be null).
+  MetricsRecorder::SeriesId g_physical_ = 0, g_reserved_ = 0, g_mapped_ = 0, g_graph_mem_ = 0;
+  uint64_t next_handle_ = 1;
+  uint32_t next_stream_ = 1;
+  uint64_t physical_ = 0;  // handles + device/async plain allocations (not graph memory)
+  uint64_t virtual_reserved_ = 0;
+  uint64_t virtual_mapped_ = 0;
+  uint64_t pinned_ = 0;
+  std::array<SimTime, static_cast<size_t>(Primitive::kCount)> time_{};
+  std::array<uint64_t, static_cast<size_t>(Primitive::kCount)> calls_{};
+};
+
+}  // namespace memsim

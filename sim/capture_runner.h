@@ -1,0 +1,106 @@
+// The capture runner: drives one graph-memory strategy through the captures (and replays) of a
+// model's batch shapes on a backend, checking invariants, and records the footprint curve.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "sim/clock.h"
+#include "sim/metrics.h"
+#include "sim/workload/alloc_program.h"
+#include "sim/workload/model_shape.h"
+#include "src/graph/graph_memory_strategy.h"
+
+namespace memsim {
+
+enum class CaptureOrder : uint8_t { kArrival, kLargeFirst, kList };
+enum class Arrival : uint8_t { kFixed, kDynamic };
+enum class InputBuffers : uint8_t { kPerShape, kPersistent };
+enum class OutputLifetime : uint8_t { kStrong, kWeak };
+enum class GraphRunners : uint8_t { kFull, kPiecewise, kBoth };
+const char* to_string(CaptureOrder v);
+const char* to_string(Arrival v);
+const char* to_string(InputBuffers v);
+const char* to_string(OutputLifetime v);
+const char* to_string(GraphRunners v);
+
+struct DynamicArrival {
+  uint32_t arrivals = 2000;          // batches drawn
+  double mean_interarrival_us = 20000;  // exponential gaps between batches
+};
+
+// Allocation programs by (batch, mode), generated once and shared by the runs of a sweep (the
+// programs depend only on the model and program options, which a sweep holds fixed).
+class ProgramCache {
+ public:
+  const ShapeProgram& get(const ModelShape& model, uint32_t batch, const ProgramOptions& o);
+
+ private:
+  std::map<std::pair<uint32_t, GraphMode>, ShapeProgram> programs_;
+};
+
+struct CaptureRunConfig {
+  ModelShape model;
+  uint64_t gemm_workspace_bytes = 0;
+  uint32_t max_model_len = 8192;
+  uint32_t kv_block_size = 16;
+  std::vector<uint32_t> capture_sizes;  // the graph shapes (padded batch sizes)
+  CaptureOrder order = CaptureOrder::kArrival;
+  std::vector<uint32_t> order_list;     // for kList: a permutation of capture_sizes
+  Arrival arrival = Arrival::kFixed;
+  DynamicArrival dynamic;
+  InputBuffers inputs = InputBuffers::kPersistent;
+  uint32_t inputs_sized_for = 0;  // persistent inputs' batch; 0 = the largest capture size
+  OutputLifetime outputs = OutputLifetime::kStrong;
+  GraphRunners runners = GraphRunners::kFull;
+  uint64_t seed = 1;
+  bool check_invariants = true;  // per-graph conformance checks (cheap; on by default)
+  ProgramCache* programs = nullptr;  // optional shared cache; the runner makes its own if null
+};
+
+struct CurvePoint {
+  uint32_t shapes_captured = 0;
+  uint32_t batch = 0;
+  SimTime time = 0;
+  uint64_t physical = 0;
+  uint64_t virtual_mapped = 0;
+  uint64_t strategy_reserved = 0;
+};
+
+struct CaptureRunResult {
+  bool ok = true;                 // false: an error stopped the run (see failure fields)
+  bool out_of_memory = false;
+  std::string failure;            // the error message, if any
+  uint32_t failed_batch = 0;
+  uint64_t bytes_short = 0;
+  std::string invariant_violation;  // first conformance failure, empty if none
+  bool released_all = false;      // backend held nothing after teardown
+  uint64_t peak_physical = 0;
+  uint64_t peak_virtual_mapped = 0;
+  uint64_t peak_virtual_reserved = 0;
+  uint64_t peak_strategy_reserved = 0;
+  uint64_t peak_graph_mem = 0;
+  SimTime capture_time = 0;       // simulated time inside captures (incl. warm-up launch)
+  SimTime switch_time = 0;        // strategy preparation time (vmm_alias space switches)
+  SimTime end_time = 0;
+  uint32_t shapes_captured = 0;
+  uint64_t graphs = 0;
+  uint64_t launches = 0;
+  std::vector<CurvePoint> curve;
+};
+
+// Sizes vLLM captures for a max_num_seqs: 1, 2, 4, then steps of 8 up to 256, then steps of
+// 16, capped at min(2 x max_num_seqs, 512).
+std::vector<uint32_t> vllm_capture_sizes(uint32_t max_num_seqs);
+
+// Runs one capture schedule on a fresh backend whose clock is `clock` and which publishes its
+// gauges (physical_bytes, virtual_mapped, virtual_reserved, graph_mem_reserved) to `metrics`;
+// the runner adds strategy_reserved and reads the peaks from there.
+CaptureRunResult run_captures(const CaptureRunConfig& config, Backend& backend, SimClock& clock,
+                              GraphMemoryStrategy& strategy, MetricsRecorder& metrics);
+
+}  // namespace memsim

@@ -1,0 +1,69 @@
+// Role interface of the caching-allocator family (torch_caching, ...) and of the segment
+// sources they draw device memory from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace memsim {
+
+// Contract: hands out whole segments of device memory to a caching allocator.
+// - allocate_segment(bytes) returns a range of at least `bytes` valid device addresses that no
+//   other live segment of this source overlaps, or kOutOfMemory (with bytes_short) / another
+//   error; on error nothing is held.
+// - release_segment takes exactly a pointer and size previously returned and not yet released.
+// - Implementations: device_malloc (cudaMalloc), the vmm_alias shared VMM space, ...
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  virtual Result<DevPtr> allocate_segment(uint64_t bytes, StreamId stream) = 0;
+  virtual Status release_segment(DevPtr p, uint64_t bytes) = 0;
+};
+
+struct AllocatorStats {
+  uint64_t reserved_bytes = 0;       // bytes of live segments (what the device sees)
+  uint64_t peak_reserved_bytes = 0;
+  uint64_t allocated_bytes = 0;      // bytes of live blocks (after rounding)
+  uint64_t peak_allocated_bytes = 0;
+  uint64_t requested_bytes = 0;      // bytes callers asked for, of live blocks
+  uint64_t segments = 0;             // live segments
+  uint64_t live_blocks = 0;
+  uint64_t segment_allocs = 0;       // allocate_segment calls that succeeded, ever
+  uint64_t segment_releases = 0;
+  uint64_t ooms = 0;                 // malloc calls that returned kOutOfMemory
+};
+
+struct LiveBlock {
+  DevPtr ptr = 0;
+  uint64_t size = 0;       // block size after rounding
+  uint64_t requested = 0;  // size the caller asked for
+};
+
+// Contract: a device-memory caching allocator in the manner of PyTorch's
+// CUDACachingAllocator.
+// - malloc(bytes, stream) returns a pointer to >= bytes that overlaps no other live block;
+//   bytes == 0 returns kInvalidArgument. Exhaustion of the segment source after releasing this
+//   allocator's cached segments returns kOutOfMemory; the allocator stays usable.
+// - free(p) takes a pointer returned by malloc and not yet freed (else kInvalidArgument); the
+//   block becomes reusable by later malloc calls on the same stream.
+// - empty_cache() returns every segment with no live block to the segment source.
+// - release_all() frees every block and returns every segment (teardown); afterwards
+//   stats().reserved_bytes == 0.
+// - check_invariants() verifies internal consistency (blocks tile their segments, no overlap,
+//   free blocks coalesced, byte counters equal to the sums they summarize).
+class CachingAllocator {
+ public:
+  virtual ~CachingAllocator() = default;
+  virtual Result<DevPtr> malloc(uint64_t bytes, StreamId stream) = 0;
+  virtual Status free(DevPtr p) = 0;
+  virtual Status empty_cache() = 0;
+  virtual Status release_all() = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual std::vector<LiveBlock> live_blocks() const = 0;
+  virtual bool check_invariants(std::string* why) const = 0;
+};
+
+}  // namespace memsim

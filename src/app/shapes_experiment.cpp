@@ -1,0 +1,260 @@
+// Shapes experiment: YAML loading (validated into ShapesConfig) and the sweep runner.
+#include "src/app/shapes_experiment.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fmt/format.h>
+#include <set>
+
+#include "backends/sim/sim_backend.h"
+#include "src/config/loaders.h"
+
+namespace memsim {
+
+std::string Variant::name() const {
+  return fmt::format("{}/{}/{}/{}", to_string(outputs), to_string(arrival), to_string(graphs),
+                     to_string(inputs));
+}
+
+namespace {
+
+const std::vector<std::string> kOutputs = {"strong", "weak"};
+const std::vector<std::string> kArrivals = {"fixed", "dynamic"};
+const std::vector<std::string> kGraphs = {"full", "piecewise", "both"};
+const std::vector<std::string> kInputs = {"per_shape", "persistent"};  // enum order
+const std::vector<std::string> kOrders = {"arrival", "large_first", "list"};
+
+template <class E>
+E pick(const std::string& s, const std::vector<std::string>& names) {
+  return static_cast<E>(std::find(names.begin(), names.end(), s) - names.begin());
+}
+
+// An axis: a single value or a list of values, each one of `names`.
+std::vector<std::string> axis(const ConfigNode& node, const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  if (node.is_sequence()) {
+    for (const ConfigNode& item : node.items()) out.push_back(item.as_choice(names));
+    if (out.empty()) node.fail("must list at least one value");
+  } else {
+    out.push_back(node.as_choice(names));
+  }
+  return out;
+}
+
+std::vector<uint32_t> uint_list(const ConfigNode& node, uint32_t lo, uint32_t hi) {
+  std::vector<uint32_t> out;
+  for (const ConfigNode& item : node.items())
+    out.push_back(static_cast<uint32_t>(item.as_uint_in(lo, hi)));
+  if (out.empty()) node.fail("must list at least one value");
+  return out;
+}
+
+Variant load_variant_point(const ConfigNode& node) {
+  node.expect_keys({"outputs", "arrival", "graphs", "inputs"});
+  Variant v;
+  v.outputs = pick<OutputLifetime>(node["outputs"].as_choice(kOutputs), kOutputs);
+  v.arrival = pick<Arrival>(node["arrival"].as_choice(kArrivals), kArrivals);
+  v.graphs = pick<GraphRunners>(node["graphs"].as_choice(kGraphs), kGraphs);
+  v.inputs = pick<InputBuffers>(node["inputs"].as_choice(kInputs), kInputs);
+  return v;
+}
+
+StrategySpec load_strategy(const ConfigNode& node, const std::vector<uint32_t>& sizes) {
+  if (!node.is_map()) node.fail("each strategy is a map with at least 'impl'");
+  const std::string impl = node["impl"].as_choice(graph_strategy_names());
+  const GraphStrategyInfo* info = find_graph_strategy(impl);
+  std::vector<std::string> allowed = {"impl", "label", "order", "order_list"};
+  allowed.insert(allowed.end(), info->params.begin(), info->params.end());
+  node.expect_keys(allowed);
+  StrategySpec s;
+  s.impl = impl;
+  if (auto o = node.find("order")) s.order = pick<CaptureOrder>(o->as_choice(kOrders), kOrders);
+  if (auto l = node.find("order_list")) {
+    if (s.order != CaptureOrder::kList) l->fail("order_list needs 'order: list'");
+    s.order_list = uint_list(*l, 1, 1u << 20);
+    std::vector<uint32_t> a = s.order_list, b = sizes;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b) l->fail("must be a permutation of the capture sizes");
+  } else if (s.order == CaptureOrder::kList) {
+    node.fail("'order: list' needs an 'order_list'");
+  }
+  s.label = node.find("label") ? node["label"].as_string()
+          : s.order == CaptureOrder::kArrival ? impl
+                                              : fmt::format("{}/{}", impl, to_string(s.order));
+  s.factory = info->parse(node);
+  return s;
+}
+
+}  // namespace
+
+ShapesConfig load_shapes_config(const std::string& path,
+                                const std::vector<std::string>& overrides) {
+  ConfigNode root = ConfigNode::load_file(path);
+  for (const std::string& o : overrides) root.apply_override(o);
+  root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes",
+                    "gemm_workspace", "max_model_len", "kv_block_size", "seed", "dynamic",
+                    "sweep", "table", "strategies"});
+  ShapesConfig c;
+  c.source = path;
+  c.experiment = root["experiment"].as_choice({"shapes"});
+  c.gpu = load_gpu_spec(ConfigNode::load_file(
+      resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
+  c.model = load_model_shape(ConfigNode::load_file(
+      resolve_config_path(root["model"], root["model"].as_string(), "models")));
+  if (auto s = root.find("capture_sizes")) {
+    if (root.has("max_num_seqs")) (*s).fail("give either capture_sizes or max_num_seqs, not both");
+    c.capture_sizes = uint_list(*s, 1, 1u << 16);
+    std::set<uint32_t> unique(c.capture_sizes.begin(), c.capture_sizes.end());
+    if (unique.size() != c.capture_sizes.size()) s->fail("capture sizes must be distinct");
+  } else {
+    c.max_num_seqs = static_cast<uint32_t>(root["max_num_seqs"].as_uint_in(1, 1u << 16));
+    c.capture_sizes = vllm_capture_sizes(c.max_num_seqs);
+  }
+  if (auto v = root.find("gemm_workspace")) c.gemm_workspace_bytes = v->as_bytes();
+  if (auto v = root.find("max_model_len"))
+    c.max_model_len = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
+  if (auto v = root.find("kv_block_size"))
+    c.kv_block_size = static_cast<uint32_t>(v->as_uint_in(1, 1u << 16));
+  if (auto v = root.find("seed")) c.seed = v->as_uint();
+  if (auto d = root.find("dynamic")) {
+    d->expect_keys({"arrivals", "mean_interarrival_us"});
+    if (auto v = d->find("arrivals"))
+      c.dynamic.arrivals = static_cast<uint32_t>(v->as_uint_in(1, 100000000));
+    if (auto v = d->find("mean_interarrival_us"))
+      c.dynamic.mean_interarrival_us = v->as_double_in(1e-3, 1e12);
+  }
+  std::vector<std::string> outs = {"strong"}, arr = {"fixed"}, gr = {"full"}, in = {"persistent"};
+  if (auto sw = root.find("sweep")) {
+    sw->expect_keys({"outputs", "arrival", "graphs", "inputs"});
+    if (auto v = sw->find("outputs")) outs = axis(*v, kOutputs);
+    if (auto v = sw->find("arrival")) arr = axis(*v, kArrivals);
+    if (auto v = sw->find("graphs")) gr = axis(*v, kGraphs);
+    if (auto v = sw->find("inputs")) in = axis(*v, kInputs);
+  }
+  for (const auto& g : gr)
+    for (const auto& a : arr)
+      for (const auto& o : outs)
+        for (const auto& i : in)
+          c.variants.push_back(Variant{pick<OutputLifetime>(o, kOutputs),
+                                       pick<Arrival>(a, kArrivals),
+                                       pick<GraphRunners>(g, kGraphs), pick<InputBuffers>(i, kInputs)});
+  if (auto t = root.find("table")) {
+    c.table = load_variant_point(*t);
+    if (std::find(c.variants.begin(), c.variants.end(), c.table) == c.variants.end())
+      t->fail(fmt::format("the table slice {} is not part of the sweep", c.table.name()));
+  } else {
+    c.table = c.variants.front();
+  }
+  const ConfigNode list = root["strategies"];
+  std::set<std::string> labels;
+  for (const ConfigNode& s : list.items()) {
+    StrategySpec spec = load_strategy(s, c.capture_sizes);
+    if (!labels.insert(spec.label).second)
+      s.fail(fmt::format("duplicate strategy label '{}' (set 'label' to tell them apart)",
+                         spec.label));
+    c.strategies.push_back(std::move(spec));
+  }
+  if (c.strategies.empty()) list.fail("must list at least one strategy");
+  return c;
+}
+
+namespace {
+
+CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCache& cache) {
+  CaptureRunConfig r;
+  r.programs = &cache;
+  r.model = c.model;
+  r.gemm_workspace_bytes = c.gemm_workspace_bytes;
+  r.max_model_len = c.max_model_len;
+  r.kv_block_size = c.kv_block_size;
+  r.capture_sizes = c.capture_sizes;
+  r.arrival = v.arrival;
+  r.dynamic = c.dynamic;
+  r.inputs = v.inputs;
+  r.outputs = v.outputs;
+  r.runners = v.graphs;
+  r.seed = c.seed;
+  return r;
+}
+
+struct SingleRun {
+  CaptureRunResult result;
+  std::vector<MetricsRecorder::Sample> samples;
+  std::vector<std::string> names;
+};
+
+SingleRun run_one(const ShapesConfig& c, const CaptureRunConfig& rc,
+                  const GraphStrategyFactory& factory, bool keep_samples) {
+  SimClock clock;
+  MetricsRecorder metrics(clock);
+  SimBackend backend(c.gpu, clock, &metrics);
+  auto strategy = factory(backend);
+  SingleRun out;
+  out.result = run_captures(rc, backend, clock, *strategy, metrics);
+  std::string why;
+  if (!backend.check_invariants(&why) && out.result.invariant_violation.empty())
+    out.result.invariant_violation = "backend: " + why;
+  if (keep_samples) {
+    out.samples = metrics.samples();
+    for (size_t i = 0; i < metrics.series_count(); ++i)
+      out.names.push_back(metrics.name(static_cast<MetricsRecorder::SeriesId>(i)));
+  }
+  return out;
+}
+
+// Footprint of each shape captured alone (fixed arrival, its own inputs) with `factory`.
+StandaloneRef standalone(const ShapesConfig& c, const Variant& v,
+                         const GraphStrategyFactory& factory, ProgramCache& cache) {
+  StandaloneRef ref;
+  for (uint32_t b : c.capture_sizes) {
+    Variant alone = v;
+    alone.arrival = Arrival::kFixed;
+    CaptureRunConfig rc = run_config(c, alone, cache);
+    rc.capture_sizes = {b};
+    rc.inputs_sized_for = b;
+    rc.check_invariants = false;
+    const uint64_t bytes = run_one(c, rc, factory, false).result.peak_physical;
+    ref.per_shape.emplace_back(b, bytes);
+    ref.max = std::max(ref.max, bytes);
+    ref.sum += bytes;
+  }
+  return ref;
+}
+
+}  // namespace
+
+ShapesResults run_shapes(const ShapesConfig& c) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ShapesResults out;
+  ProgramCache cache;
+  const GraphStrategyFactory private_pools =
+      find_graph_strategy("private_pools")->parse(ConfigNode::parse("{}", "<builtin>"));
+  for (const Variant& v : c.variants) {
+    const StandaloneRef ref = standalone(c, v, private_pools, cache);
+    out.references.emplace_back(v, ref);
+    for (const StrategySpec& s : c.strategies) {
+      CaptureRunConfig rc = run_config(c, v, cache);
+      rc.order = s.order;
+      rc.order_list = s.order_list;
+      SingleRun one = run_one(c, rc, s.factory, true);
+      RunRecord rec;
+      rec.strategy = &s;
+      rec.variant = v;
+      rec.result = std::move(one.result);
+      rec.reference_max = ref.max;
+      rec.reference_sum = ref.sum;
+      rec.own_max = s.impl == "graph_mem_nodes" ? standalone(c, v, s.factory, cache).max : ref.max;
+      const auto run_index = static_cast<uint32_t>(out.runs.size());
+      for (const auto& sample : one.samples)
+        out.timeseries.push_back(
+            TimeseriesRow{sample.time, run_index, one.names[sample.series], sample.value});
+      out.runs.push_back(std::move(rec));
+    }
+  }
+  out.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace memsim

@@ -1,0 +1,86 @@
+// The shapes experiment (experiments/shapes.yaml): typed config, loading with validation, the
+// sweep over strategies x variants, and its results.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/sim/cost_model.h"
+#include "sim/capture_runner.h"
+#include "src/config/config_node.h"
+#include "src/graph/registry.h"
+
+namespace memsim {
+
+struct StrategySpec {
+  std::string label;  // unique in the experiment, e.g. "shared_pool/large_first"
+  std::string impl;
+  CaptureOrder order = CaptureOrder::kArrival;
+  std::vector<uint32_t> order_list;
+  GraphStrategyFactory factory;
+};
+
+// One point of the sweep: the options every strategy is run with.
+struct Variant {
+  OutputLifetime outputs = OutputLifetime::kStrong;
+  Arrival arrival = Arrival::kFixed;
+  GraphRunners graphs = GraphRunners::kFull;
+  InputBuffers inputs = InputBuffers::kPersistent;
+  std::string name() const;  // "weak/fixed/full/persistent"
+  bool operator==(const Variant&) const = default;
+};
+
+struct ShapesConfig {
+  std::string source;  // the YAML file
+  std::string experiment = "shapes";
+  GpuSpec gpu;
+  ModelShape model;
+  std::vector<uint32_t> capture_sizes;
+  uint32_t max_num_seqs = 0;
+  uint64_t gemm_workspace_bytes = 0;
+  uint32_t max_model_len = 8192;
+  uint32_t kv_block_size = 16;
+  uint64_t seed = 1;
+  DynamicArrival dynamic;
+  std::vector<Variant> variants;  // the sweep (cartesian product of the listed axes)
+  Variant table;                  // the slice printed as the default table
+  std::vector<StrategySpec> strategies;
+};
+
+// Loads and validates; throws ConfigError naming file, line and key. `overrides` are --set
+// assignments applied before validation.
+ShapesConfig load_shapes_config(const std::string& path, const std::vector<std::string>& overrides);
+
+struct RunRecord {
+  const StrategySpec* strategy = nullptr;
+  Variant variant;
+  CaptureRunResult result;
+  uint64_t reference_max = 0;  // max(shape) of this variant (standalone, fresh private pool)
+  uint64_t reference_sum = 0;
+  uint64_t own_max = 0;        // max(shape) captured alone with this strategy
+};
+
+struct StandaloneRef {
+  std::vector<std::pair<uint32_t, uint64_t>> per_shape;  // batch -> footprint
+  uint64_t max = 0;
+  uint64_t sum = 0;
+};
+
+struct TimeseriesRow {
+  SimTime time;
+  uint32_t run;  // index into ShapesResults::runs
+  std::string metric;
+  double value;
+};
+
+struct ShapesResults {
+  std::vector<RunRecord> runs;
+  std::vector<std::pair<Variant, StandaloneRef>> references;
+  std::vector<TimeseriesRow> timeseries;
+  double wall_seconds = 0;
+};
+
+ShapesResults run_shapes(const ShapesConfig& config);
+
+}  // namespace memsim

@@ -1,0 +1,24 @@
+// Output writers of the shapes experiment: terminal table, summary.json, curves.csv,
+// timeseries.csv, and the matplotlib plot script invocation.
+#pragma once
+
+#include <string>
+
+#include "src/app/shapes_experiment.h"
+
+namespace memsim {
+
+// The readable default table (the config's table slice) plus a one-line-per-variant overview.
+std::string format_shapes_table(const ShapesConfig& config, const ShapesResults& results);
+
+// Writes summary.json, curves.csv, timeseries.csv into `dir` (created). Returns an error
+// message, or empty on success.
+std::string write_shapes_outputs(const ShapesConfig& config, const ShapesResults& results,
+                                 const std::string& dir);
+
+// Runs tools/plot_shapes.py when python3 with matplotlib is available; returns a status line.
+std::string plot_shapes(const ShapesConfig& config, const std::string& dir);
+
+std::string human_bytes(uint64_t bytes);
+
+}  // namespace memsim

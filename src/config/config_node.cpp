@@ -1,0 +1,248 @@
+// Implementation of located YAML access: typed conversion, key checking, overrides.
+#include "src/config/config_node.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+namespace memsim {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  // Close enough to be a typo: at most a third of the longer word, and at least 1 edit allowed.
+  const size_t limit = std::max<size_t>(2, std::max(word.size(), best.size()) / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+ConfigNode ConfigNode::load_file(const std::string& path) {
+  auto file = std::make_shared<const std::string>(path);
+  try {
+    return ConfigNode(YAML::LoadFile(path), file, "", 0);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(fmt::format("{}: cannot open file", path));
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(
+        fmt::format("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg));
+  }
+}
+
+ConfigNode ConfigNode::parse(const std::string& text, const std::string& name) {
+  auto file = std::make_shared<const std::string>(name);
+  try {
+    return ConfigNode(YAML::Load(text), file, "", 0);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(
+        fmt::format("{}:{}: YAML syntax error: {}", name, e.mark.line + 1, e.msg));
+  }
+}
+
+int ConfigNode::line() const {
+  const YAML::Mark m = node_.Mark();
+  return m.is_null() ? parent_line_ : m.line + 1;
+}
+
+std::string ConfigNode::where() const {
+  const int l = line();
+  const std::string loc = l > 0 ? fmt::format("{}:{}", file(), l) : file();
+  return path_.empty() ? loc : fmt::format("{}: {}", loc, path_);
+}
+
+void ConfigNode::fail(const std::string& message) const {
+  throw ConfigError(fmt::format("{}: {}", where(), message));
+}
+
+std::string ConfigNode::child_path(std::string_view key) const {
+  return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
+}
+
+void ConfigNode::expect_keys(std::initializer_list<std::string_view> allowed) const {
+  expect_keys(std::vector<std::string>(allowed.begin(), allowed.end()));
+}
+
+void ConfigNode::expect_keys(const std::vector<std::string>& allowed) const {
+  if (!node_.IsMap()) fail("expected a map of keys");
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    const std::string key = it->first.as<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+    ConfigNode at(it->first, file_, child_path(key), line());
+    const std::string near = closest_match(key, allowed);
+    if (!near.empty()) at.fail(fmt::format("unknown key '{}' (did you mean '{}'?)", key, near));
+    at.fail(fmt::format("unknown key '{}' (valid keys: {})", key, fmt::join(allowed, ", ")));
+  }
+}
+
+bool ConfigNode::has(std::string_view key) const {
+  return node_.IsMap() && node_[std::string(key)].IsDefined();
+}
+
+std::optional<ConfigNode> ConfigNode::find(std::string_view key) const {
+  if (!node_.IsMap()) fail("expected a map of keys");
+  YAML::Node child = node_[std::string(key)];
+  if (!child.IsDefined()) return std::nullopt;
+  return ConfigNode(child, file_, child_path(key), line());
+}
+
+ConfigNode ConfigNode::operator[](std::string_view key) const {
+  auto child = find(key);
+  if (!child) fail(fmt::format("missing required key '{}'", key));
+  if (child->node_.IsNull()) child->fail("has no value");
+  return *child;
+}
+
+std::vector<ConfigNode> ConfigNode::items() const {
+  if (!node_.IsSequence()) fail("expected a list");
+  std::vector<ConfigNode> out;
+  for (size_t i = 0; i < node_.size(); ++i)
+    out.push_back(ConfigNode(node_[i], file_, fmt::format("{}[{}]", path_, i), line()));
+  return out;
+}
+
+std::vector<std::string> ConfigNode::keys() const {
+  if (!node_.IsMap()) fail("expected a map of keys");
+  std::vector<std::string> out;
+  for (auto it = node_.begin(); it != node_.end(); ++it) out.push_back(it->first.as<std::string>());
+  return out;
+}
+
+std::string ConfigNode::as_string() const {
+  if (!node_.IsScalar()) fail("expected a single value");
+  return node_.Scalar();
+}
+
+bool ConfigNode::as_bool() const {
+  const std::string s = as_string();
+  if (s == "true" || s == "yes" || s == "on") return true;
+  if (s == "false" || s == "no" || s == "off") return false;
+  fail(fmt::format("expected true or false, got '{}'", s));
+}
+
+int64_t ConfigNode::as_int() const {
+  const std::string s = as_string();
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(s, &used, 0);
+    if (used == s.size()) return v;
+  } catch (const std::exception&) {
+  }
+  fail(fmt::format("expected an integer, got '{}'", s));
+}
+
+uint64_t ConfigNode::as_uint() const {
+  const int64_t v = as_int();
+  if (v < 0) fail(fmt::format("expected a non-negative integer, got {}", v));
+  return static_cast<uint64_t>(v);
+}
+
+double ConfigNode::as_double() const {
+  const std::string s = as_string();
+  try {
+    size_t used = 0;
+    const double v = std::stod(s, &used);
+    if (used == s.size() && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  fail(fmt::format("expected a number, got '{}'", s));
+}
+
+uint64_t ConfigNode::as_bytes() const {
+  const std::string s = as_string();
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    fail(fmt::format("expected a byte size like 4096, 2MiB or 1.5GiB, got '{}'", s));
+  }
+  std::string unit = s.substr(used);
+  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+  static const std::vector<std::pair<std::string, double>> kUnits = {
+      {"", 1},       {"B", 1},      {"KiB", 1024.0},      {"MiB", 1048576.0},
+      {"GiB", 1073741824.0},        {"TiB", 1099511627776.0},
+      {"KB", 1e3},   {"MB", 1e6},   {"GB", 1e9},          {"TB", 1e12}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit != name) continue;
+    const double bytes = v * scale;
+    if (!(bytes >= 0) || bytes > 1.8e19 || bytes != std::floor(bytes))
+      fail(fmt::format("'{}' is not a whole, non-negative number of bytes", s));
+    return static_cast<uint64_t>(bytes);
+  }
+  fail(fmt::format("unknown unit '{}' in '{}' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", unit,
+                   s));
+}
+
+std::string ConfigNode::as_choice(const std::vector<std::string>& choices) const {
+  const std::string s = as_string();
+  if (std::find(choices.begin(), choices.end(), s) != choices.end()) return s;
+  const std::string near = closest_match(s, choices);
+  fail(fmt::format("'{}' is not one of: {}{}", s, fmt::join(choices, ", "),
+                   near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
+}
+
+uint64_t ConfigNode::as_uint_in(uint64_t lo, uint64_t hi) const {
+  const uint64_t v = as_uint();
+  if (v < lo || v > hi) fail(fmt::format("{} is out of range [{}, {}]", v, lo, hi));
+  return v;
+}
+
+double ConfigNode::as_double_in(double lo, double hi) const {
+  const double v = as_double();
+  if (v < lo || v > hi) fail(fmt::format("{} is out of range [{}, {}]", v, lo, hi));
+  return v;
+}
+
+void ConfigNode::apply_override(const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError(fmt::format("--set {}: expected key.path=value", assignment));
+  const std::string key = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(fmt::format("--set {}: value is not valid YAML: {}", assignment, e.msg));
+  }
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  // Walk with explicit node copies: yaml-cpp nodes are handles, assignment rebinds them.
+  std::vector<YAML::Node> chain{node_};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node& cur = chain.back();
+    if (parts[i].empty())
+      throw ConfigError(fmt::format("--set {}: empty key in path", assignment));
+    if (!cur.IsMap() && !cur.IsNull())
+      throw ConfigError(fmt::format("--set {}: '{}' is not a map", assignment, parts[i]));
+    chain.push_back(cur[parts[i]]);
+  }
+  chain.back()[parts.back()] = value;
+}
+
+}  // namespace memsim

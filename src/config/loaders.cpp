@@ -1,0 +1,104 @@
+// GPU-spec and model-shape loaders with full key validation.
+#include "src/config/loaders.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fmt/format.h>
+
+namespace memsim {
+namespace fs = std::filesystem;
+
+namespace {
+
+CostTerm load_cost_term(const ConfigNode& n) {
+  n.expect_keys({"per_call_us", "per_handle_us", "per_granule_us", "bytes_per_us"});
+  CostTerm t;
+  if (auto v = n.find("per_call_us")) t.per_call_us = v->as_double_in(0, 1e9);
+  if (auto v = n.find("per_handle_us")) t.per_handle_us = v->as_double_in(0, 1e9);
+  if (auto v = n.find("per_granule_us")) t.per_granule_us = v->as_double_in(0, 1e9);
+  if (auto v = n.find("bytes_per_us")) t.bytes_per_us = v->as_double_in(0, 1e15);
+  return t;
+}
+
+std::vector<std::string> primitive_names() {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < static_cast<size_t>(Primitive::kCount); ++i)
+    out.emplace_back(to_string(static_cast<Primitive>(i)));
+  return out;
+}
+
+}  // namespace
+
+GpuSpec load_gpu_spec(const ConfigNode& node) {
+  node.expect_keys({"name", "capacity", "granularity", "va_space", "graphs", "costs"});
+  GpuSpec g;
+  g.name = node["name"].as_string();
+  g.capacity = node["capacity"].as_bytes();
+  g.granularity = node["granularity"].as_bytes();
+  if (g.granularity == 0 || (g.granularity & (g.granularity - 1)) != 0)
+    node["granularity"].fail("must be a power of two");
+  if (g.capacity < g.granularity) node["capacity"].fail("must be at least one granule");
+  g.va_space = node["va_space"].as_bytes();
+  if (g.va_space < g.capacity) node["va_space"].fail("must be at least the capacity");
+  const ConfigNode graphs = node["graphs"];
+  graphs.expect_keys({"capture_per_node_us", "instantiate_per_node_us", "replay_per_node_us",
+                      "mem_map_per_granule_us", "mem_remap_per_granule_us"});
+  g.capture_per_node_us = graphs["capture_per_node_us"].as_double_in(0, 1e6);
+  g.instantiate_per_node_us = graphs["instantiate_per_node_us"].as_double_in(0, 1e6);
+  g.replay_per_node_us = graphs["replay_per_node_us"].as_double_in(0, 1e6);
+  g.graph_mem_map_per_granule_us = graphs["mem_map_per_granule_us"].as_double_in(0, 1e6);
+  g.graph_mem_remap_per_granule_us = graphs["mem_remap_per_granule_us"].as_double_in(0, 1e6);
+  const ConfigNode costs = node["costs"];
+  const std::vector<std::string> names = primitive_names();
+  costs.expect_keys(names);
+  for (size_t i = 0; i < names.size(); ++i)
+    if (auto c = costs.find(names[i])) g.costs[i] = load_cost_term(*c);
+  return g;
+}
+
+ModelShape load_model_shape(const ConfigNode& node) {
+  node.expect_keys({"name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
+                    "vocab", "dtype", "tie_embeddings", "qkv_bias", "qk_norm"});
+  ModelShape m;
+  m.name = node["name"].as_string();
+  m.layers = static_cast<uint32_t>(node["layers"].as_uint_in(1, 1024));
+  m.hidden = node["hidden"].as_uint_in(1, 1 << 20);
+  m.heads = static_cast<uint32_t>(node["heads"].as_uint_in(1, 4096));
+  m.kv_heads = static_cast<uint32_t>(node["kv_heads"].as_uint_in(1, 4096));
+  if (m.heads % m.kv_heads != 0) node["kv_heads"].fail("must divide heads");
+  m.head_dim = node["head_dim"].as_uint_in(1, 4096);
+  m.intermediate = node["intermediate"].as_uint_in(1, 1 << 22);
+  m.vocab = node["vocab"].as_uint_in(1, 1 << 24);
+  const std::string dt = node["dtype"].as_choice({"bf16", "fp16", "fp32", "fp8"});
+  m.dtype = dt == "bf16" ? DType::kBF16 : dt == "fp16" ? DType::kFP16
+          : dt == "fp32" ? DType::kFP32 : DType::kFP8;
+  if (auto v = node.find("tie_embeddings")) m.tie_embeddings = v->as_bool();
+  if (auto v = node.find("qkv_bias")) m.qkv_bias = v->as_bool();
+  if (auto v = node.find("qk_norm")) m.qk_norm = v->as_bool();
+  return m;
+}
+
+std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
+                                const std::string& kind) {
+  std::vector<fs::path> candidates;
+  const fs::path base = fs::path(at.file()).parent_path();
+  const std::string ext = fs::path(ref).extension().string();
+  const bool bare = ref.find('/') == std::string::npos && ext != ".yaml" && ext != ".yml";
+  if (bare) {
+    const std::string file = ref + ".yaml";
+    if (const char* root = std::getenv("MEMSIM_ROOT"))
+      candidates.push_back(fs::path(root) / "configs" / kind / file);
+    candidates.push_back(base / ".." / "configs" / kind / file);
+    candidates.push_back(base / "configs" / kind / file);
+    candidates.push_back(fs::path("configs") / kind / file);
+  } else {
+    candidates.push_back(base / ref);
+    candidates.push_back(fs::path(ref));
+  }
+  for (const fs::path& p : candidates)
+    if (fs::is_regular_file(p)) return p.lexically_normal().string();
+  at.fail(fmt::format("cannot find {} config '{}' (looked in {})", kind, ref,
+                      candidates.front().lexically_normal().string()));
+}
+
+}  // namespace memsim

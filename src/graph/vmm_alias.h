@@ -1,0 +1,59 @@
+// vmm_alias: xLLM's SharedVMMAllocator — each captured shape gets a new virtual address space
+// onto which every existing physical handle is mapped, so all shapes share physical memory
+// (footprint max(shape)) while their addresses stay distinct (virtual sum(shape)).
+#pragma once
+
+#include <vector>
+
+#include "src/graph/pool_strategy_base.h"
+
+namespace memsim {
+
+struct VmmAliasConfig {
+  TorchCachingConfig allocator;
+  uint64_t handle_bytes = 0;  // physical handle size; 0 = the backend's granularity
+  double va_factor = 1.125;   // VA reserved per space, as a multiple of device capacity
+};
+
+// The segment source: a bump offset in the current space over physical handles shared by all
+// spaces. deallocate is a no-op, as in xLLM (memory is reused by switching spaces).
+class SharedVmmSpaces final : public SegmentSource {
+ public:
+  SharedVmmSpaces(Backend& backend, const VmmAliasConfig& config);
+  Result<DevPtr> allocate_segment(uint64_t bytes, StreamId stream) override;
+  Status release_segment(DevPtr p, uint64_t bytes) override;
+  // Reserves a new space, maps every existing handle into it, resets the offset.
+  Status switch_to_new_space();
+  Status release_all();
+  uint64_t physical_bytes() const { return handles_.size() * handle_bytes_; }
+  uint64_t peak_physical_bytes() const { return peak_handles_ * handle_bytes_; }
+  uint64_t spaces() const { return spaces_.size(); }
+  uint64_t mapped_virtual() const { return physical_bytes() * spaces_.size(); }
+
+ private:
+  Status map_handle(DevPtr space, size_t index);
+  Status extend(uint64_t needed);
+
+  Backend& backend_;
+  uint64_t handle_bytes_;
+  uint64_t space_bytes_;
+  std::vector<DevPtr> spaces_;  // base of each reserved space; the last is current
+  std::vector<PhysHandle> handles_;
+  uint64_t offset_ = 0;  // bump offset in the current space
+  uint64_t peak_handles_ = 0;
+};
+
+class VmmAlias final : public PoolStrategyBase {
+ public:
+  VmmAlias(Backend& backend, const VmmAliasConfig& config);
+  Status teardown() override;
+  GraphMemoryStats stats() const override;
+
+ protected:
+  Result<size_t> select_pool(const GraphInfo& info, StreamId stream) override;
+
+ private:
+  SharedVmmSpaces spaces_;
+};
+
+}  // namespace memsim
