@@ -307,6 +307,8 @@ bool Runner::capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, cons
     prev_outputs = last_piece ? std::vector<DevPtr>{} : outputs;
   } else {
     held_outputs_.insert(held_outputs_.end(), outputs.begin(), outputs.end());
+    if (!outputs.empty() && !strategy_.preserves_held_tensors())
+      result_.held_outputs_preserved = false;
   }
   auto graph = backend_.end_capture(stream_);
   (void)strategy_.end_graph();

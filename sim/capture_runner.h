@@ -79,6 +79,9 @@ struct CaptureRunResult {
   uint64_t bytes_short = 0;
   std::string invariant_violation;  // first conformance failure, empty if none
   bool released_all = false;      // backend held nothing after teardown
+  // False when outputs were held (strong) but the strategy aliases them with other graphs'
+  // memory: the footprint is measured, but the held outputs would not survive other replays.
+  bool held_outputs_preserved = true;
   uint64_t peak_physical = 0;
   uint64_t peak_virtual_mapped = 0;
   uint64_t peak_virtual_reserved = 0;

@@ -42,7 +42,7 @@ Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes) {
   time_[i] += cost;
   clock_.advance(cost);
   for (const FaultInjection& f : faults_) {
-    if (f.primitive == p && f.call == call)
+    if (f.primitive == p && call >= f.call && call - f.call < f.repeat)
       return make_error(ErrorCode::kOutOfMemory,
                         fmt::format("{}: injected fault at call {}", to_string(p), call), bytes);
   }

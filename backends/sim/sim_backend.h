@@ -19,10 +19,11 @@
 
 namespace memsim {
 
-// Makes the k-th call (1-based) of `primitive` fail with kOutOfMemory.
+// Makes calls call .. call+repeat-1 (1-based) of `primitive` fail with kOutOfMemory.
 struct FaultInjection {
   Primitive primitive = Primitive::kCreatePhysical;
   uint64_t call = 0;
+  uint64_t repeat = 1;
 };
 
 class SimBackend final : public Backend {

@@ -94,7 +94,7 @@ ShapesConfig load_shapes_config(const std::string& path,
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes",
                     "gemm_workspace", "max_model_len", "kv_block_size", "seed", "dynamic",
-                    "sweep", "table", "strategies"});
+                    "sweep", "table", "timeseries", "strategies"});
   ShapesConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_choice({"shapes"});
@@ -146,6 +146,7 @@ ShapesConfig load_shapes_config(const std::string& path,
   } else {
     c.table = c.variants.front();
   }
+  if (auto t = root.find("timeseries")) c.timeseries_all = t->as_choice({"table", "all"}) == "all";
   const ConfigNode list = root["strategies"];
   std::set<std::string> labels;
   for (const ConfigNode& s : list.items()) {
@@ -237,7 +238,7 @@ ShapesResults run_shapes(const ShapesConfig& c) {
       CaptureRunConfig rc = run_config(c, v, cache);
       rc.order = s.order;
       rc.order_list = s.order_list;
-      SingleRun one = run_one(c, rc, s.factory, true);
+      SingleRun one = run_one(c, rc, s.factory, c.timeseries_all || v == c.table);
       RunRecord rec;
       rec.strategy = &s;
       rec.variant = v;

@@ -45,6 +45,7 @@ struct ShapesConfig {
   DynamicArrival dynamic;
   std::vector<Variant> variants;  // the sweep (cartesian product of the listed axes)
   Variant table;                  // the slice printed as the default table
+  bool timeseries_all = false;    // timeseries.csv: every variant (all) or the table slice
   std::vector<StrategySpec> strategies;
 };
 

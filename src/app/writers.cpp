@@ -28,6 +28,7 @@ std::string outcome(const CaptureRunResult& r) {
     return fmt::format("OOM at b={} ({} short)", r.failed_batch, human_bytes(r.bytes_short));
   if (!r.ok) return "error: " + r.failure;
   if (!r.invariant_violation.empty()) return "VIOLATION";
+  if (!r.held_outputs_preserved) return "ok (held outputs aliased)";
   return "ok";
 }
 
@@ -139,7 +140,7 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
         "\"switch_time_us\": {:.3f}, \"end_time_us\": {:.3f}, \"shapes_captured\": {}, "
         "\"graphs\": {}, \"launches\": {}, \"outcome\": \"{}\", \"out_of_memory\": {}, "
         "\"failed_batch\": {}, \"bytes_short\": {}, \"invariant_violation\": \"{}\", "
-        "\"released_all\": {}}}{}\n",
+        "\"released_all\": {}, \"held_outputs_preserved\": {}}}{}\n",
         r.strategy->label, r.strategy->impl, to_string(r.strategy->order), r.variant.name(),
         to_string(r.variant.outputs), to_string(r.variant.arrival), to_string(r.variant.graphs),
         to_string(r.variant.inputs), x.peak_physical, x.peak_virtual_mapped,
@@ -148,7 +149,7 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
         ratio(x.peak_physical, r.reference_sum), us(x.capture_time), us(x.switch_time),
         us(x.end_time), x.shapes_captured, x.graphs, x.launches, json_escape(outcome(x)),
         x.out_of_memory, x.failed_batch, x.bytes_short, json_escape(x.invariant_violation),
-        x.released_all, i + 1 < res.runs.size() ? "," : "");
+        x.released_all, x.held_outputs_preserved, i + 1 < res.runs.size() ? "," : "");
   }
   js << "  ]\n}\n";
   if (!js) return "cannot write summary.json";

@@ -26,8 +26,10 @@ Status GraphMemNodes::free(DevPtr p, StreamId stream) {
   if (it == live_.end())
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("free: {:#x} was not allocated by this strategy", p));
-  // Inside the capture this records a free node; after it, it frees a launched output.
-  MEMSIM_TRY(backend_.free_async(p, stream));
+  // Inside the capture this records a free node; after it, it frees a launched output. An
+  // output whose graph never ran (its launch failed) was never allocated: nothing to free.
+  const Status s = backend_.free_async(p, stream);
+  if (!s.ok() && s.error().code != ErrorCode::kInvalidState) return s;
   live_bytes_ -= it->second;
   live_.erase(it);
   return {};
@@ -42,10 +44,11 @@ Status GraphMemNodes::end_graph() {
 }
 
 Status GraphMemNodes::teardown() {
-  if (!live_.empty())
+  const size_t leaked = live_.size();
+  if (config_.trim_at_teardown) MEMSIM_TRY(backend_.graph_mem_trim());
+  if (leaked > 0)
     return make_error(ErrorCode::kInvalidState,
-                      fmt::format("teardown with {} graph allocations still live", live_.size()));
-  if (config_.trim_at_teardown) return backend_.graph_mem_trim();
+                      fmt::format("teardown with {} graph allocations still live", leaked));
   return {};
 }
 

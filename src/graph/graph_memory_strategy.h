@@ -50,6 +50,9 @@ class GraphMemoryStrategy {
   virtual GraphMemoryStats stats() const = 0;
   virtual std::vector<LiveBlock> live_allocations() const = 0;
   virtual bool check_invariants(std::string* why) const = 0;
+  // Whether a tensor kept alive past its graph (a strong output) keeps its contents while other
+  // graphs run. False for strategies that alias other graphs' memory onto it (vmm_alias).
+  virtual bool preserves_held_tensors() const { return true; }
 };
 
 }  // namespace memsim

@@ -48,6 +48,9 @@ class VmmAlias final : public PoolStrategyBase {
   VmmAlias(Backend& backend, const VmmAliasConfig& config);
   Status teardown() override;
   GraphMemoryStats stats() const override;
+  // Every shape's space maps the same physical handles from offset 0: a tensor held past its
+  // capture is overwritten by the next shape's replay (xLLM copies outputs out right away).
+  bool preserves_held_tensors() const override { return false; }
 
  protected:
   Result<size_t> select_pool(const GraphInfo& info, StreamId stream) override;
