@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <limits>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
