@@ -28,7 +28,7 @@ struct Error {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}      // NOLINT(google-explicit-constructor)
   Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return v_.index() == 0; }
@@ -68,9 +68,9 @@ inline Error make_error(ErrorCode code, std::string message, uint64_t bytes_shor
 }  // namespace memsim
 
 // Propagate an error from a Status/Result expression; evaluates the expression once.
-#define MEMSIM_TRY(expr)                                       \
-  do {                                                         \
-    auto memsim_try_result_ = (expr);                          \
+#define MEMSIM_TRY(expr)                                             \
+  do {                                                               \
+    auto memsim_try_result_ = (expr);                                \
     if (!memsim_try_result_.ok()) return memsim_try_result_.error(); \
   } while (0)
 

@@ -1,7 +1,7 @@
 // memsim-bench: throughput figures of the engine and the allocators (not a test; prints numbers).
+#include <fmt/format.h>
 #include <chrono>
 #include <cstdio>
-#include <fmt/format.h>
 #include <random>
 #include <vector>
 
@@ -72,9 +72,10 @@ void bench_allocator(uint64_t ops) {
     ++done;
   }
   const double s = seconds_since(t0);
-  fmt::print("torch_caching: {} malloc/free ops (<= 4096 live) in {:.3f} s = {:.2f} M ops/s; "
-             "{} segments\n",
-             done, s, done / s / 1e6, alloc.stats().segments);
+  fmt::print(
+      "torch_caching: {} malloc/free ops (<= 4096 live) in {:.3f} s = {:.2f} M ops/s; "
+      "{} segments\n",
+      done, s, done / s / 1e6, alloc.stats().segments);
 }
 
 }  // namespace

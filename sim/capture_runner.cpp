@@ -2,8 +2,8 @@
 // the event queue, runs each graph's allocation program through the strategy, replays, checks.
 #include "sim/capture_runner.h"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -16,22 +16,32 @@ namespace memsim {
 
 const char* to_string(CaptureOrder v) {
   switch (v) {
-    case CaptureOrder::kArrival: return "arrival";
-    case CaptureOrder::kLargeFirst: return "large_first";
-    case CaptureOrder::kList: return "list";
+    case CaptureOrder::kArrival:
+      return "arrival";
+    case CaptureOrder::kLargeFirst:
+      return "large_first";
+    case CaptureOrder::kList:
+      return "list";
   }
   return "?";
 }
-const char* to_string(Arrival v) { return v == Arrival::kFixed ? "fixed" : "dynamic"; }
+const char* to_string(Arrival v) {
+  return v == Arrival::kFixed ? "fixed" : "dynamic";
+}
 const char* to_string(InputBuffers v) {
   return v == InputBuffers::kPerShape ? "per_shape" : "persistent";
 }
-const char* to_string(OutputLifetime v) { return v == OutputLifetime::kStrong ? "strong" : "weak"; }
+const char* to_string(OutputLifetime v) {
+  return v == OutputLifetime::kStrong ? "strong" : "weak";
+}
 const char* to_string(GraphRunners v) {
   switch (v) {
-    case GraphRunners::kFull: return "full";
-    case GraphRunners::kPiecewise: return "piecewise";
-    case GraphRunners::kBoth: return "both";
+    case GraphRunners::kFull:
+      return "full";
+    case GraphRunners::kPiecewise:
+      return "piecewise";
+    case GraphRunners::kBoth:
+      return "both";
   }
   return "?";
 }
@@ -50,16 +60,17 @@ const ShapeProgram& ProgramCache::get(const ModelShape& model, uint32_t batch,
                                       const ProgramOptions& o) {
   auto key = std::make_pair(batch, o.mode);
   auto it = programs_.find(key);
-  if (it == programs_.end()) it = programs_.emplace(key, make_decode_program(model, batch, o)).first;
+  if (it == programs_.end())
+    it = programs_.emplace(key, make_decode_program(model, batch, o)).first;
   return it->second;
 }
 
 namespace {
 
 // Inside Runner: evaluate a Status/Result; on error record the failure and return false.
-#define RUNNER_TRY(expr, batch)                           \
-  do {                                                    \
-    auto runner_res_ = (expr);                            \
+#define RUNNER_TRY(expr, batch)                                     \
+  do {                                                              \
+    auto runner_res_ = (expr);                                      \
     if (!runner_res_.ok()) return fail(runner_res_.error(), batch); \
   } while (0)
 
@@ -112,11 +123,11 @@ class Runner {
 
   ProgramCache own_cache_;
   std::map<uint32_t, std::vector<const ShapeProgram*>> programs_;
-  std::map<DevPtr, uint64_t> live_;            // every live tensor, for the overlap check
-  std::vector<DevPtr> runner_owned_;           // inputs and workspace (default pool)
-  std::map<uint32_t, bool> inputs_ready_;      // per shape (per_shape inputs)
+  std::map<DevPtr, uint64_t> live_;        // every live tensor, for the overlap check
+  std::vector<DevPtr> runner_owned_;       // inputs and workspace (default pool)
+  std::map<uint32_t, bool> inputs_ready_;  // per shape (per_shape inputs)
   DevPtr workspace_ = 0;
-  std::vector<DevPtr> held_outputs_;           // strategy-owned, freed at teardown
+  std::vector<DevPtr> held_outputs_;                     // strategy-owned, freed at teardown
   std::map<uint32_t, std::vector<GraphHandle>> graphs_;  // per shape, in launch order
   std::set<uint32_t> captured_;
   uint64_t graph_counter_ = 0;
@@ -165,13 +176,13 @@ void Runner::track_alloc(DevPtr p, uint64_t bytes) {
   }
   auto next = live_.lower_bound(p);
   if (next != live_.end() && next->first < p + bytes)
-    violation(fmt::format("allocation {:#x}+{} overlaps live tensor at {:#x}", p, bytes,
-                          next->first));
+    violation(
+        fmt::format("allocation {:#x}+{} overlaps live tensor at {:#x}", p, bytes, next->first));
   if (next != live_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second > p)
-      violation(fmt::format("allocation {:#x}+{} overlaps live tensor at {:#x}", p, bytes,
-                            prev->first));
+      violation(
+          fmt::format("allocation {:#x}+{} overlaps live tensor at {:#x}", p, bytes, prev->first));
   }
   live_.emplace(p, bytes);
 }
@@ -180,10 +191,9 @@ bool Runner::ensure_inputs(uint32_t batch) {
   const bool persistent = cfg_.inputs == InputBuffers::kPersistent;
   const uint32_t key = persistent ? 0 : batch;
   if (inputs_ready_[key]) return true;
-  const uint32_t largest = cfg_.inputs_sized_for
-                               ? cfg_.inputs_sized_for
-                               : *std::max_element(cfg_.capture_sizes.begin(),
-                                                   cfg_.capture_sizes.end());
+  const uint32_t largest = cfg_.inputs_sized_for ? cfg_.inputs_sized_for
+                                                 : *std::max_element(cfg_.capture_sizes.begin(),
+                                                                     cfg_.capture_sizes.end());
   const uint32_t sized_for = persistent ? largest : batch;
   // Inputs are allocated outside any capture from the default pool (PyTorch's default
   // allocator); persistent inputs are sized once for the largest shape (xLLM PersistentParam).
@@ -331,8 +341,8 @@ bool Runner::capture_shape(uint32_t batch) {
     std::vector<DevPtr> prev_outputs;
     const auto& graphs = progs[r]->graphs;
     for (size_t k = 0; k < graphs.size(); ++k) {
-      if (!capture_graph(batch, runner, static_cast<uint32_t>(k), graphs[k],
-                         k + 1 == graphs.size(), prev_outputs)) {
+      if (!capture_graph(batch, runner, static_cast<uint32_t>(k), graphs[k], k + 1 == graphs.size(),
+                         prev_outputs)) {
         // Outputs still held by the failed forward are released at teardown.
         held_outputs_.insert(held_outputs_.end(), prev_outputs.begin(), prev_outputs.end());
         return false;
@@ -376,9 +386,10 @@ void Runner::teardown() {
   result_.released_all = u.physical_bytes == 0 && u.virtual_mapped == 0 &&
                          u.virtual_reserved == 0 && strategy_.stats().reserved_bytes == 0;
   if (!result_.released_all)
-    violation(fmt::format("after teardown the backend still holds {} physical, {} mapped, {} "
-                          "reserved bytes",
-                          u.physical_bytes, u.virtual_mapped, u.virtual_reserved));
+    violation(
+        fmt::format("after teardown the backend still holds {} physical, {} mapped, {} "
+                    "reserved bytes",
+                    u.physical_bytes, u.virtual_mapped, u.virtual_reserved));
 }
 
 CaptureRunResult Runner::run() {
@@ -416,7 +427,8 @@ CaptureRunResult Runner::run() {
       });
   } else if (!stopped_) {
     std::mt19937_64 rng(cfg_.seed);
-    const uint32_t largest = *std::max_element(cfg_.capture_sizes.begin(), cfg_.capture_sizes.end());
+    const uint32_t largest =
+        *std::max_element(cfg_.capture_sizes.begin(), cfg_.capture_sizes.end());
     std::uniform_int_distribution<uint32_t> batch_dist(1, largest);
     std::exponential_distribution<double> gap(1.0 / cfg_.dynamic.mean_interarrival_us);
     double t_us = 0;

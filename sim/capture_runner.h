@@ -29,7 +29,7 @@ const char* to_string(OutputLifetime v);
 const char* to_string(GraphRunners v);
 
 struct DynamicArrival {
-  uint32_t arrivals = 2000;          // batches drawn
+  uint32_t arrivals = 2000;             // batches drawn
   double mean_interarrival_us = 20000;  // exponential gaps between batches
 };
 
@@ -50,7 +50,7 @@ struct CaptureRunConfig {
   uint32_t kv_block_size = 16;
   std::vector<uint32_t> capture_sizes;  // the graph shapes (padded batch sizes)
   CaptureOrder order = CaptureOrder::kArrival;
-  std::vector<uint32_t> order_list;     // for kList: a permutation of capture_sizes
+  std::vector<uint32_t> order_list;  // for kList: a permutation of capture_sizes
   Arrival arrival = Arrival::kFixed;
   DynamicArrival dynamic;
   InputBuffers inputs = InputBuffers::kPersistent;
@@ -58,7 +58,7 @@ struct CaptureRunConfig {
   OutputLifetime outputs = OutputLifetime::kStrong;
   GraphRunners runners = GraphRunners::kFull;
   uint64_t seed = 1;
-  bool check_invariants = true;  // per-graph conformance checks (cheap; on by default)
+  bool check_invariants = true;      // per-graph conformance checks (cheap; on by default)
   ProgramCache* programs = nullptr;  // optional shared cache; the runner makes its own if null
 };
 
@@ -72,13 +72,13 @@ struct CurvePoint {
 };
 
 struct CaptureRunResult {
-  bool ok = true;                 // false: an error stopped the run (see failure fields)
+  bool ok = true;  // false: an error stopped the run (see failure fields)
   bool out_of_memory = false;
-  std::string failure;            // the error message, if any
+  std::string failure;  // the error message, if any
   uint32_t failed_batch = 0;
   uint64_t bytes_short = 0;
   std::string invariant_violation;  // first conformance failure, empty if none
-  bool released_all = false;      // backend held nothing after teardown
+  bool released_all = false;        // backend held nothing after teardown
   // False when outputs were held (strong) but the strategy aliases them with other graphs'
   // memory: the footprint is measured, but the held outputs would not survive other replays.
   bool held_outputs_preserved = true;
@@ -87,8 +87,8 @@ struct CaptureRunResult {
   uint64_t peak_virtual_reserved = 0;
   uint64_t peak_strategy_reserved = 0;
   uint64_t peak_graph_mem = 0;
-  SimTime capture_time = 0;       // simulated time inside captures (incl. warm-up launch)
-  SimTime switch_time = 0;        // strategy preparation time (vmm_alias space switches)
+  SimTime capture_time = 0;  // simulated time inside captures (incl. warm-up launch)
+  SimTime switch_time = 0;   // strategy preparation time (vmm_alias space switches)
   SimTime end_time = 0;
   uint32_t shapes_captured = 0;
   uint64_t graphs = 0;

@@ -72,8 +72,7 @@ TEST_CASE("events scheduled in the past are clamped to now", "[event_queue]") {
   }
 }
 
-TEST_CASE("run(until) stops before later events and includes events at `until`",
-          "[event_queue]") {
+TEST_CASE("run(until) stops before later events and includes events at `until`", "[event_queue]") {
   SimClock clock;
   EventQueue q(clock);
   std::vector<int> ran;
@@ -91,7 +90,7 @@ TEST_CASE("run(until) stops before later events and includes events at `until`",
   SECTION("events scheduled during run within the window are run too") {
     q.schedule(35, [&] {
       ran.push_back(35);
-      q.schedule_after(3, [&] { ran.push_back(38); });  // at 38 <= 39
+      q.schedule_after(3, [&] { ran.push_back(38); });   // at 38 <= 39
       q.schedule_after(10, [&] { ran.push_back(45); });  // at 45 > 39
     });
     CHECK(q.run(39) == 2);

@@ -1,7 +1,7 @@
 // Conformance suite: the same capture schedules run against every registered graph-memory
 // strategy, checking the role contract, teardown, fault paths and the max/sum relations.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <catch2/catch.hpp>
 
 #include "backends/sim/sim_backend.h"
 #include "sim/capture_runner.h"
@@ -200,7 +200,8 @@ TEST_CASE("strong outputs stay allocated; vmm_alias says it cannot preserve them
   CHECK(run("graph_mem_nodes", c).result.held_outputs_preserved);
 }
 
-TEST_CASE("a failing primitive mid-strategy is reported and leaks nothing", "[conformance][fault]") {
+TEST_CASE("a failing primitive mid-strategy is reported and leaks nothing",
+          "[conformance][fault]") {
   struct Case {
     const char* impl;
     Primitive primitive;
@@ -254,7 +255,8 @@ TEST_CASE("out of device memory is an outcome naming the shape and the shortfall
   SimClock clock;
   MetricsRecorder metrics(clock);
   SimBackend backend(test_gpu(96 * kMiB), clock, &metrics);
-  auto strategy = find_graph_strategy("private_pools")->parse(ConfigNode::parse("{}", "t"))(backend);
+  auto strategy =
+      find_graph_strategy("private_pools")->parse(ConfigNode::parse("{}", "t"))(backend);
   const CaptureRunResult r = run_captures(c, backend, clock, *strategy, metrics);
   CHECK_FALSE(r.ok);
   CHECK(r.out_of_memory);

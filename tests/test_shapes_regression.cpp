@@ -1,8 +1,8 @@
 // Regression: the main job (experiments/shapes.yaml) reproduces its exact footprints, and the
 // relations the issue promises hold in every variant.
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <cstdlib>
-#include <fmt/format.h>
 #include <map>
 
 #include "src/app/shapes_experiment.h"
@@ -17,14 +17,14 @@ std::string source_root() {
 }
 
 const ShapesResults& main_job(ShapesConfig* config_out = nullptr) {
-  static ShapesConfig config =
-      load_shapes_config(source_root() + "/experiments/shapes.yaml", {});
+  static ShapesConfig config = load_shapes_config(source_root() + "/experiments/shapes.yaml", {});
   static ShapesResults results = run_shapes(config);
   if (config_out) *config_out = config;
   return results;
 }
 
-const RunRecord& find(const ShapesResults& r, const std::string& label, const std::string& variant) {
+const RunRecord& find(const ShapesResults& r, const std::string& label,
+                      const std::string& variant) {
   for (const RunRecord& rec : r.runs)
     if (rec.strategy->label == label && rec.variant.name() == variant) return rec;
   FAIL("no run " << label << " " << variant);
@@ -51,14 +51,12 @@ TEST_CASE("main job: exact footprints of the default table", "[regression]") {
   const RunRecord& any = find(r, "private_pools", v);
   CHECK(any.reference_max == 763363328ull);
   CHECK(any.reference_sum == 16947085312ull);
-  const std::map<std::string, uint64_t> expected = {
-      {"private_pools", 15164506112},
-      {"shared_pool", 10848567296},
-      {"shared_pool/large_first", 765460480},
-      {"global_pool/large_first", 765460480},
-      {"vmm_alias", 763363328},
-      {"graph_mem_nodes", 566231040}
-  };
+  const std::map<std::string, uint64_t> expected = {{"private_pools", 15164506112},
+                                                    {"shared_pool", 10848567296},
+                                                    {"shared_pool/large_first", 765460480},
+                                                    {"global_pool/large_first", 765460480},
+                                                    {"vmm_alias", 763363328},
+                                                    {"graph_mem_nodes", 566231040}};
   for (const auto& [label, bytes] : expected) {
     INFO(label);
     CHECK(find(r, label, v).result.peak_physical == bytes);

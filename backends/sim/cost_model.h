@@ -20,9 +20,9 @@ struct CostTerm {
 
 struct GpuSpec {
   std::string name;
-  uint64_t capacity = 0;       // device memory in bytes
-  uint64_t granularity = 0;    // VMM allocation granularity
-  uint64_t va_space = 0;       // bytes of virtual address space the backend may reserve
+  uint64_t capacity = 0;     // device memory in bytes
+  uint64_t granularity = 0;  // VMM allocation granularity
+  uint64_t va_space = 0;     // bytes of virtual address space the backend may reserve
   // Extra per-node costs of graphs: a captured node, instantiating one node, replaying one.
   double capture_per_node_us = 0;
   double instantiate_per_node_us = 0;

@@ -14,7 +14,9 @@ Status GraphMemoryModel::begin(StreamId s) {
   return {};
 }
 
-void GraphMemoryModel::add_node(StreamId s) { ++captures_.at(s).graph.nodes; }
+void GraphMemoryModel::add_node(StreamId s) {
+  ++captures_.at(s).graph.nodes;
+}
 
 uint64_t GraphMemoryModel::nodes_in_capture(StreamId s) const {
   auto it = captures_.find(s);
@@ -103,8 +105,10 @@ Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t grap
   // Outputs of this graph's previous launch are freed on launch (AutoFreeOnLaunch).
   const uint64_t others = live_outputs_ - live_bytes_of(g);
   plan.reserved_after = std::max(reserved_, backing + others);
-  if (!g.mapped) plan.map_granules = g.peak / granularity_;
-  else if (g.last_stream && *g.last_stream != s) plan.remap_granules = g.peak / granularity_;
+  if (!g.mapped)
+    plan.map_granules = g.peak / granularity_;
+  else if (g.last_stream && *g.last_stream != s)
+    plan.remap_granules = g.peak / granularity_;
   return plan;
 }
 

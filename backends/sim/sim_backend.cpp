@@ -2,8 +2,8 @@
 // stream-ordered allocations and graph memory; time charged from the GPU cost model.
 #include "backends/sim/sim_backend.h"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 
 namespace memsim {
 namespace {
@@ -12,9 +12,13 @@ constexpr uint64_t kDeviceVaBase = 0x7f0000000000ull >> 4;  // 0x7f000000000
 constexpr uint64_t kHostVaBase = 0x100000000ull;
 constexpr uint64_t kHostVaSize = 1ull << 44;
 
-uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
+uint64_t round_up(uint64_t v, uint64_t m) {
+  return (v + m - 1) / m * m;
+}
 
-std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
+std::string mib(uint64_t bytes) {
+  return fmt::format("{:.1f} MiB", bytes / 1048576.0);
+}
 
 }  // namespace
 
@@ -110,9 +114,9 @@ Status SimBackend::release_physical(PhysHandle h) {
   auto it = handles_.find(h.id);
   MEMSIM_TRY(enter(Primitive::kReleasePhysical, 1, it == handles_.end() ? 0 : it->second.bytes));
   if (it == handles_.end() || it->second.released)
-    return make_error(ErrorCode::kInvalidState,
-                      fmt::format("release_physical: handle {} is not live (double release?)",
-                                  h.id));
+    return make_error(
+        ErrorCode::kInvalidState,
+        fmt::format("release_physical: handle {} is not live (double release?)", h.id));
   // Like cuMemRelease: a handle still mapped is freed when its last mapping is unmapped.
   if (it->second.mappings > 0) {
     it->second.released = true;
@@ -156,8 +160,7 @@ Status SimBackend::free_virtual(DevPtr va) {
   return {};
 }
 
-SimBackend::Reservation* SimBackend::find_reservation(DevPtr va, uint64_t bytes,
-                                                      uint64_t* offset) {
+SimBackend::Reservation* SimBackend::find_reservation(DevPtr va, uint64_t bytes, uint64_t* offset) {
   return const_cast<Reservation*>(std::as_const(*this).find_reservation(va, bytes, offset));
 }
 
@@ -166,8 +169,7 @@ const SimBackend::Reservation* SimBackend::find_reservation(DevPtr va, uint64_t 
   auto it = reservations_.upper_bound(va);
   if (it == reservations_.begin()) return nullptr;
   --it;
-  if (va - it->first + bytes > it->second.size || va - it->first >= it->second.size)
-    return nullptr;
+  if (va - it->first + bytes > it->second.size || va - it->first >= it->second.size) return nullptr;
   *offset = va - it->first;
   return &it->second;
 }
@@ -213,8 +215,7 @@ Status SimBackend::unmap(DevPtr va, uint64_t bytes) {
   bool whole = r != nullptr && bytes > 0;
   if (whole) {
     uint64_t cursor = off;
-    for (auto it = r->maps.lower_bound(off); it != r->maps.end() && it->first < off + bytes;
-         ++it) {
+    for (auto it = r->maps.lower_bound(off); it != r->maps.end() && it->first < off + bytes; ++it) {
       if (it->first != cursor || it->first + it->second.bytes > off + bytes) {
         whole = false;
         break;
@@ -226,9 +227,9 @@ Status SimBackend::unmap(DevPtr va, uint64_t bytes) {
   }
   MEMSIM_TRY(enter(Primitive::kUnmap, victims.size(), bytes));
   if (!whole)
-    return make_error(ErrorCode::kInvalidState,
-                      fmt::format("unmap: {:#x}+{} is not exactly covered by whole mappings", va,
-                                  bytes));
+    return make_error(
+        ErrorCode::kInvalidState,
+        fmt::format("unmap: {:#x}+{} is not exactly covered by whole mappings", va, bytes));
   for (auto it : victims) {
     HandleRec& h = handles_.at(it->second.handle);
     --h.mappings;
@@ -246,8 +247,7 @@ Status SimBackend::set_access(DevPtr va, uint64_t bytes) {
   const Reservation* r = find_reservation(va, bytes, &off);
   uint64_t handles = 0, covered = 0;
   if (r) {
-    for (auto it = r->maps.lower_bound(off); it != r->maps.end() && it->first < off + bytes;
-         ++it) {
+    for (auto it = r->maps.lower_bound(off); it != r->maps.end() && it->first < off + bytes; ++it) {
       ++handles;
       covered += it->second.bytes;
     }
@@ -372,7 +372,9 @@ Status SimBackend::host_free_pinned(DevPtr p) {
 
 // ---- streams and work -----------------------------------------------------------------------
 
-Result<StreamId> SimBackend::create_stream() { return StreamId{next_stream_++}; }
+Result<StreamId> SimBackend::create_stream() {
+  return StreamId{next_stream_++};
+}
 
 Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId stream) {
   const bool captured = graph_mem_.capturing(stream);
@@ -420,8 +422,7 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
   if (growth > 0) MEMSIM_TRY(charge_physical(growth, "launch (graph memory)"));
   const double us = gpu_.replay_per_node_us * static_cast<double>(plan.nodes) +
                     gpu_.graph_mem_map_per_granule_us * static_cast<double>(plan.map_granules) +
-                    gpu_.graph_mem_remap_per_granule_us *
-                        static_cast<double>(plan.remap_granules);
+                    gpu_.graph_mem_remap_per_granule_us * static_cast<double>(plan.remap_granules);
   const auto extra = static_cast<SimTime>(us * 1000.0);
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kLaunch)] += extra;

@@ -5,13 +5,15 @@
 
 namespace memsim {
 
-VaSpace::VaSpace(uint64_t base, uint64_t size) { holes_.emplace(base, size); }
+VaSpace::VaSpace(uint64_t base, uint64_t size) {
+  holes_.emplace(base, size);
+}
 
 Result<uint64_t> VaSpace::alloc(uint64_t bytes, uint64_t align) {
   if (bytes == 0 || align == 0 || (align & (align - 1)) != 0)
-    return make_error(ErrorCode::kInvalidArgument, "reserve of " + std::to_string(bytes) +
-                                                       " bytes with alignment " +
-                                                       std::to_string(align));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        "reserve of " + std::to_string(bytes) + " bytes with alignment " + std::to_string(align));
   for (auto it = holes_.begin(); it != holes_.end(); ++it) {
     const uint64_t start = it->first, size = it->second;
     const uint64_t aligned = (start + align - 1) & ~(align - 1);
@@ -25,8 +27,7 @@ Result<uint64_t> VaSpace::alloc(uint64_t bytes, uint64_t align) {
     return aligned;
   }
   return make_error(ErrorCode::kOutOfMemory,
-                    "virtual address space exhausted (" + std::to_string(bytes) + " bytes)",
-                    bytes);
+                    "virtual address space exhausted (" + std::to_string(bytes) + " bytes)", bytes);
 }
 
 Result<uint64_t> VaSpace::free(uint64_t addr) {

@@ -9,7 +9,8 @@ namespace memsim {
 
 class DeviceSegmentSource final : public SegmentSource {
  public:
-  DeviceSegmentSource(Backend& backend, std::string tag) : backend_(backend), tag_(std::move(tag)) {}
+  DeviceSegmentSource(Backend& backend, std::string tag)
+      : backend_(backend), tag_(std::move(tag)) {}
   Result<DevPtr> allocate_segment(uint64_t bytes, StreamId stream) override;
   Status release_segment(DevPtr p, uint64_t bytes) override;
 

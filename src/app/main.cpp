@@ -1,7 +1,7 @@
 // memsim command line: runs an experiment YAML on a backend and writes its results.
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <filesystem>
-#include <fmt/format.h>
 #include <iostream>
 
 #include "memsim_config.h"

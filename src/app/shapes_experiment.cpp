@@ -1,9 +1,9 @@
 // Shapes experiment: YAML loading (validated into ShapesConfig) and the sweep runner.
 #include "src/app/shapes_experiment.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
-#include <fmt/format.h>
 #include <set>
 
 #include "backends/sim/sim_backend.h"
@@ -79,9 +79,9 @@ StrategySpec load_strategy(const ConfigNode& node, const std::vector<uint32_t>& 
   } else if (s.order == CaptureOrder::kList) {
     node.fail("'order: list' needs an 'order_list'");
   }
-  s.label = node.find("label") ? node["label"].as_string()
-          : s.order == CaptureOrder::kArrival ? impl
-                                              : fmt::format("{}/{}", impl, to_string(s.order));
+  s.label = node.find("label")                  ? node["label"].as_string()
+            : s.order == CaptureOrder::kArrival ? impl
+                                                : fmt::format("{}/{}", impl, to_string(s.order));
   s.factory = info->parse(node);
   return s;
 }
@@ -92,14 +92,14 @@ ShapesConfig load_shapes_config(const std::string& path,
                                 const std::vector<std::string>& overrides) {
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
-  root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes",
-                    "gemm_workspace", "max_model_len", "kv_block_size", "seed", "dynamic",
-                    "sweep", "table", "timeseries", "strategies"});
+  root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
+                    "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
+                    "timeseries", "strategies"});
   ShapesConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_choice({"shapes"});
-  c.gpu = load_gpu_spec(ConfigNode::load_file(
-      resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
+  c.gpu = load_gpu_spec(
+      ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
   if (auto s = root.find("capture_sizes")) {
@@ -137,8 +137,8 @@ ShapesConfig load_shapes_config(const std::string& path,
       for (const auto& o : outs)
         for (const auto& i : in)
           c.variants.push_back(Variant{pick<OutputLifetime>(o, kOutputs),
-                                       pick<Arrival>(a, kArrivals),
-                                       pick<GraphRunners>(g, kGraphs), pick<InputBuffers>(i, kInputs)});
+                                       pick<Arrival>(a, kArrivals), pick<GraphRunners>(g, kGraphs),
+                                       pick<InputBuffers>(i, kInputs)});
   if (auto t = root.find("table")) {
     c.table = load_variant_point(*t);
     if (std::find(c.variants.begin(), c.variants.end(), c.table) == c.variants.end())
@@ -253,8 +253,7 @@ ShapesResults run_shapes(const ShapesConfig& c) {
       out.runs.push_back(std::move(rec));
     }
   }
-  out.wall_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 

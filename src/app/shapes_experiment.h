@@ -59,7 +59,7 @@ struct RunRecord {
   CaptureRunResult result;
   uint64_t reference_max = 0;  // max(shape) of this variant (standalone, fresh private pool)
   uint64_t reference_sum = 0;
-  uint64_t own_max = 0;        // max(shape) captured alone with this strategy
+  uint64_t own_max = 0;  // max(shape) captured alone with this strategy
 };
 
 struct StandaloneRef {

@@ -1,10 +1,10 @@
 // Writers: tables for people, JSON/CSV for tools, plots through tools/plot_shapes.py.
 #include "src/app/writers.h"
 
+#include <fmt/format.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fmt/format.h>
 #include <fstream>
 
 namespace memsim {
@@ -20,8 +20,12 @@ std::string human_bytes(uint64_t bytes) {
 
 namespace {
 
-double ratio(uint64_t a, uint64_t b) { return b ? static_cast<double>(a) / b : 0.0; }
-double us(SimTime t) { return static_cast<double>(t) / 1000.0; }
+double ratio(uint64_t a, uint64_t b) {
+  return b ? static_cast<double>(a) / b : 0.0;
+}
+double us(SimTime t) {
+  return static_cast<double>(t) / 1000.0;
+}
 
 std::string outcome(const CaptureRunResult& r) {
   if (r.out_of_memory)
@@ -36,12 +40,20 @@ std::string json_escape(const std::string& s) {
   std::string out;
   for (char ch : s) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
       default:
-        if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\u{:04x}", ch);
-        else out += ch;
+        if (static_cast<unsigned char>(ch) < 0x20)
+          out += fmt::format("\\u{:04x}", ch);
+        else
+          out += ch;
     }
   }
   return out;
@@ -59,14 +71,15 @@ std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res)
   std::string out;
   const StandaloneRef& ref = reference_of(res, c.table);
   out += fmt::format("memsim shapes: {} on {} ({} capture sizes {}..{}), variant {}\n",
-                     c.model.name, c.gpu.name, c.capture_sizes.size(),
-                     c.capture_sizes.front(), c.capture_sizes.back(), c.table.name());
-  out += fmt::format("standalone footprints (each shape alone, fresh private pool): max(shape) "
-                     "= {}, sum(shape) = {}\n\n",
-                     human_bytes(ref.max), human_bytes(ref.sum));
-  out += fmt::format("{:<26} {:>12} {:>12} {:>8} {:>8} {:>12} {:>10}  {}\n", "strategy",
-                     "peak phys", "peak virt", "/max", "/sum", "capture ms", "switch ms",
-                     "outcome");
+                     c.model.name, c.gpu.name, c.capture_sizes.size(), c.capture_sizes.front(),
+                     c.capture_sizes.back(), c.table.name());
+  out += fmt::format(
+      "standalone footprints (each shape alone, fresh private pool): max(shape) "
+      "= {}, sum(shape) = {}\n\n",
+      human_bytes(ref.max), human_bytes(ref.sum));
+  out +=
+      fmt::format("{:<26} {:>12} {:>12} {:>8} {:>8} {:>12} {:>10}  {}\n", "strategy", "peak phys",
+                  "peak virt", "/max", "/sum", "capture ms", "switch ms", "outcome");
   for (const RunRecord& r : res.runs) {
     if (!(r.variant == c.table)) continue;
     const CaptureRunResult& x = r.result;
@@ -118,12 +131,13 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
   js << "  \"references\": [\n";
   for (size_t i = 0; i < res.references.size(); ++i) {
     const auto& [v, ref] = res.references[i];
-    js << fmt::format("    {{\"variant\": \"{}\", \"max_shape_bytes\": {}, \"sum_shape_bytes\": {}, "
-                      "\"standalone\": [",
-                      v.name(), ref.max, ref.sum);
+    js << fmt::format(
+        "    {{\"variant\": \"{}\", \"max_shape_bytes\": {}, \"sum_shape_bytes\": {}, "
+        "\"standalone\": [",
+        v.name(), ref.max, ref.sum);
     for (size_t k = 0; k < ref.per_shape.size(); ++k)
-      js << fmt::format("{}{{\"batch\": {}, \"bytes\": {}}}", k ? ", " : "",
-                        ref.per_shape[k].first, ref.per_shape[k].second);
+      js << fmt::format("{}{{\"batch\": {}, \"bytes\": {}}}", k ? ", " : "", ref.per_shape[k].first,
+                        ref.per_shape[k].second);
     js << (i + 1 < res.references.size() ? "]},\n" : "]}\n");
   }
   js << "  ],\n  \"runs\": [\n";
@@ -145,11 +159,11 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
         to_string(r.variant.outputs), to_string(r.variant.arrival), to_string(r.variant.graphs),
         to_string(r.variant.inputs), x.peak_physical, x.peak_virtual_mapped,
         x.peak_virtual_reserved, x.peak_strategy_reserved, r.reference_max, r.reference_sum,
-        r.own_max, ratio(x.peak_physical, r.reference_max),
-        ratio(x.peak_physical, r.reference_sum), us(x.capture_time), us(x.switch_time),
-        us(x.end_time), x.shapes_captured, x.graphs, x.launches, json_escape(outcome(x)),
-        x.out_of_memory, x.failed_batch, x.bytes_short, json_escape(x.invariant_violation),
-        x.released_all, x.held_outputs_preserved, i + 1 < res.runs.size() ? "," : "");
+        r.own_max, ratio(x.peak_physical, r.reference_max), ratio(x.peak_physical, r.reference_sum),
+        us(x.capture_time), us(x.switch_time), us(x.end_time), x.shapes_captured, x.graphs,
+        x.launches, json_escape(outcome(x)), x.out_of_memory, x.failed_batch, x.bytes_short,
+        json_escape(x.invariant_violation), x.released_all, x.held_outputs_preserved,
+        i + 1 < res.runs.size() ? "," : "");
   }
   js << "  ]\n}\n";
   if (!js) return "cannot write summary.json";
@@ -191,8 +205,7 @@ std::string plot_shapes(const ShapesConfig& c, const std::string& dir) {
   if (script.empty()) return "plots skipped: tools/plot_shapes.py not found";
   // The first python3 that has matplotlib (PATH's, then the system one).
   for (const char* py : {"python3", "/usr/bin/python3"}) {
-    const std::string probe =
-        fmt::format("{} -c 'import matplotlib' >/dev/null 2>&1", py);
+    const std::string probe = fmt::format("{} -c 'import matplotlib' >/dev/null 2>&1", py);
     if (std::system(probe.c_str()) != 0) continue;
     const std::string cmd = fmt::format("{} '{}' '{}' --variant '{}' >/dev/null", py,
                                         script.string(), dir, c.table.name());

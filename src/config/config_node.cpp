@@ -1,9 +1,9 @@
 // Implementation of located YAML access: typed conversion, key checking, overrides.
 #include "src/config/config_node.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 
 namespace memsim {
 
@@ -32,7 +32,7 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
       best = c;
     }
   }
-  // Close enough to be a typo: at most a third of the longer word, and at least 1 edit allowed.
+  // Close enough to be a typo: at most a third of the longer word, and never fewer than 2 edits.
   const size_t limit = std::max<size_t>(2, std::max(word.size(), best.size()) / 3);
   return best_d <= limit ? best : std::string();
 }
@@ -40,31 +40,34 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 ConfigNode ConfigNode::load_file(const std::string& path) {
   auto file = std::make_shared<const std::string>(path);
   try {
-    return ConfigNode(YAML::LoadFile(path), file, "", 0);
+    return ConfigNode(YAML::LoadFile(path), file, "", 0,
+                      std::make_shared<std::vector<std::string>>());
   } catch (const YAML::BadFile&) {
     throw ConfigError(fmt::format("{}: cannot open file", path));
   } catch (const YAML::ParserException& e) {
-    throw ConfigError(
-        fmt::format("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg));
+    throw ConfigError(fmt::format("{}:{}: YAML syntax error: {}", path, e.mark.line + 1, e.msg));
   }
 }
 
 ConfigNode ConfigNode::parse(const std::string& text, const std::string& name) {
   auto file = std::make_shared<const std::string>(name);
   try {
-    return ConfigNode(YAML::Load(text), file, "", 0);
+    return ConfigNode(YAML::Load(text), file, "", 0, std::make_shared<std::vector<std::string>>());
   } catch (const YAML::ParserException& e) {
-    throw ConfigError(
-        fmt::format("{}:{}: YAML syntax error: {}", name, e.mark.line + 1, e.msg));
+    throw ConfigError(fmt::format("{}:{}: YAML syntax error: {}", name, e.mark.line + 1, e.msg));
   }
 }
 
 int ConfigNode::line() const {
+  // An empty value's mark points at the next token: report it at its key (parent_line_).
   const YAML::Mark m = node_.Mark();
-  return m.is_null() ? parent_line_ : m.line + 1;
+  return m.is_null() || node_.IsNull() ? parent_line_ : m.line + 1;
 }
 
 std::string ConfigNode::where() const {
+  for (const std::string& o : *overrides_)
+    if (path_ == o || path_.rfind(o + ".", 0) == 0 || path_.rfind(o + "[", 0) == 0)
+      return fmt::format("{} (--set {})", file(), path_);
   const int l = line();
   const std::string loc = l > 0 ? fmt::format("{}:{}", file(), l) : file();
   return path_.empty() ? loc : fmt::format("{}: {}", loc, path_);
@@ -84,10 +87,14 @@ void ConfigNode::expect_keys(std::initializer_list<std::string_view> allowed) co
 
 void ConfigNode::expect_keys(const std::vector<std::string>& allowed) const {
   if (!node_.IsMap()) fail("expected a map of keys");
+  std::vector<std::string> seen;
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     const std::string key = it->first.as<std::string>();
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      child(it->first, child_path(key)).fail(fmt::format("duplicate key '{}'", key));
+    seen.push_back(key);
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
-    ConfigNode at(it->first, file_, child_path(key), line());
+    ConfigNode at = child(it->first, child_path(key));
     const std::string near = closest_match(key, allowed);
     if (!near.empty()) at.fail(fmt::format("unknown key '{}' (did you mean '{}'?)", key, near));
     at.fail(fmt::format("unknown key '{}' (valid keys: {})", key, fmt::join(allowed, ", ")));
@@ -100,9 +107,15 @@ bool ConfigNode::has(std::string_view key) const {
 
 std::optional<ConfigNode> ConfigNode::find(std::string_view key) const {
   if (!node_.IsMap()) fail("expected a map of keys");
-  YAML::Node child = node_[std::string(key)];
-  if (!child.IsDefined()) return std::nullopt;
-  return ConfigNode(child, file_, child_path(key), line());
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    if (it->first.Scalar() != key) continue;
+    // The child's fallback line is its key's line (for empty values and --set nodes).
+    const YAML::Mark km = it->first.Mark();
+    ConfigNode c(it->second, file_, child_path(key), km.is_null() ? line() : km.line + 1,
+                 overrides_);
+    return c;
+  }
+  return std::nullopt;
 }
 
 ConfigNode ConfigNode::operator[](std::string_view key) const {
@@ -116,7 +129,7 @@ std::vector<ConfigNode> ConfigNode::items() const {
   if (!node_.IsSequence()) fail("expected a list");
   std::vector<ConfigNode> out;
   for (size_t i = 0; i < node_.size(); ++i)
-    out.push_back(ConfigNode(node_[i], file_, fmt::format("{}[{}]", path_, i), line()));
+    out.push_back(child(node_[i], fmt::format("{}[{}]", path_, i)));
   return out;
 }
 
@@ -143,7 +156,9 @@ int64_t ConfigNode::as_int() const {
   const std::string s = as_string();
   try {
     size_t used = 0;
-    const long long v = std::stoll(s, &used, 0);
+    // Decimal (YAML 1.2: leading zeros are not octal), or hexadecimal with 0x.
+    const bool hex = s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+    const long long v = std::stoll(s, &used, hex ? 16 : 10);
     if (used == s.size()) return v;
   } catch (const std::exception&) {
   }
@@ -177,11 +192,25 @@ uint64_t ConfigNode::as_bytes() const {
     fail(fmt::format("expected a byte size like 4096, 2MiB or 1.5GiB, got '{}'", s));
   }
   std::string unit = s.substr(used);
+  // Plain integers are read exactly (a double would round above 2^53).
+  if (unit.empty() && s.find_first_of(".eE") == std::string::npos && s[0] != '-') {
+    try {
+      return std::stoull(s, nullptr, 10);
+    } catch (const std::exception&) {
+      fail(fmt::format("'{}' is not a byte size", s));
+    }
+  }
   unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
-  static const std::vector<std::pair<std::string, double>> kUnits = {
-      {"", 1},       {"B", 1},      {"KiB", 1024.0},      {"MiB", 1048576.0},
-      {"GiB", 1073741824.0},        {"TiB", 1099511627776.0},
-      {"KB", 1e3},   {"MB", 1e6},   {"GB", 1e9},          {"TB", 1e12}};
+  static const std::vector<std::pair<std::string, double>> kUnits = {{"", 1},
+                                                                     {"B", 1},
+                                                                     {"KiB", 1024.0},
+                                                                     {"MiB", 1048576.0},
+                                                                     {"GiB", 1073741824.0},
+                                                                     {"TiB", 1099511627776.0},
+                                                                     {"KB", 1e3},
+                                                                     {"MB", 1e6},
+                                                                     {"GB", 1e9},
+                                                                     {"TB", 1e12}};
   for (const auto& [name, scale] : kUnits) {
     if (unit != name) continue;
     const double bytes = v * scale;
@@ -233,16 +262,21 @@ void ConfigNode::apply_override(const std::string& assignment) {
     start = dot + 1;
   }
   // Walk with explicit node copies: yaml-cpp nodes are handles, assignment rebinds them.
+  // Missing maps along the path are created; a scalar or list along it is an error.
   std::vector<YAML::Node> chain{node_};
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].empty()) throw ConfigError(fmt::format("--set {}: empty key in path", assignment));
     YAML::Node& cur = chain.back();
-    if (parts[i].empty())
-      throw ConfigError(fmt::format("--set {}: empty key in path", assignment));
-    if (!cur.IsMap() && !cur.IsNull())
-      throw ConfigError(fmt::format("--set {}: '{}' is not a map", assignment, parts[i]));
+    if (!cur.IsMap() && !cur.IsNull()) {
+      const std::string owner = i == 0 ? std::string("the document") : "'" + parts[i - 1] + "'";
+      throw ConfigError(fmt::format("--set {}: {} is not a map", assignment, owner));
+    }
+    if (i + 1 == parts.size()) break;
+    if (!cur[parts[i]].IsDefined()) cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
     chain.push_back(cur[parts[i]]);
   }
   chain.back()[parts.back()] = value;
+  overrides_->push_back(key);
 }
 
 }  // namespace memsim

@@ -71,15 +71,22 @@ class ConfigNode {
 
  private:
   ConfigNode(YAML::Node node, std::shared_ptr<const std::string> file, std::string path,
-             int parent_line)
-      : node_(std::move(node)), file_(std::move(file)), path_(std::move(path)),
-        parent_line_(parent_line) {}
+             int parent_line, std::shared_ptr<std::vector<std::string>> overrides)
+      : node_(std::move(node)),
+        file_(std::move(file)),
+        path_(std::move(path)),
+        parent_line_(parent_line),
+        overrides_(std::move(overrides)) {}
+  ConfigNode child(YAML::Node node, std::string path) const {
+    return ConfigNode(std::move(node), file_, std::move(path), line(), overrides_);
+  }
   std::string child_path(std::string_view key) const;
 
   YAML::Node node_;
   std::shared_ptr<const std::string> file_;
   std::string path_;
   int parent_line_ = 0;
+  std::shared_ptr<std::vector<std::string>> overrides_;  // key paths set by --set
 };
 
 }  // namespace memsim

@@ -1,9 +1,9 @@
 // GPU-spec and model-shape loaders with full key validation.
 #include "src/config/loaders.h"
 
+#include <fmt/format.h>
 #include <cstdlib>
 #include <filesystem>
-#include <fmt/format.h>
 
 namespace memsim {
 namespace fs = std::filesystem;
@@ -70,8 +70,10 @@ ModelShape load_model_shape(const ConfigNode& node) {
   m.intermediate = node["intermediate"].as_uint_in(1, 1 << 22);
   m.vocab = node["vocab"].as_uint_in(1, 1 << 24);
   const std::string dt = node["dtype"].as_choice({"bf16", "fp16", "fp32", "fp8"});
-  m.dtype = dt == "bf16" ? DType::kBF16 : dt == "fp16" ? DType::kFP16
-          : dt == "fp32" ? DType::kFP32 : DType::kFP8;
+  m.dtype = dt == "bf16"   ? DType::kBF16
+            : dt == "fp16" ? DType::kFP16
+            : dt == "fp32" ? DType::kFP32
+                           : DType::kFP8;
   if (auto v = node.find("tie_embeddings")) m.tie_embeddings = v->as_bool();
   if (auto v = node.find("qkv_bias")) m.qkv_bias = v->as_bool();
   if (auto v = node.find("qk_norm")) m.qk_norm = v->as_bool();

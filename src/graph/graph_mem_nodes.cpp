@@ -2,8 +2,8 @@
 // the physical memory (see backends/sim/graph_memory_model.h).
 #include "src/graph/graph_mem_nodes.h"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 
 namespace memsim {
 

@@ -12,9 +12,9 @@
 namespace memsim {
 
 struct GraphInfo {
-  uint32_t batch = 0;        // the batch shape the graph was captured for
-  uint32_t runner = 0;       // which graph runner captures it (0 = full decode, 1 = piecewise)
-  uint32_t piece = 0;        // index of the graph within its shape (piecewise graphs)
+  uint32_t batch = 0;   // the batch shape the graph was captured for
+  uint32_t runner = 0;  // which graph runner captures it (0 = full decode, 1 = piecewise)
+  uint32_t piece = 0;   // index of the graph within its shape (piecewise graphs)
   std::string name;
 };
 

@@ -1,8 +1,8 @@
 // PoolStrategyBase: routes a graph's allocations to its caching-allocator pool.
 #include "src/graph/pool_strategy_base.h"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 
 namespace memsim {
 

@@ -45,16 +45,26 @@ GraphStrategyFactory nodes_factory(const ConfigNode& node) {
 
 const std::vector<GraphStrategyInfo>& graph_strategies() {
   static const std::vector<GraphStrategyInfo> kRegistry = {
-      {"private_pools", "a fresh caching-allocator pool per graph (PyTorch default)",
-       {"max_split_size"}, pool_factory<PrivatePools>},
-      {"shared_pool", "one pool per graph runner, shared by its graphs (vLLM)",
-       {"max_split_size"}, pool_factory<SharedPool>},
-      {"global_pool", "one pool for every graph runner of the process (SGLang)",
-       {"max_split_size"}, pool_factory<GlobalPool>},
-      {"vmm_alias", "a new VA space per shape over shared physical handles (xLLM)",
-       {"max_split_size", "handle_bytes", "va_factor"}, vmm_factory},
-      {"graph_mem_nodes", "cudaMallocAsync graph memory nodes, driver-managed reuse",
-       {"trim_at_teardown"}, nodes_factory},
+      {"private_pools",
+       "a fresh caching-allocator pool per graph (PyTorch default)",
+       {"max_split_size"},
+       pool_factory<PrivatePools>},
+      {"shared_pool",
+       "one pool per graph runner, shared by its graphs (vLLM)",
+       {"max_split_size"},
+       pool_factory<SharedPool>},
+      {"global_pool",
+       "one pool for every graph runner of the process (SGLang)",
+       {"max_split_size"},
+       pool_factory<GlobalPool>},
+      {"vmm_alias",
+       "a new VA space per shape over shared physical handles (xLLM)",
+       {"max_split_size", "handle_bytes", "va_factor"},
+       vmm_factory},
+      {"graph_mem_nodes",
+       "cudaMallocAsync graph memory nodes, driver-managed reuse",
+       {"trim_at_teardown"},
+       nodes_factory},
   };
   return kRegistry;
 }

@@ -2,8 +2,8 @@
 // fresh caching-allocator pool per captured shape.
 #include "src/graph/vmm_alias.h"
 
-#include <cmath>
 #include <fmt/format.h>
+#include <cmath>
 
 namespace memsim {
 
@@ -11,8 +11,8 @@ SharedVmmSpaces::SharedVmmSpaces(Backend& backend, const VmmAliasConfig& config)
     : backend_(backend),
       handle_bytes_(config.handle_bytes ? config.handle_bytes : backend.granularity()) {
   const uint64_t g = backend.granularity();
-  const auto want = static_cast<uint64_t>(std::ceil(config.va_factor *
-                                                    static_cast<double>(backend.capacity())));
+  const auto want =
+      static_cast<uint64_t>(std::ceil(config.va_factor * static_cast<double>(backend.capacity())));
   space_bytes_ = (want + g - 1) / g * g;
 }
 
@@ -60,7 +60,9 @@ Result<DevPtr> SharedVmmSpaces::allocate_segment(uint64_t bytes, StreamId /*stre
   return p;
 }
 
-Status SharedVmmSpaces::release_segment(DevPtr /*p*/, uint64_t /*bytes*/) { return {}; }
+Status SharedVmmSpaces::release_segment(DevPtr /*p*/, uint64_t /*bytes*/) {
+  return {};
+}
 
 Status SharedVmmSpaces::release_all() {
   Status first;

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# End-to-end test of the memsim command line: --help/--version, the main job's outputs, and that
+# a bad config gives one located error, exit code 2 and no output folder.
+# Usage: test_cli.sh /path/to/memsim   (MEMSIM_SOURCE_ROOT: the source tree)
+# Exits 0 when every check passes, 1 otherwise (each failure is printed).
+set -u
+
+if [ $# -lt 1 ]; then
+  echo "usage: $0 /path/to/memsim" >&2
+  exit 1
+fi
+MEMSIM=$1
+case $MEMSIM in /*) ;; *) MEMSIM=$PWD/$MEMSIM ;; esac
+ROOT=${MEMSIM_SOURCE_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
+CONFIG=$ROOT/experiments/shapes.yaml
+GPU=$ROOT/configs/gpus/h200.yaml
+MODEL=$ROOT/configs/models/llama-3.1-8b.yaml
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/memsim_test_cli.XXXXXX") || { echo "FAIL: mktemp -d" >&2; exit 1; }
+trap 'rm -rf "$TMP"' EXIT
+
+failures=0
+checks=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+pass() { checks=$((checks + 1)); }
+# check DESCRIPTION COMMAND...: runs a test command, counting it as pass or fail.
+check() {
+  local what=$1
+  shift
+  if "$@"; then pass; else fail "$what"; fi
+}
+show() {  # prints a captured file (indented) to help explain a failure
+  sed 's/^/    | /' "$1" >&2
+}
+
+# run NAME ARGS...: runs memsim from $TMP with ARGS; stdout/stderr go to $TMP/NAME.out/.err and
+# the exit status to $rc.
+run() {
+  local name=$1
+  shift
+  (cd "$TMP" && "$MEMSIM" "$@") >"$TMP/$name.out" 2>"$TMP/$name.err"
+  rc=$?
+}
+
+# expect_rc NAME WANT: the last run's exit status is WANT.
+expect_rc() {
+  if [ "$rc" -eq "$2" ]; then
+    pass
+  else
+    fail "$1: exit code $rc, expected $2"
+    echo "  stdout:" >&2; show "$TMP/$1.out"
+    echo "  stderr:" >&2; show "$TMP/$1.err"
+  fi
+}
+
+# expect_in FILE TEXT WHAT: FILE holds TEXT (fixed string).
+expect_in() {
+  if grep -qF -- "$2" "$1"; then
+    pass
+  else
+    fail "$3: '$2' not found in $(basename "$1")"
+    show "$1"
+  fi
+}
+
+# expect_re FILE REGEX WHAT: FILE has a line matching the extended regex REGEX.
+expect_re() {
+  if grep -qE -- "$2" "$1"; then
+    pass
+  else
+    fail "$3: /$2/ not found in $(basename "$1")"
+    show "$1"
+  fi
+}
+
+# expect_one_line FILE WHAT: FILE has exactly one line (one error, not a cascade).
+expect_one_line() {
+  local n
+  n=$(wc -l <"$1")
+  if [ "$n" -eq 1 ]; then pass; else fail "$2: $n lines in $(basename "$1"), expected 1"; show "$1"; fi
+}
+
+expect_absent() {
+  if [ -e "$1" ]; then fail "$2: $1 exists but should not"; else pass; fi
+}
+
+# A copy of the experiment with one sed edit, referencing gpu/model by absolute path.
+make_config() {
+  local name=$1 edit=$2
+  sed -e "s#^gpu: h200#gpu: $GPU#" -e "s#^model: llama-3.1-8b#model: $MODEL#" "$CONFIG" |
+    sed -e "$edit" >"$TMP/$name.yaml"
+}
+
+# line_of FILE PREFIX: 1-based number of the first line of FILE starting with PREFIX.
+line_of() { awk -v p="$2" 'index($0, p) == 1 { print NR; exit }' "$1"; }
+
+check "memsim binary $MEMSIM is executable" test -x "$MEMSIM"
+check "experiment $CONFIG exists" test -f "$CONFIG"
+
+# --- --help and --version ----------------------------------------------------------------------
+run help --help
+expect_rc help 0
+expect_in "$TMP/help.out" "--config" "--help lists --config"
+expect_in "$TMP/help.out" "--set" "--help lists --set"
+
+run version --version
+expect_rc version 0
+if [ "$(cat "$TMP/version.out")" = "memsim 0.1.0" ]; then
+  pass
+else
+  fail "--version printed '$(cat "$TMP/version.out")', expected 'memsim 0.1.0'"
+fi
+
+# --- the main job ------------------------------------------------------------------------------
+run main --config "$CONFIG" --out "$TMP/out_main"
+expect_rc main 0
+for f in summary.json curves.csv timeseries.csv; do
+  check "main job wrote $f" test -s "$TMP/out_main/shapes/$f"
+done
+# Every strategy label starts a row of the printed table.
+for label in private_pools shared_pool shared_pool/large_first global_pool/large_first vmm_alias \
+  graph_mem_nodes; do
+  if grep -qE "^${label}[[:space:]]" "$TMP/main.out"; then
+    pass
+  else
+    fail "main job: the table has no row for strategy '$label'"
+  fi
+done
+expect_in "$TMP/main.out" "variant weak/fixed/full/persistent" "main job: table slice named"
+expect_in "$TMP/main.out" " 0 invariant violation(s)" "main job: no invariant violations"
+expect_in "$TMP/main.out" "wrote $TMP/out_main/shapes/summary.json" "main job: says where it wrote"
+expect_re "$TMP/out_main/shapes/summary.json" '"seed": *1,' "main job: summary.json has seed 1"
+expect_in "$TMP/out_main/shapes/curves.csv" "variant,strategy," "main job: curves.csv header"
+if [ -s "$TMP/main.err" ]; then fail "main job wrote to stderr"; show "$TMP/main.err"; else pass; fi
+
+# --- --set seed=7 and --seed 7 -------------------------------------------------------------------
+run set_seed --config "$CONFIG" --out "$TMP/out_seed" --set seed=7
+expect_rc set_seed 0
+expect_re "$TMP/out_seed/shapes/summary.json" '"seed": *7,' "--set seed=7: summary.json has seed 7"
+
+run seed_flag --config "$CONFIG" --out "$TMP/out_seed_flag" --seed 7
+expect_rc seed_flag 0
+expect_re "$TMP/out_seed_flag/shapes/summary.json" '"seed": *7,' "--seed 7: summary.json has seed 7"
+
+run set_small --config "$CONFIG" --out "$TMP/out_small" --set max_num_seqs=8
+expect_rc set_small 0
+expect_re "$TMP/out_small/shapes/summary.json" '"capture_sizes": *\[1, *2, *4, *8, *16\]' \
+  "--set max_num_seqs=8: capture sizes 1, 2, 4, 8, 16"
+
+# --- a typo'd config: exit 2, one located error, nothing written --------------------------------
+make_config typo 's/^max_num_seqs: 256/max_num_seq: 256/'
+LINE=$(line_of "$TMP/typo.yaml" "max_num_seq:")
+run typo --config "$TMP/typo.yaml" --out "$TMP/out_typo"
+expect_rc typo 2
+expect_in "$TMP/typo.err" \
+  "$TMP/typo.yaml:$LINE: max_num_seq: unknown key 'max_num_seq' (did you mean 'max_num_seqs'?)" \
+  "typo: stderr names file:line: key"
+expect_one_line "$TMP/typo.err" "typo: one error"
+expect_absent "$TMP/out_typo" "typo: --out dir created"
+if [ -s "$TMP/typo.out" ]; then fail "typo: wrote to stdout"; show "$TMP/typo.out"; else pass; fi
+
+# A typo inside a strategy, and an unknown impl.
+make_config typo_param 's/    handle_bytes: 2MiB/    handle_byte: 2MiB/'
+LINE=$(line_of "$TMP/typo_param.yaml" "    handle_byte:")
+run typo_param --config "$TMP/typo_param.yaml" --out "$TMP/out_typo_param"
+expect_rc typo_param 2
+expect_in "$TMP/typo_param.err" \
+  "$TMP/typo_param.yaml:$LINE: strategies[4].handle_byte: unknown key 'handle_byte' (did you mean 'handle_bytes'?)" \
+  "typo_param: stderr names file:line: key"
+expect_absent "$TMP/out_typo_param" "typo_param: --out dir created"
+
+# Out of range, bad byte size, missing referenced model.
+make_config range 's/^kv_block_size: 16/kv_block_size: 0/'
+run range --config "$TMP/range.yaml" --out "$TMP/out_range"
+expect_rc range 2
+expect_in "$TMP/range.err" "$TMP/range.yaml:$(line_of "$TMP/range.yaml" kv_block_size:): kv_block_size: 0 is out of range" \
+  "range: stderr names file:line: key"
+expect_absent "$TMP/out_range" "range: --out dir created"
+
+make_config bytes 's/^gemm_workspace: 32MiB/gemm_workspace: 3 parsecs/'
+run bytes --config "$TMP/bytes.yaml" --out "$TMP/out_bytes"
+expect_rc bytes 2
+expect_in "$TMP/bytes.err" "$TMP/bytes.yaml:$(line_of "$TMP/bytes.yaml" gemm_workspace:): gemm_workspace: unknown unit 'parsecs'" \
+  "bytes: stderr names file:line: key"
+expect_absent "$TMP/out_bytes" "bytes: --out dir created"
+
+make_config nomodel "s#^model: .*#model: $TMP/no_such_model.yaml#"
+run nomodel --config "$TMP/nomodel.yaml" --out "$TMP/out_nomodel"
+expect_rc nomodel 2
+expect_in "$TMP/nomodel.err" "$TMP/nomodel.yaml:$(line_of "$TMP/nomodel.yaml" model:): model: cannot find models config" \
+  "nomodel: stderr names file:line: key"
+expect_absent "$TMP/out_nomodel" "nomodel: --out dir created"
+
+# A YAML syntax error.
+make_config syntax 's/^seed: 1/seed: 1: 2/'
+run syntax --config "$TMP/syntax.yaml" --out "$TMP/out_syntax"
+expect_rc syntax 2
+expect_in "$TMP/syntax.err" "$TMP/syntax.yaml:$(line_of "$TMP/syntax.yaml" seed:): YAML syntax error" \
+  "syntax: stderr names file:line"
+expect_absent "$TMP/out_syntax" "syntax: --out dir created"
+
+# --- bad --set ---------------------------------------------------------------------------------
+run set_unknown --config "$CONFIG" --out "$TMP/out_set_unknown" --set max_num_seq=8
+expect_rc set_unknown 2
+expect_in "$TMP/set_unknown.err" "unknown key 'max_num_seq' (did you mean 'max_num_seqs'?)" \
+  "--set max_num_seq=8: names the key"
+expect_one_line "$TMP/set_unknown.err" "--set max_num_seq=8: one error"
+expect_absent "$TMP/out_set_unknown" "--set max_num_seq=8: --out dir created"
+
+run set_malformed --config "$CONFIG" --out "$TMP/out_set_malformed" --set seed
+expect_rc set_malformed 2
+expect_in "$TMP/set_malformed.err" "--set seed: expected key.path=value" "--set seed: explained"
+expect_absent "$TMP/out_set_malformed" "--set seed: --out dir created"
+
+run set_value --config "$CONFIG" --out "$TMP/out_set_value" --set kv_block_size=0
+expect_rc set_value 2
+expect_in "$TMP/set_value.err" "kv_block_size" "--set kv_block_size=0: names the key"
+expect_absent "$TMP/out_set_value" "--set kv_block_size=0: --out dir created"
+
+# --- command-line errors -----------------------------------------------------------------------
+run noconfig --out "$TMP/out_noconfig"
+expect_rc noconfig 2
+expect_absent "$TMP/out_noconfig" "no --config: --out dir created"
+
+run missing_config --config "$TMP/absent.yaml" --out "$TMP/out_missing_config"
+expect_rc missing_config 2
+expect_in "$TMP/missing_config.err" "$TMP/absent.yaml" "missing --config file: named"
+expect_absent "$TMP/out_missing_config" "missing --config file: --out dir created"
+
+run bad_backend --config "$CONFIG" --out "$TMP/out_bad_backend" --backend tpu
+expect_rc bad_backend 2
+expect_absent "$TMP/out_bad_backend" "--backend tpu: --out dir created"
+
+# --- --backend cuda on a build without CUDA ------------------------------------------------------
+run cuda --config "$CONFIG" --out "$TMP/out_cuda" --backend cuda
+if [ "$rc" -ne 0 ]; then pass; else fail "--backend cuda: exit code 0, expected non-zero"; fi
+if grep -qi cuda "$TMP/cuda.err"; then
+  pass
+else
+  fail "--backend cuda: stderr does not mention CUDA"
+  show "$TMP/cuda.err"
+fi
+expect_absent "$TMP/out_cuda" "--backend cuda: --out dir created"
+
+echo "test_cli: $checks checks passed, $failures failed"
+if [ "$failures" -ne 0 ]; then exit 1; fi
+exit 0
