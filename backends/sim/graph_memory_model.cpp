@@ -84,12 +84,6 @@ GraphMemoryModel::Alloc* GraphMemoryModel::find_alloc(DevPtr va, uint64_t* graph
   return nullptr;
 }
 
-uint64_t GraphMemoryModel::backing_sum() const {
-  uint64_t sum = 0;
-  for (const auto& [stream, bytes] : backing_) sum += bytes;
-  return sum;
-}
-
 Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t graph_id,
                                                                    StreamId s) const {
   auto it = graphs_.find(graph_id);
@@ -98,13 +92,13 @@ Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t grap
   const Graph& g = it->second;
   LaunchPlan plan;
   plan.nodes = g.nodes;
-  uint64_t backing = backing_sum();
-  auto b = backing_.find(s);
-  const uint64_t current = b == backing_.end() ? 0 : b->second;
-  if (g.peak > current) backing += g.peak - current;
-  // Outputs of this graph's previous launch are freed on launch (AutoFreeOnLaunch).
-  const uint64_t others = live_outputs_ - live_bytes_of(g);
-  plan.reserved_after = std::max(reserved_, backing + others);
+  // While g runs on s, the pool holds: g's peak (its own outputs included), the live outputs of
+  // every other graph (their pages cannot be reused), and what other streams keep backed.
+  uint64_t other_streams = 0;
+  for (const auto& [stream, bytes] : backing_)
+    if (stream != s) other_streams += bytes;
+  const uint64_t others = live_outputs_ - live_bytes_of(g);  // g's own are auto-freed on launch
+  plan.reserved_after = std::max(reserved_, g.peak + others + other_streams);
   if (!g.mapped)
     plan.map_granules = g.peak / granularity_;
   else if (g.last_stream && *g.last_stream != s)

@@ -21,8 +21,9 @@ namespace memsim {
 //   freed by a later graph (a free node captured in another graph), or until the graph's next
 //   launch (instantiated with AutoFreeOnLaunch).
 // - Graphs launched into one stream never run concurrently, so they share that stream's backing:
-//   backing[s] = max peak launched into s. Streams do not share. The pool reservation is
-//   max over time of (sum of backing + live outputs of other graphs); it only shrinks on trim.
+//   backing[s] = max peak launched into s. Streams do not share. Launching g into s needs
+//   g's peak + live outputs of other graphs + the backing of other streams; the pool
+//   reservation is the maximum of that over launches and only shrinks on trim.
 // - A graph's first launch (or first after a trim) maps its pages; launching a graph into a
 //   different stream than last time remaps them.
 class GraphMemoryModel {
@@ -91,7 +92,6 @@ class GraphMemoryModel {
   uint64_t pages(uint64_t bytes) const {
     return (bytes + granularity_ - 1) / granularity_ * granularity_;
   }
-  uint64_t backing_sum() const;
   uint64_t live_bytes_of(const Graph& g) const;
   Alloc* find_alloc(DevPtr va, uint64_t* graph_id);
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <cmath>
 
 namespace memsim {
 namespace {
@@ -169,7 +170,8 @@ const SimBackend::Reservation* SimBackend::find_reservation(DevPtr va, uint64_t 
   auto it = reservations_.upper_bound(va);
   if (it == reservations_.begin()) return nullptr;
   --it;
-  if (va - it->first + bytes > it->second.size || va - it->first >= it->second.size) return nullptr;
+  const uint64_t off = va - it->first;
+  if (off >= it->second.size || bytes > it->second.size - off) return nullptr;
   *offset = va - it->first;
   return &it->second;
 }
@@ -185,7 +187,7 @@ Status SimBackend::map(DevPtr va, uint64_t bytes, PhysHandle h, uint64_t offset)
   auto hit = handles_.find(h.id);
   if (hit == handles_.end() || hit->second.released)
     return make_error(ErrorCode::kInvalidArgument, fmt::format("map: unknown handle {}", h.id));
-  if (offset + bytes > hit->second.bytes)
+  if (bytes > hit->second.bytes || offset > hit->second.bytes - bytes)
     return make_error(ErrorCode::kInvalidArgument, "map: range exceeds the handle's size");
   uint64_t off = 0;
   Reservation* r = find_reservation(va, bytes, &off);
@@ -208,6 +210,12 @@ Status SimBackend::map(DevPtr va, uint64_t bytes, PhysHandle h, uint64_t offset)
 }
 
 Status SimBackend::unmap(DevPtr va, uint64_t bytes) {
+  const uint64_t g = gpu_.granularity;
+  if (bytes == 0 || va % g || bytes % g) {
+    MEMSIM_TRY(enter(Primitive::kUnmap, 0, 0));
+    return make_error(ErrorCode::kInvalidArgument,
+                      "unmap: address and size must be granularity-aligned and non-zero");
+  }
   uint64_t off = 0;
   Reservation* r = find_reservation(va, bytes, &off);
   // Count the handles the range touches: unmap is priced per handle (DEVICE.md).
@@ -243,17 +251,31 @@ Status SimBackend::unmap(DevPtr va, uint64_t bytes) {
 }
 
 Status SimBackend::set_access(DevPtr va, uint64_t bytes) {
+  const uint64_t g = gpu_.granularity;
+  if (bytes == 0 || va % g || bytes % g) {
+    MEMSIM_TRY(enter(Primitive::kSetAccess, 0, 0));
+    return make_error(ErrorCode::kInvalidArgument,
+                      "set_access: address and size must be granularity-aligned and non-zero");
+  }
   uint64_t off = 0;
   const Reservation* r = find_reservation(va, bytes, &off);
-  uint64_t handles = 0, covered = 0;
-  if (r) {
-    for (auto it = r->maps.lower_bound(off); it != r->maps.end() && it->first < off + bytes; ++it) {
+  // The range must be mapped without holes; it may start or end inside a mapping. Priced per
+  // handle touched (DEVICE.md).
+  uint64_t handles = 0;
+  bool covered = r != nullptr;
+  if (covered) {
+    auto it = r->maps.upper_bound(off);
+    if (it != r->maps.begin() && std::prev(it)->first + std::prev(it)->second.bytes > off) --it;
+    uint64_t cursor = off;
+    for (; it != r->maps.end() && cursor < off + bytes; ++it) {
+      if (it->first > cursor) break;  // a hole
       ++handles;
-      covered += it->second.bytes;
+      cursor = it->first + it->second.bytes;
     }
+    covered = cursor >= off + bytes;
   }
   MEMSIM_TRY(enter(Primitive::kSetAccess, handles, bytes));
-  if (!r || covered != bytes)
+  if (!covered)
     return make_error(ErrorCode::kInvalidState,
                       fmt::format("set_access: {:#x}+{} is not fully mapped", va, bytes));
   return {};
@@ -273,6 +295,10 @@ std::optional<SimBackend::Resolved> SimBackend::resolve(DevPtr va) const {
 // ---- plain and stream-ordered allocations ---------------------------------------------------
 
 Result<DevPtr> SimBackend::device_malloc(uint64_t bytes, std::string_view tag) {
+  if (bytes > gpu_.capacity) {  // (also keeps the rounding below from wrapping)
+    MEMSIM_TRY(enter(Primitive::kDeviceMalloc, 1, 0));
+    return charge_physical(bytes, "device_malloc").error();
+  }
   // cudaMalloc backs allocations with whole pages of the VMM granularity.
   const uint64_t accounted = round_up(bytes, gpu_.granularity);
   MEMSIM_TRY(enter(Primitive::kDeviceMalloc, 1, accounted));
@@ -303,6 +329,10 @@ Status SimBackend::device_free(DevPtr p) {
 }
 
 Result<DevPtr> SimBackend::malloc_async(uint64_t bytes, StreamId stream) {
+  if (bytes > gpu_.capacity) {
+    MEMSIM_TRY(enter(Primitive::kMallocAsync, 1, 0));
+    return charge_physical(bytes, "malloc_async").error();
+  }
   const uint64_t pages = round_up(bytes, gpu_.granularity);
   MEMSIM_TRY(enter(Primitive::kMallocAsync, 1, graph_mem_.capturing(stream) ? 0 : pages));
   if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "malloc_async: 0 bytes");
@@ -404,9 +434,9 @@ Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
   const uint64_t nodes = graph_mem_.nodes_in_capture(stream);
   MEMSIM_TRY(enter(Primitive::kEndCapture, 0, 0));
   // Capturing a node and instantiating it are charged here, per node.
-  const auto per_node =
-      static_cast<SimTime>((gpu_.capture_per_node_us + gpu_.instantiate_per_node_us) * 1000.0);
-  const SimTime extra = per_node * static_cast<SimTime>(nodes);
+  const auto extra =
+      static_cast<SimTime>(std::llround((gpu_.capture_per_node_us + gpu_.instantiate_per_node_us) *
+                                        1000.0 * static_cast<double>(nodes)));
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kEndCapture)] += extra;
   MEMSIM_ASSIGN_OR_RETURN(auto ended, graph_mem_.end(stream));
@@ -423,7 +453,7 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
   const double us = gpu_.replay_per_node_us * static_cast<double>(plan.nodes) +
                     gpu_.graph_mem_map_per_granule_us * static_cast<double>(plan.map_granules) +
                     gpu_.graph_mem_remap_per_granule_us * static_cast<double>(plan.remap_granules);
-  const auto extra = static_cast<SimTime>(us * 1000.0);
+  const auto extra = static_cast<SimTime>(std::llround(us * 1000.0));
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kLaunch)] += extra;
   const uint64_t before = graph_mem_.reserved();
