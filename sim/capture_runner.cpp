@@ -126,6 +126,9 @@ class Runner {
   std::map<DevPtr, uint64_t> live_;        // every live tensor, for the overlap check
   std::vector<DevPtr> runner_owned_;       // inputs and workspace (default pool)
   std::map<uint32_t, bool> inputs_ready_;  // per shape (per_shape inputs)
+  std::map<uint32_t, std::vector<CheckedTensor>> inputs_of_;  // by inputs key (0 = persistent)
+  std::map<uint32_t, std::vector<CheckedTensor>> final_outputs_;  // per shape
+  CapturedView view_;
   DevPtr workspace_ = 0;
   std::vector<DevPtr> held_outputs_;                     // strategy-owned, freed at teardown
   std::map<uint32_t, std::vector<GraphHandle>> graphs_;  // per shape, in launch order
@@ -197,12 +200,16 @@ bool Runner::ensure_inputs(uint32_t batch) {
   const uint32_t sized_for = persistent ? largest : batch;
   // Inputs are allocated outside any capture from the default pool (PyTorch's default
   // allocator); persistent inputs are sized once for the largest shape (xLLM PersistentParam).
-  for (const TensorSpec& t : programs(sized_for).front()->inputs) {
+  const auto& specs = programs(sized_for).front()->inputs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& t = specs[i];
     auto p = default_pool_.malloc(t.bytes, stream_);
     if (!p.ok()) return fail(p.error(), batch);
     track_alloc(*p, t.bytes);
     runner_owned_.push_back(*p);
-    RUNNER_TRY(backend_.fill(*p, t.bytes, 0x1000u + key, stream_), batch);
+    const auto pattern = static_cast<uint32_t>(0x5EED0000u + key * 64 + i);
+    RUNNER_TRY(backend_.fill(*p, t.bytes, pattern, stream_), batch);
+    inputs_of_[key].push_back(CheckedTensor{*p, t.bytes, pattern, batch, t.name});
   }
   inputs_ready_[key] = true;
   return true;
@@ -267,7 +274,9 @@ bool Runner::capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, cons
     return fail(s.error(), batch);
   }
   std::vector<DevPtr> ptr(g.tensors.size(), 0);
+  std::vector<uint32_t> patterns(g.tensors.size(), 0);
   const uint64_t graph_no = ++graph_counter_;
+  bool inputs_read = piece != 0;
   for (const ProgramOp& op : g.ops) {
     const TensorSpec& t = g.tensors[op.tensor];
     if (op.kind == ProgramOp::Kind::kFree) {
@@ -292,14 +301,33 @@ bool Runner::capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, cons
     track_alloc(*p, t.bytes);
     // The kernel producing the tensor writes a pattern unique to the graph and tensor.
     const auto pattern = static_cast<uint32_t>(graph_no * 0x9E3779B1u + op.tensor);
+    patterns[op.tensor] = pattern;
     if (auto s = backend_.fill(*p, t.bytes, pattern, stream_); !s.ok()) {
       close_open_capture(ptr);
       return fail(s.error(), batch);
     }
+    if (!inputs_read && t.role == TensorRole::kIntermediate) {
+      // The forward reads its inputs: a replay then proves they are mapped and valid. The
+      // reads land in this (first) intermediate, which no check looks at afterwards.
+      inputs_read = true;
+      const uint32_t key = cfg_.inputs == InputBuffers::kPersistent ? 0 : batch;
+      for (const CheckedTensor& in : inputs_of_[key]) {
+        if (auto s = backend_.copy(*p, in.ptr, std::min(in.bytes, t.bytes), stream_); !s.ok()) {
+          close_open_capture(ptr);
+          return fail(s.error(), batch);
+        }
+      }
+    }
   }
   std::vector<DevPtr> outputs;
-  for (size_t i = 0; i < g.tensors.size(); ++i)
-    if (g.tensors[i].role == TensorRole::kOutput) outputs.push_back(ptr[i]);
+  std::vector<CheckedTensor> checked;
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    if (g.tensors[i].role != TensorRole::kOutput) continue;
+    outputs.push_back(ptr[i]);
+    checked.push_back(CheckedTensor{ptr[i], g.tensors[i].bytes, patterns[i], batch,
+                                    g.name + "." + g.tensors[i].name});
+  }
+  if (last_piece) final_outputs_[batch] = checked;
   const bool weak = cfg_.outputs == OutputLifetime::kWeak;
   if (weak) {
     // vLLM keeps only weak references to captured outputs, so their blocks return to the pool:
@@ -350,7 +378,9 @@ bool Runner::capture_shape(uint32_t batch) {
     }
   }
   captured_.insert(batch);
+  view_.shapes.push_back(batch);
   record_point(batch);
+  if (cfg_.observer) cfg_.observer->after_shape(batch);
   check_conformance(fmt::format("after capturing b={}", batch));
   return true;
 }
@@ -447,6 +477,16 @@ CaptureRunResult Runner::run() {
     }
   }
   queue_.run();
+  if (cfg_.observer && result_.ok) {
+    view_.stream = stream_;
+    view_.graphs = &graphs_;
+    for (const auto& [key, tensors] : inputs_of_)
+      view_.inputs.insert(view_.inputs.end(), tensors.begin(), tensors.end());
+    view_.outputs = final_outputs_;
+    view_.outputs_held = cfg_.outputs == OutputLifetime::kStrong;
+    view_.held_preserved = result_.held_outputs_preserved;
+    cfg_.observer->before_teardown(view_);
+  }
   result_.shapes_captured = static_cast<uint32_t>(captured_.size());
   result_.switch_time = strategy_.stats().switch_time;
   result_.peak_strategy_reserved = strategy_.stats().peak_reserved_bytes;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,36 @@ class ProgramCache {
   std::map<std::pair<uint32_t, GraphMode>, ShapeProgram> programs_;
 };
 
+// A tensor whose contents a replay check can verify: it was filled with `pattern`.
+struct CheckedTensor {
+  DevPtr ptr = 0;
+  uint64_t bytes = 0;
+  uint32_t pattern = 0;
+  uint32_t batch = 0;
+  std::string name;
+};
+
+// What the runner holds after its captures, for replay checks before teardown.
+struct CapturedView {
+  StreamId stream;
+  std::vector<uint32_t> shapes;  // captured, in capture order
+  const std::map<uint32_t, std::vector<GraphHandle>>* graphs = nullptr;  // per shape, in order
+  std::vector<CheckedTensor> inputs;  // filled outside graphs: must survive every replay
+  // The last graph's outputs per shape: rewritten by each replay of the shape. Held (strong)
+  // outputs must also survive other shapes' replays when held_preserved is true.
+  std::map<uint32_t, std::vector<CheckedTensor>> outputs;
+  bool outputs_held = false;
+  bool held_preserved = true;
+};
+
+// Optional hooks for a backend-specific harness (the CUDA validation).
+class CaptureObserver {
+ public:
+  virtual ~CaptureObserver() = default;
+  virtual void after_shape(uint32_t /*batch*/) {}
+  virtual void before_teardown(const CapturedView& /*view*/) {}
+};
+
 struct CaptureRunConfig {
   ModelShape model;
   uint64_t gemm_workspace_bytes = 0;
@@ -60,6 +91,7 @@ struct CaptureRunConfig {
   uint64_t seed = 1;
   bool check_invariants = true;      // per-graph conformance checks (cheap; on by default)
   ProgramCache* programs = nullptr;  // optional shared cache; the runner makes its own if null
+  CaptureObserver* observer = nullptr;
 };
 
 struct CurvePoint {
