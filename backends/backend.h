@@ -67,7 +67,8 @@ struct Usage {
 
 // Contract (every implementation):
 // - Sizes: create_physical takes a non-zero multiple of granularity(); map/unmap/set_access
-//   ranges are granularity-aligned; violations return kInvalidArgument.
+//   ranges are granularity-aligned; violations return kInvalidArgument. map maps a whole handle
+//   from offset 0 (as cuMemMap requires); a partial mapping returns kNotSupported.
 // - Misuse (double release, release of a mapped handle, unmap of an unmapped range, map over a
 //   mapped range, free of an unknown pointer, capture calls out of order) returns
 //   kInvalidState or kInvalidArgument and changes nothing. No call aborts the process.

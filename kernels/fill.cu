@@ -111,8 +111,8 @@ __global__ void VerifyKernel(const __grid_constant__ VerifyParams p) {
 unsigned blocks_for(uint64_t bytes) {
   // One 16-byte vector per thread per iteration; grid-stride beyond kMaxBlocks.
   const uint64_t per_block = 16ull * kThreads;
-  return static_cast<unsigned>(std::clamp<uint64_t>((bytes + per_block - 1) / per_block, 1,
-                                                    kMaxBlocks));
+  return static_cast<unsigned>(
+      std::clamp<uint64_t>((bytes + per_block - 1) / per_block, 1, kMaxBlocks));
 }
 
 }  // namespace

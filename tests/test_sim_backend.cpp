@@ -271,16 +271,24 @@ TEST_CASE_METHOD(Sim, "reserve/map/unmap/set_access rules, aliasing and deferred
 
 TEST_CASE_METHOD(Sim, "range and size validation edge cases", "[sim_backend][bug]") {
   const DevPtr va = *b.reserve_virtual(8 * kMiB, 0);
-  const PhysHandle h = *b.create_physical(6 * kMiB, "x");
+  const PhysHandle h = *b.create_physical(2 * kMiB, "x");
+  const PhysHandle h4 = *b.create_physical(4 * kMiB, "x");
   REQUIRE(b.map(va, 2 * kMiB, h, 0).ok());
-  REQUIRE(b.map(va + 4 * kMiB, 4 * kMiB, h, 2 * kMiB).ok());
+  REQUIRE(b.map(va + 4 * kMiB, 4 * kMiB, h4, 0).ok());
+  SECTION("partial mappings are not supported, as with cuMemMap") {
+    const PhysHandle h6 = *b.create_physical(6 * kMiB, "y");
+    const DevPtr va2 = *b.reserve_virtual(8 * kMiB, 0);
+    CHECK(err(b.map(va2, 2 * kMiB, h6, 0)) == ErrorCode::kNotSupported);
+    CHECK(err(b.map(va2, 4 * kMiB, h6, 2 * kMiB)) == ErrorCode::kNotSupported);
+    CHECK(b.map(va2, 6 * kMiB, h6, 0).ok());
+  }
   SECTION("set_access over a range with an unmapped hole fails") {
     // [va+2, va+4) MiB is unmapped, but the touched mappings' sizes (2 + 4) equal the 6 MiB asked.
     CHECK_FALSE(b.set_access(va, 6 * kMiB).ok());
   }
   SECTION("map rejects a size that wraps around 2^64") {
     // 2^64 - 2 MiB is granularity-aligned; offset + bytes and va - base + bytes wrap to 0.
-    CHECK_FALSE(b.map(va + 2 * kMiB, 0 - kG, h, kG).ok());
+    CHECK_FALSE(b.map(va + 2 * kMiB, 0 - kG, h4, kG).ok());
     CHECK(b.usage().virtual_mapped == 6 * kMiB);
   }
   SECTION("misaligned unmap and set_access are kInvalidArgument (Backend contract)") {
@@ -322,10 +330,12 @@ TEST_CASE_METHOD(Sim, "device_malloc rounds to granularity; bad device_free erro
 // live pages 4, 6, 2, 8, 6, 0 -> peak 8 MiB. Six nodes.
 GraphHandle capture_peak8(SimBackend& b, StreamId st) {
   REQUIRE(b.begin_capture(st).ok());
-  const DevPtr a = *b.malloc_async(3 * kMiB, st);
+  // Arena (chunk = one page here): a takes a 6 MiB chunk, c a 2 MiB one; d (4 MiB) fits in
+  // a's freed 6 MiB, so the arena stays at 8 MiB.
+  const DevPtr a = *b.malloc_async(5 * kMiB, st);
   const DevPtr c = *b.malloc_async(1 * kMiB, st);
   REQUIRE(b.free_async(a, st).ok());
-  const DevPtr d = *b.malloc_async(5 * kMiB, st);
+  const DevPtr d = *b.malloc_async(3 * kMiB, st);
   REQUIRE((b.free_async(c, st).ok() && b.free_async(d, st).ok()));
   return *b.end_capture(st);
 }
@@ -377,6 +387,22 @@ TEST_CASE_METHOD(Sim, "graph memory: same stream shares, another stream adds and
     expect_cost(b, P::kLaunch, 2500 + 2 * 500 + 3 * 4000, [&] { REQUIRE(b.launch(g2, s1).ok()); });
     graph_is(b, 6 * kMiB, 0);
   }
+}
+
+TEST_CASE_METHOD(Sim, "graph memory: a freed range too small for a later request is not grown",
+                 "[sim_backend][graph]") {
+  // As the driver does (memsim-graphmem-probe on H200): chunks never grow in place.
+  const StreamId st = *b.create_stream();
+  REQUIRE(b.begin_capture(st).ok());
+  const DevPtr a = *b.malloc_async(3 * kMiB, st);  // 4 MiB chunk
+  REQUIRE(b.free_async(a, st).ok());
+  const DevPtr d = *b.malloc_async(5 * kMiB, st);  // 6 MiB: a new chunk
+  REQUIRE(b.free_async(d, st).ok());
+  const DevPtr e = *b.malloc_async(7 * kMiB, st);  // 8 MiB: the two free chunks do not merge
+  REQUIRE(b.free_async(e, st).ok());
+  const GraphHandle g = *b.end_capture(st);
+  REQUIRE(b.launch(g, st).ok());
+  graph_is(b, 18 * kMiB, 0);
 }
 
 TEST_CASE_METHOD(Sim, "graph memory: launch growth beyond capacity is a reportable OOM",
@@ -632,7 +658,8 @@ TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact acc
       const uint64_t off = va - rit->first;
       want = skew == 0 && bytes % kG == 0 && !hit->second.released &&
              hoff + bytes <= hit->second.bytes && off + bytes <= rit->second.first &&
-             !overlaps(rit->second.second, off, bytes);
+             !overlaps(rit->second.second, off, bytes) &&
+             hoff == 0 && bytes == hit->second.bytes;  // cuMemMap: whole handles only
       got = b.map(va, bytes, PhysHandle{hit->first}, hoff).ok();
       if (got && want) {
         rit->second.second.emplace(off, Mapping{bytes, hit->first});

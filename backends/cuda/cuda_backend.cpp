@@ -15,44 +15,41 @@
 namespace memsim {
 namespace {
 
-constexpr size_t kPrimitives = static_cast<size_t>(Primitive::kCount);
+using P = Primitive;
 
 // Driver API entry points, fetched through the runtime so the binary does not need libcuda.so.1
 // to start: on a machine without a driver, create() reports kNotSupported instead.
+// clang-format off
+#define MEMSIM_DRIVER_CALLS(X)                                                             \
+  X(cuInit) X(cuDeviceGet) X(cuGetErrorString) X(cuMemGetAllocationGranularity)            \
+  X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap)    \
+  X(cuMemUnmap) X(cuMemSetAccess)
+// clang-format on
+
 struct Driver {
-  decltype(&::cuInit) init = nullptr;
-  decltype(&::cuDeviceGet) device_get = nullptr;
-  decltype(&::cuGetErrorString) error_string = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
-  decltype(&::cuMemCreate) create = nullptr;
-  decltype(&::cuMemRelease) release = nullptr;
-  decltype(&::cuMemAddressReserve) reserve = nullptr;
-  decltype(&::cuMemAddressFree) address_free = nullptr;
-  decltype(&::cuMemMap) map = nullptr;
-  decltype(&::cuMemUnmap) unmap = nullptr;
-  decltype(&::cuMemSetAccess) set_access = nullptr;
+#define MEMSIM_DRIVER_FIELD(fn) decltype(&::fn) fn = nullptr;
+  MEMSIM_DRIVER_CALLS(MEMSIM_DRIVER_FIELD)
+#undef MEMSIM_DRIVER_FIELD
+
+  bool load() {
+    bool all = true;
+#define MEMSIM_DRIVER_LOAD(fn) all = all && load_one(fn, #fn);
+    MEMSIM_DRIVER_CALLS(MEMSIM_DRIVER_LOAD)
+#undef MEMSIM_DRIVER_LOAD
+    return all;
+  }
+
+  template <class F>
+  static bool load_one(F*& fn, const char* symbol) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion(symbol, &p, CUDA_VERSION, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) return false;
+    fn = reinterpret_cast<F*>(p);
+    return true;
+  }
 };
-
-template <class F>
-bool load(F*& fn, const char* symbol) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t e =
-      cudaGetDriverEntryPointByVersion(symbol, &p, CUDA_VERSION, cudaEnableDefault, &q);
-  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) return false;
-  fn = reinterpret_cast<F*>(p);
-  return true;
-}
-
-bool load_driver(Driver* d) {
-  return load(d->init, "cuInit") && load(d->device_get, "cuDeviceGet") &&
-         load(d->error_string, "cuGetErrorString") &&
-         load(d->granularity, "cuMemGetAllocationGranularity") &&
-         load(d->create, "cuMemCreate") && load(d->release, "cuMemRelease") &&
-         load(d->reserve, "cuMemAddressReserve") && load(d->address_free, "cuMemAddressFree") &&
-         load(d->map, "cuMemMap") && load(d->unmap, "cuMemUnmap") &&
-         load(d->set_access, "cuMemSetAccess");
-}
 
 CUmemAllocationProp device_prop(int device) {
   CUmemAllocationProp prop{};
@@ -64,28 +61,20 @@ CUmemAllocationProp device_prop(int device) {
 
 // A runtime failure as kDriverError; clears the runtime's last-error slot so that a later
 // cudaGetLastError() (kernel launch checks) does not report it again.
-Error rt_error(const char* call, cudaError_t e) {
+Status check(const char* call, cudaError_t e) {
+  if (e == cudaSuccess) return {};
   (void)cudaGetLastError();
   return make_error(ErrorCode::kDriverError, fmt::format("{}: {}", call, cudaGetErrorString(e)));
 }
 
-Status rt_status(const char* call, cudaError_t e) {
-  if (e == cudaSuccess) return {};
-  return rt_error(call, e);
+template <class T = void>
+T* ptr(DevPtr p) {
+  return reinterpret_cast<T*>(p);
 }
 
-template <class P>
-DevPtr addr(P* p) {
+template <class T>
+DevPtr addr(T* p) {
   return reinterpret_cast<DevPtr>(p);
-}
-
-template <class P = void>
-P* ptr(DevPtr p) {
-  return reinterpret_cast<P*>(p);
-}
-
-Error closed_error() {
-  return make_error(ErrorCode::kInvalidState, "cuda backend: used after release_everything()");
 }
 
 enum class Kind : uint8_t { kReservation, kDevice, kAsync, kGraph, kPinned };
@@ -99,6 +88,8 @@ struct MapRec {
 
 // A real address range the backend holds, with the shadow's address of the same object.
 struct Range {
+  Range(DevPtr s, uint64_t n, Kind k, uint32_t stream = 0)
+      : shadow(s), size(n), kind(k), capture_stream(stream) {}
   DevPtr shadow = 0;
   uint64_t size = 0;
   Kind kind = Kind::kDevice;
@@ -112,14 +103,6 @@ struct Range {
   bool graph_destroyed = false;
 };
 
-Range make_range(DevPtr shadow, uint64_t size, Kind kind) {
-  Range r;
-  r.shadow = shadow;
-  r.size = size;
-  r.kind = kind;
-  return r;
-}
-
 struct HandleRec {
   CUmemGenericAllocationHandle cu = 0;
   uint32_t mappings = 0;
@@ -131,41 +114,47 @@ struct GraphRec {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   std::vector<DevPtr> allocs;
-  std::vector<DevPtr> frees_of_others;
-  bool orphan = false;  // destroyed in the shadow, real destroy failed
+  std::vector<DevPtr> frees_of_others;  // free nodes of other graphs' allocations
+  bool orphan = false;                  // destroyed in the shadow, real destroy failed
 };
 
-struct CaptureRec {
-  std::vector<DevPtr> allocs;
-  std::vector<DevPtr> frees_of_others;
-};
+// Marks a record whose shadow object is gone but whose real release failed; returns the error.
+template <class Rec>
+Error orphaned(Rec& rec, const Status& s) {
+  rec.orphan = true;
+  return s.error();
+}
 
 }  // namespace
 
 struct CudaBackend::Impl {
-  Impl(GpuSpec spec, SimClock& clock, MetricsRecorder* metrics, std::vector<FaultInjection> faults,
-       const Driver& d, int dev, bool sync)
-      : shadow(std::move(spec), clock, metrics, std::move(faults)),
-        drv(d),
-        device(dev),
-        sync_for_timing(sync) {}
+  Impl(SimBackend& s, const Driver& d, int dev, bool sync)
+      : shadow(s), drv(d), device(dev), sync_for_timing(sync) {}
 
-  SimBackend shadow;
+  SimBackend& shadow;
   Driver drv;
   int device;
   bool sync_for_timing;
   bool closed = false;
-  std::map<DevPtr, Range> ranges;  // real base -> range
+  std::map<DevPtr, Range> ranges;         // real base -> range
   std::map<uint64_t, HandleRec> handles;  // PhysHandle id (the shadow's) -> CU handle
   std::map<uint32_t, cudaStream_t> streams;
-  std::map<uint32_t, CaptureRec> captures;  // open captures by stream id
-  std::map<uint64_t, GraphRec> graphs;      // GraphHandle id (the shadow's)
-  unsigned long long* counter = nullptr;    // VerifyKernel's device counter
-  std::array<SimTime, kPrimitives> measured_ns{};
-  std::array<uint64_t, kPrimitives> measured_calls{};
+  std::map<uint32_t, GraphRec> captures;  // open captures by stream id (no graph yet)
+  std::map<uint64_t, GraphRec> graphs;    // GraphHandle id (the shadow's)
+  unsigned long long* counter = nullptr;  // VerifyKernel's device counter
+  std::array<SimTime, static_cast<size_t>(P::kCount)> measured_ns{};
+  std::array<uint64_t, static_cast<size_t>(P::kCount)> measured_calls{};
+
+  Status check(const char* call, CUresult r) const {
+    if (r == CUDA_SUCCESS) return {};
+    const char* s = nullptr;
+    if (drv.cuGetErrorString(r, &s) != CUDA_SUCCESS || s == nullptr) s = "unknown driver error";
+    return make_error(ErrorCode::kDriverError, fmt::format("{}: {}", call, s));
+  }
+  Status check(const char* call, cudaError_t e) const { return memsim::check(call, e); }
 
   template <class F>
-  auto timed(Primitive p, F&& fn) {
+  auto timed(P p, F&& fn) {
     const auto t0 = std::chrono::steady_clock::now();
     auto r = fn();
     const auto dt = std::chrono::steady_clock::now() - t0;
@@ -175,34 +164,45 @@ struct CudaBackend::Impl {
     return r;
   }
 
+  // One real call, timed as `p`, as a Status.
+  template <class F>
+  Status run(P p, const char* call, F&& fn) {
+    return check(call, timed(p, std::forward<F>(fn)));
+  }
+
   // Enqueues work timed as `p`; with sync_for_timing, the stream sync is inside the timing.
   // *issued tells whether the work itself was enqueued (the sync may still have failed).
   template <class F>
-  Status work(Primitive p, const char* call, cudaStream_t s, bool capturing, F&& fn,
+  Status work(P p, const char* call, cudaStream_t s, bool capturing, F&& fn,
               bool* issued = nullptr) {
     const char* failed = call;
     const cudaError_t e = timed(p, [&] {
       cudaError_t x = fn();
-      if (x == cudaSuccess && sync_for_timing && !capturing) {
-        failed = "cudaStreamSynchronize";
-        x = cudaStreamSynchronize(s);
-      }
-      return x;
+      if (x != cudaSuccess || !sync_for_timing || capturing) return x;
+      failed = "cudaStreamSynchronize";
+      return cudaStreamSynchronize(s);
     });
     if (issued) *issued = e == cudaSuccess || failed != call;
-    return rt_status(failed, e);
+    return check(failed, e);
   }
 
-  Error cu_error(const char* call, CUresult r) const {
-    const char* s = nullptr;
-    if (drv.error_string == nullptr || drv.error_string(r, &s) != CUDA_SUCCESS || s == nullptr)
-      s = "unknown driver error";
-    return make_error(ErrorCode::kDriverError, fmt::format("{}: {}", call, s));
+  // Runs the shadow's inverse of a step whose real call failed; returns the real error.
+  template <class F>
+  Error undo(const Status& real, F&& inverse) {
+    (void)inverse();
+    return real.error();
   }
 
-  Status cu_status(const char* call, CUresult r) const {
-    if (r == CUDA_SUCCESS) return {};
-    return cu_error(call, r);
+  // Releases the real object of range `p`, already released in the shadow: erased when done,
+  // kept as an orphan (held, invisible) for teardown when the call fails.
+  template <class F>
+  Status drop_range(DevPtr p, P prim, const char* call, F&& release) {
+    auto it = ranges.find(p);
+    if (it == ranges.end()) return {};
+    const Status s = run(prim, call, [&] { return release(it->second); });
+    if (!s.ok()) return orphaned(it->second, s);
+    ranges.erase(it);
+    return {};
   }
 
   // The live (non-orphan) range containing p, with its real base.
@@ -246,12 +246,10 @@ struct CudaBackend::Impl {
       const uint64_t off = p - base, end = off + bytes;
       auto it = r->maps.upper_bound(off);
       if (it == r->maps.begin()) return bad("is not mapped");
-      --it;
-      for (uint64_t cursor = it->first; cursor < end; ++it) {
+      for (uint64_t cursor = (--it)->first; cursor < end; cursor += (it++)->second.bytes) {
         if (it == r->maps.end() || it->first != cursor || it->second.orphan)
           return bad("is not fully mapped");
         if (!it->second.access) return bad("is mapped without access (set_access)");
-        cursor += it->second.bytes;
       }
     } else if (r->kind == Kind::kGraph && !in_capture && !r->live) {
       return bad("is a graph allocation that is not live");
@@ -266,15 +264,11 @@ struct CudaBackend::Impl {
   }
 
   Status destroy_real_graph(GraphRec& g) {
-    return timed(Primitive::kDestroyGraph, [&]() -> Status {
-      if (g.exec) {
-        MEMSIM_TRY(rt_status("cudaGraphExecDestroy", cudaGraphExecDestroy(g.exec)));
-        g.exec = nullptr;
-      }
-      if (g.graph) {
-        MEMSIM_TRY(rt_status("cudaGraphDestroy", cudaGraphDestroy(g.graph)));
-        g.graph = nullptr;
-      }
+    return timed(P::kDestroyGraph, [&]() -> Status {
+      if (g.exec) MEMSIM_TRY(check("cudaGraphExecDestroy", cudaGraphExecDestroy(g.exec)));
+      g.exec = nullptr;
+      if (g.graph) MEMSIM_TRY(check("cudaGraphDestroy", cudaGraphDestroy(g.graph)));
+      g.graph = nullptr;
       return {};
     });
   }
@@ -284,10 +278,8 @@ struct CudaBackend::Impl {
     for (DevPtr va : g.allocs) {
       auto it = ranges.find(va);
       if (it == ranges.end() || it->second.kind != Kind::kGraph) continue;
-      if (it->second.live)
-        it->second.graph_destroyed = true;
-      else
-        ranges.erase(it);
+      it->second.graph_destroyed = true;
+      if (!it->second.live) ranges.erase(it);
     }
   }
 
@@ -295,9 +287,18 @@ struct CudaBackend::Impl {
   Status release_real();
 };
 
+// Every primitive: `m` is the implementation; nothing runs after release_everything().
+#define MEMSIM_CUDA_ENTER()                                                                       \
+  Impl& m = *impl_;                                                                               \
+  if (m.closed)                                                                                   \
+    return make_error(ErrorCode::kInvalidState, "cuda backend: used after release_everything()"); \
+  static_assert(true)
+
 // ---- creation and observation ---------------------------------------------------------------
 
-CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaBackend::CudaBackend(GpuSpec spec, SimClock& clock, MetricsRecorder* metrics,
+                         std::vector<FaultInjection> faults, int device)
+    : shadow_(std::move(spec), clock, metrics, std::move(faults)), device_(device) {}
 
 CudaBackend::~CudaBackend() {
   if (impl_) (void)impl_->release_real();
@@ -309,60 +310,47 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(GpuSpec cost_model, Sim
                                                          std::vector<FaultInjection> faults) {
   int count = 0;
   const cudaError_t ce = cudaGetDeviceCount(&count);
-  if (ce != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
+  (void)cudaGetLastError();
+  if (ce != cudaSuccess || count == 0)
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("no CUDA device: {}", ce != cudaSuccess ? cudaGetErrorString(ce)
                                                                           : "device count is 0"));
-  }
   if (device < 0 || device >= count)
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("CUDA device {} not present ({} device(s))", device, count));
   Driver drv;
-  if (!load_driver(&drv))
+  if (!drv.load())
     return make_error(ErrorCode::kDriverError,
                       "cudaGetDriverEntryPointByVersion: VMM driver entry points not found");
-  if (const CUresult r = drv.init(0); r != CUDA_SUCCESS)
-    return make_error(ErrorCode::kNotSupported, fmt::format("cuInit failed ({})", int(r)));
   CUdevice dev = 0;
-  if (const CUresult r = drv.device_get(&dev, device); r != CUDA_SUCCESS)
-    return make_error(ErrorCode::kNotSupported, fmt::format("cuDeviceGet failed ({})", int(r)));
+  if (drv.cuInit(0) != CUDA_SUCCESS || drv.cuDeviceGet(&dev, device) != CUDA_SUCCESS)
+    return make_error(ErrorCode::kNotSupported, "cuInit/cuDeviceGet failed: no usable device");
   // cudaSetDevice makes the primary context current on this thread (driver calls use it too).
-  MEMSIM_TRY(rt_status("cudaSetDevice", cudaSetDevice(device)));
-  MEMSIM_TRY(rt_status("cudaFree", cudaFree(nullptr)));
+  MEMSIM_TRY(check("cudaSetDevice", cudaSetDevice(device)));
+  MEMSIM_TRY(check("cudaFree", cudaFree(nullptr)));
   const CUmemAllocationProp prop = device_prop(device);
   size_t gran = 0;
-  if (const CUresult r =
-          drv.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-      r != CUDA_SUCCESS || gran == 0) {
-    const char* s = nullptr;
-    drv.error_string(r, &s);
-    return make_error(ErrorCode::kDriverError,
-                      fmt::format("cuMemGetAllocationGranularity: {}", s ? s : "granularity 0"));
-  }
+  if (drv.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) !=
+          CUDA_SUCCESS ||
+      gran == 0)
+    return make_error(ErrorCode::kDriverError, "cuMemGetAllocationGranularity failed");
   size_t free_bytes = 0, total_bytes = 0;
-  MEMSIM_TRY(rt_status("cudaMemGetInfo", cudaMemGetInfo(&free_bytes, &total_bytes)));
+  MEMSIM_TRY(check("cudaMemGetInfo", cudaMemGetInfo(&free_bytes, &total_bytes)));
   cost_model.granularity = gran;
   cost_model.capacity = total_bytes;
 
-  std::unique_ptr<CudaBackend> b(new CudaBackend(std::make_unique<Impl>(
-      std::move(cost_model), clock, metrics, std::move(faults), drv, device, sync_for_timing)));
+  std::unique_ptr<CudaBackend> b(
+      new CudaBackend(std::move(cost_model), clock, metrics, std::move(faults), device));
+  b->impl_ = std::make_unique<Impl>(b->shadow_, drv, device, sync_for_timing);
+  Impl& m = *b->impl_;
   cudaStream_t s0 = nullptr;
-  MEMSIM_TRY(rt_status("cudaStreamCreateWithFlags",
-                       cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking)));
-  b->impl_->streams.emplace(0, s0);
-  MEMSIM_TRY(rt_status("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&b->impl_->counter), sizeof(unsigned long long))));
+  MEMSIM_TRY(
+      check("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking)));
+  m.streams.emplace(0, s0);
+  MEMSIM_TRY(check("cudaMalloc",
+                   cudaMalloc(reinterpret_cast<void**>(&m.counter), sizeof(unsigned long long))));
   return Result<std::unique_ptr<CudaBackend>>(std::move(b));
 }
-
-uint64_t CudaBackend::granularity() const { return impl_->shadow.granularity(); }
-uint64_t CudaBackend::capacity() const { return impl_->shadow.capacity(); }
-Usage CudaBackend::usage() const { return impl_->shadow.usage(); }
-SimTime CudaBackend::now() const { return impl_->shadow.now(); }
-SimTime CudaBackend::time_in(Primitive p) const { return impl_->shadow.time_in(p); }
-uint64_t CudaBackend::calls_of(Primitive p) const { return impl_->shadow.calls_of(p); }
-const SimBackend& CudaBackend::shadow() const { return impl_->shadow; }
-int CudaBackend::device() const { return impl_->device; }
 
 SimTime CudaBackend::measured_time_in(Primitive p) const {
   return impl_->measured_ns[static_cast<size_t>(p)];
@@ -375,7 +363,7 @@ uint64_t CudaBackend::measured_calls_of(Primitive p) const {
 Result<CudaBackend::DeviceObservation> CudaBackend::observe() const {
   DeviceObservation o;
   size_t free_bytes = 0, total_bytes = 0;
-  MEMSIM_TRY(rt_status("cudaMemGetInfo", cudaMemGetInfo(&free_bytes, &total_bytes)));
+  MEMSIM_TRY(check("cudaMemGetInfo", cudaMemGetInfo(&free_bytes, &total_bytes)));
   o.free_bytes = free_bytes;
   o.total_bytes = total_bytes;
   const std::pair<cudaGraphMemAttributeType, uint64_t*> attrs[] = {
@@ -386,140 +374,111 @@ Result<CudaBackend::DeviceObservation> CudaBackend::observe() const {
   };
   for (const auto& [attr, out] : attrs) {
     unsigned long long v = 0;  // cuuint64_t
-    MEMSIM_TRY(rt_status("cudaDeviceGetGraphMemAttribute",
-                         cudaDeviceGetGraphMemAttribute(impl_->device, attr, &v)));
+    MEMSIM_TRY(
+        check("cudaDeviceGetGraphMemAttribute", cudaDeviceGetGraphMemAttribute(device_, attr, &v)));
     *out = v;
   }
   return o;
 }
 
-#define MEMSIM_CUDA_OPEN(m) \
-  if ((m).closed) return closed_error()
-
 // ---- physical and virtual -------------------------------------------------------------------
 
 Result<PhysHandle> CudaBackend::create_physical(uint64_t bytes, std::string_view tag) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_ASSIGN_OR_RETURN(PhysHandle h, m.shadow.create_physical(bytes, tag));
-  const CUmemAllocationProp prop = device_prop(m.device);
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_ASSIGN_OR_RETURN(PhysHandle h, shadow_.create_physical(bytes, tag));
+  const CUmemAllocationProp prop = device_prop(device_);
   CUmemGenericAllocationHandle cu = 0;
-  const CUresult r =
-      m.timed(Primitive::kCreatePhysical, [&] { return m.drv.create(&cu, bytes, &prop, 0); });
-  if (r != CUDA_SUCCESS) {
-    (void)m.shadow.release_physical(h);
-    return m.cu_error("cuMemCreate", r);
-  }
+  const Status s = m.run(P::kCreatePhysical, "cuMemCreate",
+                         [&] { return m.drv.cuMemCreate(&cu, bytes, &prop, 0); });
+  if (!s.ok()) return m.undo(s, [&] { return shadow_.release_physical(h); });
   m.handles.insert_or_assign(h.id, HandleRec{.cu = cu});
   return h;
 }
 
 Status CudaBackend::release_physical(PhysHandle h) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_TRY(m.shadow.release_physical(h));
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_TRY(shadow_.release_physical(h));
   auto it = m.handles.find(h.id);
   if (it == m.handles.end() || !it->second.cu_live) return {};  // the shadow knew it live
-  const CUresult r =
-      m.timed(Primitive::kReleasePhysical, [&] { return m.drv.release(it->second.cu); });
-  if (r != CUDA_SUCCESS) {
-    it->second.orphan = true;
-    return m.cu_error("cuMemRelease", r);
-  }
-  it->second.cu_live = false;
-  if (it->second.mappings == 0) m.handles.erase(it);
+  HandleRec& rec = it->second;
+  const Status s =
+      m.run(P::kReleasePhysical, "cuMemRelease", [&] { return m.drv.cuMemRelease(rec.cu); });
+  if (!s.ok()) return orphaned(rec, s);
+  rec.cu_live = false;
+  if (rec.mappings == 0) m.handles.erase(it);
   return {};
 }
 
 Result<DevPtr> CudaBackend::reserve_virtual(uint64_t bytes, uint64_t align) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr sva, m.shadow.reserve_virtual(bytes, align));
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr sva, shadow_.reserve_virtual(bytes, align));
   CUdeviceptr va = 0;
-  const CUresult r = m.timed(Primitive::kReserveVirtual,
-                             [&] { return m.drv.reserve(&va, bytes, align, 0, 0); });
-  if (r != CUDA_SUCCESS) {
-    (void)m.shadow.free_virtual(sva);
-    return m.cu_error("cuMemAddressReserve", r);
-  }
-  m.ranges.insert_or_assign(va, make_range(sva, bytes, Kind::kReservation));
+  const Status s = m.run(P::kReserveVirtual, "cuMemAddressReserve",
+                         [&] { return m.drv.cuMemAddressReserve(&va, bytes, align, 0, 0); });
+  if (!s.ok()) return m.undo(s, [&] { return shadow_.free_virtual(sva); });
+  m.ranges.insert_or_assign(va, Range(sva, bytes, Kind::kReservation));
   return static_cast<DevPtr>(va);
 }
 
 Status CudaBackend::free_virtual(DevPtr va) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_TRY(m.shadow.free_virtual(m.to_shadow(va)));
-  auto it = m.ranges.find(va);
-  if (it == m.ranges.end()) return {};
-  const CUresult r = m.timed(Primitive::kFreeVirtual,
-                             [&] { return m.drv.address_free(va, it->second.size); });
-  if (r != CUDA_SUCCESS) {
-    it->second.orphan = true;
-    return m.cu_error("cuMemAddressFree", r);
-  }
-  m.ranges.erase(it);
-  return {};
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_TRY(shadow_.free_virtual(m.to_shadow(va)));
+  return m.drop_range(va, P::kFreeVirtual, "cuMemAddressFree",
+                      [&](const Range& r) { return m.drv.cuMemAddressFree(va, r.size); });
 }
 
 // ---- mapping --------------------------------------------------------------------------------
 
 Status CudaBackend::map(DevPtr va, uint64_t bytes, PhysHandle h, uint64_t offset) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   auto [base, range] = m.find_range(va);
   const DevPtr sva = m.to_shadow(va);
-  MEMSIM_TRY(m.shadow.map(sva, bytes, h, offset));
+  MEMSIM_TRY(shadow_.map(sva, bytes, h, offset));
   auto hit = m.handles.find(h.id);
-  if (range == nullptr || hit == m.handles.end()) {  // unreachable: the shadow accepted
-    (void)m.shadow.unmap(sva, bytes);
-    return make_error(ErrorCode::kInvalidState, "map: backend tables out of step with shadow");
-  }
-  const CUresult r = m.timed(
-      Primitive::kMap, [&] { return m.drv.map(va, bytes, offset, hit->second.cu, 0); });
-  if (r != CUDA_SUCCESS) {
-    (void)m.shadow.unmap(sva, bytes);
-    return m.cu_error("cuMemMap", r);
-  }
+  Status s = make_error(ErrorCode::kInvalidState, "map: backend tables out of step with shadow");
+  if (range != nullptr && hit != m.handles.end())  // always, as the shadow accepted
+    s = m.run(P::kMap, "cuMemMap",
+              [&] { return m.drv.cuMemMap(va, bytes, offset, hit->second.cu, 0); });
+  if (!s.ok()) return m.undo(s, [&] { return shadow_.unmap(sva, bytes); });
   range->maps.insert_or_assign(va - base, MapRec{.bytes = bytes, .handle = h.id});
   ++hit->second.mappings;
   return {};
 }
 
 Status CudaBackend::unmap(DevPtr va, uint64_t bytes) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   auto [base, range] = m.find_range(va);
-  MEMSIM_TRY(m.shadow.unmap(m.to_shadow(va), bytes));
+  MEMSIM_TRY(shadow_.unmap(m.to_shadow(va), bytes));
   if (range == nullptr) return {};
-  const uint64_t off = va - base;
-  const CUresult r = m.timed(Primitive::kUnmap, [&] { return m.drv.unmap(va, bytes); });
-  auto it = range->maps.lower_bound(off);
-  const auto last = range->maps.lower_bound(off + bytes);
-  if (r != CUDA_SUCCESS) {
-    for (; it != last; ++it) it->second.orphan = true;  // still mapped; teardown unmaps
-    return m.cu_error("cuMemUnmap", r);
-  }
-  while (it != last) m.unmap_done(*range, it++);
-  return {};
+  // The shadow checked [va, va+bytes) is exactly whole mappings. The driver cannot unmap part of
+  // a mapping; one cuMemUnmap per mapping is always legal (timed together as one call).
+  auto it = range->maps.lower_bound(va - base);
+  const auto last = range->maps.lower_bound(va - base + bytes);
+  const Status s = m.timed(P::kUnmap, [&] {
+    Status r;
+    while (it != last && r.ok()) {
+      r = m.check("cuMemUnmap", m.drv.cuMemUnmap(base + it->first, it->second.bytes));
+      if (r.ok()) m.unmap_done(*range, it++);
+    }
+    return r;
+  });
+  for (; it != last; ++it) it->second.orphan = true;  // still mapped; teardown unmaps
+  return s;
 }
 
 Status CudaBackend::set_access(DevPtr va, uint64_t bytes) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   auto [base, range] = m.find_range(va);
-  MEMSIM_TRY(m.shadow.set_access(m.to_shadow(va), bytes));
+  MEMSIM_TRY(shadow_.set_access(m.to_shadow(va), bytes));
   CUmemAccessDesc desc{};
   desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = m.device;
+  desc.location.id = device_;
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  const CUresult r =
-      m.timed(Primitive::kSetAccess, [&] { return m.drv.set_access(va, bytes, &desc, 1); });
-  MEMSIM_TRY(m.cu_status("cuMemSetAccess", r));
+  MEMSIM_TRY(m.run(P::kSetAccess, "cuMemSetAccess",
+                   [&] { return m.drv.cuMemSetAccess(va, bytes, &desc, 1); }));
   if (range == nullptr) return {};
-  const uint64_t off = va - base;
-  for (auto it = range->maps.lower_bound(off); it != range->maps.end() && it->first < off + bytes;
-       ++it)
+  for (auto it = range->maps.lower_bound(va - base);
+       it != range->maps.end() && it->first < va - base + bytes; ++it)
     it->second.access = true;
   return {};
 }
@@ -527,203 +486,162 @@ Status CudaBackend::set_access(DevPtr va, uint64_t bytes) {
 // ---- plain and stream-ordered allocations ---------------------------------------------------
 
 Result<DevPtr> CudaBackend::device_malloc(uint64_t bytes, std::string_view tag) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr sp, m.shadow.device_malloc(bytes, tag));
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr sp, shadow_.device_malloc(bytes, tag));
   void* p = nullptr;
-  const cudaError_t e = m.timed(Primitive::kDeviceMalloc, [&] { return cudaMalloc(&p, bytes); });
-  if (e != cudaSuccess) {
-    (void)m.shadow.device_free(sp);
-    return rt_error("cudaMalloc", e);
-  }
-  m.ranges.insert_or_assign(addr(p), make_range(sp, bytes, Kind::kDevice));
+  const Status s = m.run(P::kDeviceMalloc, "cudaMalloc", [&] { return cudaMalloc(&p, bytes); });
+  if (!s.ok()) return m.undo(s, [&] { return shadow_.device_free(sp); });
+  m.ranges.insert_or_assign(addr(p), Range(sp, bytes, Kind::kDevice));
   return addr(p);
 }
 
 Status CudaBackend::device_free(DevPtr p) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_TRY(m.shadow.device_free(m.to_shadow(p)));
-  auto it = m.ranges.find(p);  // a device or stream-ordered allocation (cudaFree frees both)
-  if (it == m.ranges.end()) return {};
-  const cudaError_t e = m.timed(Primitive::kDeviceFree, [&] { return cudaFree(ptr(p)); });
-  if (e != cudaSuccess) {
-    it->second.orphan = true;
-    return rt_error("cudaFree", e);
-  }
-  m.ranges.erase(it);
-  return {};
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_TRY(shadow_.device_free(m.to_shadow(p)));
+  // A device or a stream-ordered allocation: cudaFree frees both.
+  return m.drop_range(p, P::kDeviceFree, "cudaFree",
+                      [&](const Range&) { return cudaFree(ptr(p)); });
 }
 
 Result<DevPtr> CudaBackend::malloc_async(uint64_t bytes, StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
   const bool in_capture = m.capturing(stream);
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr sp, m.shadow.malloc_async(bytes, stream));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr sp, shadow_.malloc_async(bytes, stream));
   void* p = nullptr;
-  const cudaError_t e =
-      m.timed(Primitive::kMallocAsync, [&] { return cudaMallocAsync(&p, bytes, cs); });
-  if (e != cudaSuccess) {
-    (void)m.shadow.free_async(sp, stream);
-    return rt_error("cudaMallocAsync", e);
-  }
-  Range r = make_range(sp, bytes, in_capture ? Kind::kGraph : Kind::kAsync);
-  r.capture_stream = stream.id;
-  m.ranges.insert_or_assign(addr(p), std::move(r));
+  const Status s =
+      m.run(P::kMallocAsync, "cudaMallocAsync", [&] { return cudaMallocAsync(&p, bytes, cs); });
+  if (!s.ok()) return m.undo(s, [&] { return shadow_.free_async(sp, stream); });
+  const Kind kind = in_capture ? Kind::kGraph : Kind::kAsync;
+  m.ranges.insert_or_assign(addr(p), Range(sp, bytes, kind, stream.id));
   if (in_capture) m.captures[stream.id].allocs.push_back(addr(p));
   return addr(p);
 }
 
 Status CudaBackend::free_async(DevPtr p, StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
   const bool in_capture = m.capturing(stream);
-  MEMSIM_TRY(m.shadow.free_async(m.to_shadow(p), stream));
+  MEMSIM_TRY(shadow_.free_async(m.to_shadow(p), stream));
   auto it = m.ranges.find(p);
   if (it == m.ranges.end()) return {};
-  const cudaError_t e = m.timed(Primitive::kFreeAsync, [&] { return cudaFreeAsync(ptr(p), cs); });
   Range& r = it->second;
-  if (e != cudaSuccess) {
-    if (r.kind == Kind::kAsync) r.orphan = true;  // still allocated; teardown frees it
-    return rt_error("cudaFreeAsync", e);
-  }
+  const Status s = m.run(P::kFreeAsync, "cudaFreeAsync", [&] { return cudaFreeAsync(ptr(p), cs); });
+  if (!s.ok()) return r.kind == Kind::kAsync ? orphaned(r, s) : s.error();  // still held
   if (in_capture) {
     if (r.kind == Kind::kGraph && r.graph == 0 && r.capture_stream == stream.id)
       r.freed_in_graph = true;
     else
       m.captures[stream.id].frees_of_others.push_back(p);
-  } else if (r.kind == Kind::kGraph) {
-    r.live = false;
-    if (r.graph_destroyed) m.ranges.erase(it);
-  } else {
+  } else if (r.kind != Kind::kGraph || r.graph_destroyed) {
     m.ranges.erase(it);
+  } else {
+    r.live = false;
   }
   return {};
 }
 
 Result<DevPtr> CudaBackend::host_malloc_pinned(uint64_t bytes) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr sp, m.shadow.host_malloc_pinned(bytes));
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr sp, shadow_.host_malloc_pinned(bytes));
   void* p = nullptr;
-  const cudaError_t e =
-      m.timed(Primitive::kHostMallocPinned, [&] { return cudaMallocHost(&p, bytes); });
-  if (e != cudaSuccess) {
-    (void)m.shadow.host_free_pinned(sp);
-    return rt_error("cudaMallocHost", e);
-  }
-  m.ranges.insert_or_assign(addr(p), make_range(sp, bytes, Kind::kPinned));
+  const Status s =
+      m.run(P::kHostMallocPinned, "cudaMallocHost", [&] { return cudaMallocHost(&p, bytes); });
+  if (!s.ok()) return m.undo(s, [&] { return shadow_.host_free_pinned(sp); });
+  m.ranges.insert_or_assign(addr(p), Range(sp, bytes, Kind::kPinned));
   return addr(p);
 }
 
 Status CudaBackend::host_free_pinned(DevPtr p) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_TRY(m.shadow.host_free_pinned(m.to_shadow(p)));
-  auto it = m.ranges.find(p);
-  if (it == m.ranges.end()) return {};
-  const cudaError_t e = m.timed(Primitive::kHostFreePinned, [&] { return cudaFreeHost(ptr(p)); });
-  if (e != cudaSuccess) {
-    it->second.orphan = true;
-    return rt_error("cudaFreeHost", e);
-  }
-  m.ranges.erase(it);
-  return {};
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_TRY(shadow_.host_free_pinned(m.to_shadow(p)));
+  return m.drop_range(p, P::kHostFreePinned, "cudaFreeHost",
+                      [&](const Range&) { return cudaFreeHost(ptr(p)); });
 }
 
 // ---- streams and work -----------------------------------------------------------------------
 
 Result<StreamId> CudaBackend::create_stream() {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_ASSIGN_OR_RETURN(StreamId s, m.shadow.create_stream());
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_ASSIGN_OR_RETURN(StreamId s, shadow_.create_stream());
   cudaStream_t cs = nullptr;
-  MEMSIM_TRY(rt_status("cudaStreamCreateWithFlags",
-                       cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking)));
+  MEMSIM_TRY(
+      check("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking)));
   m.streams.emplace(s.id, cs);
   return s;
 }
 
 Status CudaBackend::fill(DevPtr p, uint64_t bytes, uint32_t pattern, StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
   const bool in_capture = m.capturing(stream);
-  MEMSIM_TRY(m.shadow.fill(m.to_shadow(p, true), bytes, pattern, stream));
+  MEMSIM_TRY(shadow_.fill(m.to_shadow(p, true), bytes, pattern, stream));
   MEMSIM_TRY(m.check_access(p, bytes, in_capture, "fill"));
-  return m.work(Primitive::kFill, "FillKernel", cs, in_capture,
+  return m.work(P::kFill, "FillKernel", cs, in_capture,
                 [&] { return launch_fill(cs, p, bytes, pattern); });
 }
 
 Status CudaBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
   const bool in_capture = m.capturing(stream);
-  MEMSIM_TRY(m.shadow.copy(m.to_shadow(dst, true), m.to_shadow(src, true), bytes, stream));
+  MEMSIM_TRY(shadow_.copy(m.to_shadow(dst, true), m.to_shadow(src, true), bytes, stream));
   MEMSIM_TRY(m.check_access(dst, bytes, in_capture, "copy (destination)"));
   MEMSIM_TRY(m.check_access(src, bytes, in_capture, "copy (source)"));
   // cudaMemcpyDefault: device-to-device, and pinned host memory on either side (UVA).
-  return m.work(Primitive::kCopy, "cudaMemcpyAsync", cs, in_capture, [&] {
-    return cudaMemcpyAsync(ptr(dst), ptr(src), bytes, cudaMemcpyDefault, cs);
-  });
+  return m.work(P::kCopy, "cudaMemcpyAsync", cs, in_capture,
+                [&] { return cudaMemcpyAsync(ptr(dst), ptr(src), bytes, cudaMemcpyDefault, cs); });
 }
 
 Result<uint64_t> CudaBackend::count_mismatches(DevPtr p, uint64_t bytes, uint32_t pattern,
                                                StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
   if (m.capturing(stream))
     return make_error(ErrorCode::kInvalidState, "count_mismatches: the stream is capturing");
   if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "count_mismatches: 0 bytes");
   MEMSIM_TRY(m.check_access(p, bytes, false, "count_mismatches"));
   unsigned long long host = 0;
-  MEMSIM_TRY(rt_status("cudaMemsetAsync", cudaMemsetAsync(m.counter, 0, sizeof(host), cs)));
-  MEMSIM_TRY(rt_status("VerifyKernel", launch_verify(cs, p, bytes, pattern, m.counter)));
-  MEMSIM_TRY(rt_status("cudaMemcpyAsync", cudaMemcpyAsync(&host, m.counter, sizeof(host),
-                                                          cudaMemcpyDeviceToHost, cs)));
-  MEMSIM_TRY(rt_status("cudaStreamSynchronize", cudaStreamSynchronize(cs)));
+  MEMSIM_TRY(check("cudaMemsetAsync", cudaMemsetAsync(m.counter, 0, sizeof(host), cs)));
+  MEMSIM_TRY(check("VerifyKernel", launch_verify(cs, p, bytes, pattern, m.counter)));
+  MEMSIM_TRY(check("cudaMemcpyAsync",
+                   cudaMemcpyAsync(&host, m.counter, sizeof(host), cudaMemcpyDeviceToHost, cs)));
+  MEMSIM_TRY(check("cudaStreamSynchronize", cudaStreamSynchronize(cs)));
   return uint64_t{host};
 }
 
 Status CudaBackend::synchronize() {
-  MEMSIM_CUDA_OPEN(*impl_);
-  return rt_status("cudaDeviceSynchronize", cudaDeviceSynchronize());
+  MEMSIM_CUDA_ENTER();
+  return check("cudaDeviceSynchronize", cudaDeviceSynchronize());
 }
 
 // ---- graphs ---------------------------------------------------------------------------------
 
 Status CudaBackend::begin_capture(StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
-  MEMSIM_TRY(m.shadow.begin_capture(stream));
+  MEMSIM_TRY(shadow_.begin_capture(stream));
   // Relaxed: other threads (and cudaMalloc from a caching allocator) may run unsafe calls.
-  const cudaError_t e = m.timed(Primitive::kBeginCapture, [&] {
-    return cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed);
-  });
-  if (e != cudaSuccess) {
-    auto g = m.shadow.end_capture(stream);
-    if (g.ok()) (void)m.shadow.destroy_graph(*g);
-    return rt_error("cudaStreamBeginCapture", e);
+  const Status s = m.run(P::kBeginCapture, "cudaStreamBeginCapture",
+                         [&] { return cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed); });
+  if (!s.ok()) {
+    return m.undo(s, [&]() -> Status {
+      MEMSIM_ASSIGN_OR_RETURN(GraphHandle g, shadow_.end_capture(stream));
+      return shadow_.destroy_graph(g);
+    });
   }
-  m.captures.emplace(stream.id, CaptureRec{});
+  m.captures.emplace(stream.id, GraphRec{});
   return {};
 }
 
 Result<GraphHandle> CudaBackend::end_capture(StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
-  MEMSIM_ASSIGN_OR_RETURN(GraphHandle g, m.shadow.end_capture(stream));
-  CaptureRec cap = std::move(m.captures[stream.id]);
+  MEMSIM_ASSIGN_OR_RETURN(GraphHandle g, shadow_.end_capture(stream));
+  GraphRec rec = std::move(m.captures[stream.id]);  // present: the shadow was capturing
   m.captures.erase(stream.id);
-  GraphRec rec{.allocs = std::move(cap.allocs), .frees_of_others = std::move(cap.frees_of_others)};
   const char* failed = "cudaStreamEndCapture";
-  const cudaError_t e = m.timed(Primitive::kEndCapture, [&] {
+  const cudaError_t e = m.timed(P::kEndCapture, [&] {
     cudaError_t x = cudaStreamEndCapture(cs, &rec.graph);
     if (x != cudaSuccess) return x;
     failed = "cudaGraphInstantiateWithFlags";
@@ -736,27 +654,25 @@ Result<GraphHandle> CudaBackend::end_capture(StreamId stream) {
   if (e != cudaSuccess && rec.exec == nullptr) {
     // No graph: the capture's allocations went with it, in the driver and in the shadow.
     if (rec.graph) (void)cudaGraphDestroy(rec.graph);
-    (void)m.shadow.destroy_graph(g);
     for (DevPtr va : rec.allocs) m.ranges.erase(va);
-    return rt_error(failed, e);
+    return m.undo(check(failed, e), [&] { return shadow_.destroy_graph(g); });
   }
   for (DevPtr va : rec.allocs)
     if (auto it = m.ranges.find(va); it != m.ranges.end()) it->second.graph = g.id;
   m.graphs.insert_or_assign(g.id, std::move(rec));
-  if (e != cudaSuccess) return rt_error(failed, e);  // the graph exists; teardown destroys it
+  MEMSIM_TRY(check(failed, e));  // only the timing sync failed: the graph exists
   return g;
 }
 
 Status CudaBackend::launch(GraphHandle g, StreamId stream) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
+  MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
-  MEMSIM_TRY(m.shadow.launch(g, stream));
+  MEMSIM_TRY(shadow_.launch(g, stream));
   auto it = m.graphs.find(g.id);
   if (it == m.graphs.end()) return {};
   bool issued = false;
   Status s = m.work(
-      Primitive::kLaunch, "cudaGraphLaunch", cs, false,
+      P::kLaunch, "cudaGraphLaunch", cs, false,
       [&] { return cudaGraphLaunch(it->second.exec, cs); }, &issued);
   if (!issued) return s;
   // Its outputs are live (a relaunch auto-frees and re-allocates them); its free nodes of
@@ -776,27 +692,21 @@ Status CudaBackend::launch(GraphHandle g, StreamId stream) {
 }
 
 Status CudaBackend::destroy_graph(GraphHandle g) {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_TRY(m.shadow.destroy_graph(g));
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_TRY(shadow_.destroy_graph(g));
   auto it = m.graphs.find(g.id);
   if (it == m.graphs.end()) return {};
-  if (Status s = m.destroy_real_graph(it->second); !s.ok()) {
-    it->second.orphan = true;
-    return s;
-  }
+  if (const Status s = m.destroy_real_graph(it->second); !s.ok()) return orphaned(it->second, s);
   m.graph_gone(it->second);
   m.graphs.erase(it);
   return {};
 }
 
 Status CudaBackend::graph_mem_trim() {
-  Impl& m = *impl_;
-  MEMSIM_CUDA_OPEN(m);
-  MEMSIM_TRY(m.shadow.graph_mem_trim());
-  const cudaError_t e =
-      m.timed(Primitive::kGraphMemTrim, [&] { return cudaDeviceGraphMemTrim(m.device); });
-  return rt_status("cudaDeviceGraphMemTrim", e);
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_TRY(shadow_.graph_mem_trim());
+  return m.run(P::kGraphMemTrim, "cudaDeviceGraphMemTrim",
+               [&] { return cudaDeviceGraphMemTrim(device_); });
 }
 
 // ---- teardown -------------------------------------------------------------------------------
@@ -820,18 +730,14 @@ void CudaBackend::Impl::mirror_release_in_shadow() {
     if (!g.orphan) (void)shadow.destroy_graph(GraphHandle{gid});
   for (const auto& [base, r] : ranges) {
     if (r.orphan) continue;
-    switch (r.kind) {
-      case Kind::kGraph:
-        if (r.live) (void)shadow.free_async(r.shadow, StreamId{0});
-        break;
-      case Kind::kAsync: (void)shadow.free_async(r.shadow, StreamId{0}); break;
-      case Kind::kDevice: (void)shadow.device_free(r.shadow); break;
-      case Kind::kPinned: (void)shadow.host_free_pinned(r.shadow); break;
-      case Kind::kReservation:
-        for (const auto& [off, mp] : r.maps)
-          if (!mp.orphan) (void)shadow.unmap(r.shadow + off, mp.bytes);
-        break;
-    }
+    if (r.kind == Kind::kAsync || (r.kind == Kind::kGraph && r.live))
+      (void)shadow.free_async(r.shadow, StreamId{0});
+    else if (r.kind == Kind::kDevice)
+      (void)shadow.device_free(r.shadow);
+    else if (r.kind == Kind::kPinned)
+      (void)shadow.host_free_pinned(r.shadow);
+    for (const auto& [off, mp] : r.maps)
+      if (!mp.orphan) (void)shadow.unmap(r.shadow + off, mp.bytes);
   }
   for (const auto& [id, h] : handles)
     if (h.cu_live && !h.orphan) (void)shadow.release_physical(PhysHandle{id});
@@ -844,19 +750,19 @@ void CudaBackend::Impl::mirror_release_in_shadow() {
 // tables (so a second call retries it and nothing is freed twice).
 Status CudaBackend::Impl::release_real() {
   Status first;
-  const auto note = [&](Status s) {
-    if (first.ok() && !s.ok()) first = std::move(s);
+  const auto note = [&](const Status& s) {
+    if (first.ok() && !s.ok()) first = s;
     return s.ok();
   };
   // Open captures end first: synchronizing while a stream captures is illegal.
   for (auto it = captures.begin(); it != captures.end(); it = captures.erase(it)) {
     cudaGraph_t g = nullptr;
     if (auto s = streams.find(it->first); s != streams.end())
-      note(rt_status("cudaStreamEndCapture", cudaStreamEndCapture(s->second, &g)));
-    if (g) note(rt_status("cudaGraphDestroy", cudaGraphDestroy(g)));
+      note(check("cudaStreamEndCapture", cudaStreamEndCapture(s->second, &g)));
+    if (g) note(check("cudaGraphDestroy", cudaGraphDestroy(g)));
     for (DevPtr va : it->second.allocs) ranges.erase(va);
   }
-  note(rt_status("cudaDeviceSynchronize", cudaDeviceSynchronize()));
+  note(check("cudaDeviceSynchronize", cudaDeviceSynchronize()));
   for (auto it = graphs.begin(); it != graphs.end();) {
     if (!note(destroy_real_graph(it->second))) {
       ++it;
@@ -865,37 +771,31 @@ Status CudaBackend::Impl::release_real() {
     graph_gone(it->second);
     it = graphs.erase(it);
   }
-  // Stream-ordered allocations and live graph outputs.
-  auto s0 = streams.find(0);
-  for (auto it = ranges.begin(); it != ranges.end();) {
-    const Range& r = it->second;
-    const bool async = r.kind == Kind::kAsync || (r.kind == Kind::kGraph && r.live);
-    if (!async) {
-      ++it;
-      continue;
+  // Releases the ranges `pick` selects with `release(base, range)`, erasing those released.
+  const auto sweep = [&](auto&& pick, P p, const char* call, auto&& release) {
+    for (auto it = ranges.begin(); it != ranges.end();) {
+      const bool go = pick(it->second);
+      it = go && note(run(p, call, [&] { return release(it->first, it->second); }))
+               ? ranges.erase(it)
+               : std::next(it);
     }
-    const cudaError_t e = timed(Primitive::kFreeAsync, [&] {
-      return s0 != streams.end() ? cudaFreeAsync(ptr(it->first), s0->second) : cudaFree(ptr(it->first));
-    });
-    it = note(rt_status("cudaFreeAsync", e)) ? ranges.erase(it) : std::next(it);
-  }
-  if (s0 != streams.end())
-    note(rt_status("cudaStreamSynchronize", cudaStreamSynchronize(s0->second)));
-  for (auto it = ranges.begin(); it != ranges.end();) {
-    if (it->second.kind != Kind::kDevice) {
-      ++it;
-      continue;
-    }
-    const cudaError_t e = timed(Primitive::kDeviceFree, [&] { return cudaFree(ptr(it->first)); });
-    it = note(rt_status("cudaFree", e)) ? ranges.erase(it) : std::next(it);
-  }
+  };
+  // Stream-ordered allocations and live graph outputs, then plain allocations.
+  const auto s0 = streams.find(0);
+  sweep([](const Range& r) { return r.kind == Kind::kAsync || (r.kind == Kind::kGraph && r.live); },
+        P::kFreeAsync, "cudaFreeAsync",
+        [&](DevPtr p, const Range&) {
+          return s0 != streams.end() ? cudaFreeAsync(ptr(p), s0->second) : cudaFree(ptr(p));
+        });
+  if (s0 != streams.end()) note(check("cudaStreamSynchronize", cudaStreamSynchronize(s0->second)));
+  sweep([](const Range& r) { return r.kind == Kind::kDevice; }, P::kDeviceFree, "cudaFree",
+        [](DevPtr p, const Range&) { return cudaFree(ptr(p)); });
+  // Mappings, then handles (a released handle's memory goes with its last mapping).
   for (auto& [base, r] : ranges) {
-    if (r.kind != Kind::kReservation) continue;
     for (auto it = r.maps.begin(); it != r.maps.end();) {
       const DevPtr va = base + it->first;
       const uint64_t bytes = it->second.bytes;
-      const CUresult res = timed(Primitive::kUnmap, [&] { return drv.unmap(va, bytes); });
-      if (note(cu_status("cuMemUnmap", res)))
+      if (note(run(P::kUnmap, "cuMemUnmap", [&] { return drv.cuMemUnmap(va, bytes); })))
         unmap_done(r, it++);
       else
         ++it;
@@ -903,33 +803,23 @@ Status CudaBackend::Impl::release_real() {
   }
   for (auto it = handles.begin(); it != handles.end();) {
     HandleRec& h = it->second;
-    if (h.cu_live) {
-      const CUresult res = timed(Primitive::kReleasePhysical, [&] { return drv.release(h.cu); });
-      if (note(cu_status("cuMemRelease", res))) h.cu_live = false;
-    }
+    if (h.cu_live &&
+        note(run(P::kReleasePhysical, "cuMemRelease", [&] { return drv.cuMemRelease(h.cu); })))
+      h.cu_live = false;
     it = !h.cu_live && h.mappings == 0 ? handles.erase(it) : std::next(it);
   }
-  for (auto it = ranges.begin(); it != ranges.end();) {
-    const Range& r = it->second;
-    bool freed = false;
-    if (r.kind == Kind::kReservation && r.maps.empty()) {
-      const CUresult res = timed(Primitive::kFreeVirtual,
-                                 [&] { return drv.address_free(it->first, r.size); });
-      freed = note(cu_status("cuMemAddressFree", res));
-    } else if (r.kind == Kind::kPinned) {
-      const cudaError_t e =
-          timed(Primitive::kHostFreePinned, [&] { return cudaFreeHost(ptr(it->first)); });
-      freed = note(rt_status("cudaFreeHost", e));
-    }
-    it = freed ? ranges.erase(it) : std::next(it);
+  sweep([](const Range& r) { return r.kind == Kind::kReservation && r.maps.empty(); },
+        P::kFreeVirtual, "cuMemAddressFree",
+        [&](DevPtr p, const Range& r) { return drv.cuMemAddressFree(p, r.size); });
+  sweep([](const Range& r) { return r.kind == Kind::kPinned; }, P::kHostFreePinned, "cudaFreeHost",
+        [](DevPtr p, const Range&) { return cudaFreeHost(ptr(p)); });
+  note(run(P::kGraphMemTrim, "cudaDeviceGraphMemTrim",
+           [&] { return cudaDeviceGraphMemTrim(device); }));
+  if (counter != nullptr && note(check("cudaFree", cudaFree(counter)))) counter = nullptr;
+  for (auto it = streams.begin(); it != streams.end();) {
+    const bool gone = note(check("cudaStreamDestroy", cudaStreamDestroy(it->second)));
+    it = gone ? streams.erase(it) : std::next(it);
   }
-  const cudaError_t trim =
-      timed(Primitive::kGraphMemTrim, [&] { return cudaDeviceGraphMemTrim(device); });
-  note(rt_status("cudaDeviceGraphMemTrim", trim));
-  if (counter != nullptr && note(rt_status("cudaFree", cudaFree(counter)))) counter = nullptr;
-  for (auto it = streams.begin(); it != streams.end();)
-    it = note(rt_status("cudaStreamDestroy", cudaStreamDestroy(it->second))) ? streams.erase(it)
-                                                                              : std::next(it);
   return first;
 }
 

@@ -2,7 +2,6 @@
 // SimBackend shadow; includes no CUDA header, so non-CUDA code may use it.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -24,7 +23,9 @@ namespace memsim {
 // exists (creations, maps, captures) and kDriverError "<call>: <driver error string>" returns.
 // A failed release (cuMemRelease, cudaFree, unmap, ...) cannot be undone in the shadow: the
 // resource stays in the backend's tables, invisible to callers, and release_everything() or the
-// destructor frees it.
+// destructor frees it. The shadow's capacity is the device's total memory, of which the CUDA
+// context already uses some: a real allocation may fail before the shadow's kOutOfMemory, and
+// that surfaces as kDriverError (e.g. "cuMemCreate: out of memory").
 //
 // Strategies see real device addresses and the shadow's PhysHandle / GraphHandle ids. StreamId 0
 // is a non-blocking stream the backend creates (stream capture needs a non-default stream).
@@ -34,12 +35,13 @@ namespace memsim {
 // Beyond the sim contract: fill/copy/count_mismatches reject (kInvalidArgument) ranges that
 // are not inside one live allocation, not fully mapped with access set, or a graph allocation
 // that is neither live nor being captured; and unknown stream ids. These would fault the GPU.
+// copy uses cudaMemcpyDefault, so pinned host memory works on either side.
 // Not thread-safe; use it from the thread that created it (its CUDA context is current there).
 class CudaBackend final : public Backend {
  public:
   // Device state observed through the driver (not simulated).
   struct DeviceObservation {
-    uint64_t free_bytes = 0, total_bytes = 0;  // cudaMemGetInfo
+    uint64_t free_bytes = 0, total_bytes = 0;              // cudaMemGetInfo
     uint64_t graph_used_current = 0, graph_used_high = 0;  // cudaDeviceGetGraphMemAttribute
     uint64_t graph_reserved_current = 0, graph_reserved_high = 0;
   };
@@ -58,8 +60,8 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string_view name() const override { return "cuda"; }
-  uint64_t granularity() const override;
-  uint64_t capacity() const override;
+  uint64_t granularity() const override { return shadow_.granularity(); }
+  uint64_t capacity() const override { return shadow_.capacity(); }
   Result<PhysHandle> create_physical(uint64_t bytes, std::string_view tag) override;
   Status release_physical(PhysHandle h) override;
   Result<DevPtr> reserve_virtual(uint64_t bytes, uint64_t align) override;
@@ -81,10 +83,10 @@ class CudaBackend final : public Backend {
   Status launch(GraphHandle g, StreamId stream) override;
   Status destroy_graph(GraphHandle g) override;
   Status graph_mem_trim() override;
-  Usage usage() const override;
-  SimTime now() const override;
-  SimTime time_in(Primitive p) const override;
-  uint64_t calls_of(Primitive p) const override;
+  Usage usage() const override { return shadow_.usage(); }
+  SimTime now() const override { return shadow_.now(); }
+  SimTime time_in(Primitive p) const override { return shadow_.time_in(p); }
+  uint64_t calls_of(Primitive p) const override { return shadow_.calls_of(p); }
 
   // Host wall-clock nanoseconds spent in, and number of, real driver calls per primitive class
   // (including the calls release_everything() makes).
@@ -104,12 +106,15 @@ class CudaBackend final : public Backend {
   // the first failure but keeps going. Afterwards every primitive returns kInvalidState.
   Status release_everything();
 
-  const SimBackend& shadow() const;
-  int device() const;
+  const SimBackend& shadow() const { return shadow_; }
+  int device() const { return device_; }
 
  private:
-  struct Impl;
-  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  struct Impl;  // driver entry points, address/handle/stream/graph tables, measured times
+  CudaBackend(GpuSpec spec, SimClock& clock, MetricsRecorder* metrics,
+              std::vector<FaultInjection> faults, int device);
+  SimBackend shadow_;
+  int device_;
   std::unique_ptr<Impl> impl_;
 };
 

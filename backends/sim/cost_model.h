@@ -31,6 +31,7 @@ struct GpuSpec {
   // graph moves to another stream (per granule).
   double graph_mem_map_per_granule_us = 0;
   double graph_mem_remap_per_granule_us = 0;
+  uint64_t graph_mem_chunk = 0;  // growth unit of the driver's graph-memory arena (0 = granule)
   std::array<CostTerm, static_cast<size_t>(Primitive::kCount)> costs{};
 
   const CostTerm& cost(Primitive p) const { return costs[static_cast<size_t>(p)]; }

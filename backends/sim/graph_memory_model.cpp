@@ -6,11 +6,57 @@
 
 namespace memsim {
 
+uint64_t GraphMemoryModel::Arena::alloc(uint64_t size) {
+  auto fit = free_.lower_bound({size, 0});
+  if (fit == free_.end()) {
+    // A new chunk; the gap keeps chunks from ever merging.
+    const uint64_t bytes = (size + chunk_ - 1) / chunk_ * chunk_;
+    const uint64_t base = next_base_;
+    next_base_ += bytes + chunk_;
+    size_ += bytes;
+    blocks_.emplace(base, Block{bytes, chunks_++, true});
+    fit = free_.insert({bytes, base}).first;
+  }
+  const uint64_t offset = fit->second;
+  Block& b = blocks_.at(offset);
+  free_.erase(fit);
+  if (b.size > size) {  // split: the remainder stays free after the allocation
+    blocks_.emplace(offset + size, Block{b.size - size, b.chunk, true});
+    free_.insert({b.size - size, offset + size});
+    b.size = size;
+  }
+  b.free = false;
+  return offset;
+}
+
+void GraphMemoryModel::Arena::free(uint64_t offset) {
+  auto it = blocks_.find(offset);
+  it->second.free = true;
+  auto next = std::next(it);
+  if (next != blocks_.end() && next->second.free && next->second.chunk == it->second.chunk &&
+      it->first + it->second.size == next->first) {
+    free_.erase({next->second.size, next->first});
+    it->second.size += next->second.size;
+    blocks_.erase(next);
+  }
+  if (it != blocks_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.free && prev->second.chunk == it->second.chunk &&
+        prev->first + prev->second.size == it->first) {
+      free_.erase({prev->second.size, prev->first});
+      prev->second.size += it->second.size;
+      blocks_.erase(it);
+      it = prev;
+    }
+  }
+  free_.insert({it->second.size, it->first});
+}
+
 Status GraphMemoryModel::begin(StreamId s) {
   if (capturing(s))
     return make_error(ErrorCode::kInvalidState,
                       "begin_capture: stream " + std::to_string(s.id) + " is already capturing");
-  captures_.emplace(s, Capture{});
+  captures_.emplace(s, Capture(chunk_));
   return {};
 }
 
@@ -27,8 +73,8 @@ void GraphMemoryModel::add_alloc(StreamId s, DevPtr va, uint64_t bytes) {
   Capture& c = captures_.at(s);
   c.index.emplace(va, c.graph.allocs.size());
   c.graph.allocs.push_back(Alloc{va, pages(bytes)});
-  c.live += pages(bytes);
-  c.graph.peak = std::max(c.graph.peak, c.live);
+  c.slot.emplace(va, c.arena.alloc(pages(bytes)));
+  c.graph.peak = c.arena.size();
   ++c.graph.nodes;
 }
 
@@ -47,7 +93,7 @@ Status GraphMemoryModel::add_free(StreamId s, DevPtr va) {
   Alloc& a = c.graph.allocs[it->second];
   if (a.freed_in_graph) return make_error(ErrorCode::kInvalidState, "free_async: double free");
   a.freed_in_graph = true;
-  c.live -= a.pages;
+  c.arena.free(c.slot.at(va));
   ++c.graph.nodes;
   return {};
 }

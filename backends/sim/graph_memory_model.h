@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -13,10 +14,13 @@
 namespace memsim {
 
 // Model (after the CUDA programming guide's "Graph Memory Nodes" and measurements on H200):
-// - Each graph allocation has its own VA, fixed at capture. The driver backs allocations with
-//   whole pages (the VMM granularity) from its graph memory pool, so a graph needs
-//   `peak` = the maximum over its body of the page-rounded bytes of simultaneously live
-//   allocations (allocations with disjoint graph-ordered lifetimes share pages).
+// - Each graph allocation has its own VA, fixed at capture. Within a graph the driver lays out
+//   its allocations (rounded to whole pages) in an arena that grows by chunks: a request no
+//   free range fits gets a new chunk of round_up(request, chunk) bytes; freed ranges are reused
+//   best-fit, split, and merged with free neighbours of the same chunk; chunks never grow in
+//   place. A graph needs `peak` = its arena's size. (Probed on H200, driver 580, with
+//   memsim-graphmem-probe: 32 MiB chunks; 100 MiB freed then 200 MiB -> 352 MiB; two adjacent
+//   freed 100 MiB then 200 MiB -> 256 MiB; 1 KiB -> 32 MiB.)
 // - Allocations the graph does not free (outputs) stay live after the launch until freed outside,
 //   freed by a later graph (a free node captured in another graph), or until the graph's next
 //   launch (instantiated with AutoFreeOnLaunch).
@@ -28,7 +32,9 @@ namespace memsim {
 //   different stream than last time remaps them.
 class GraphMemoryModel {
  public:
-  explicit GraphMemoryModel(uint64_t granularity) : granularity_(granularity) {}
+  // `chunk`: the arena growth unit (0 = the granularity).
+  GraphMemoryModel(uint64_t granularity, uint64_t chunk)
+      : granularity_(granularity), chunk_(chunk ? chunk : granularity) {}
 
   bool capturing(StreamId s) const { return captures_.count(s) != 0; }
   bool any_capturing() const { return !captures_.empty(); }
@@ -84,10 +90,33 @@ class GraphMemoryModel {
     bool destroyed = false;
     std::optional<StreamId> last_stream;
   };
+  // Best-fit arena of one capture; offsets are arena addresses (chunks never adjacent).
+  class Arena {
+   public:
+    explicit Arena(uint64_t chunk) : chunk_(chunk) {}
+    uint64_t alloc(uint64_t size);
+    void free(uint64_t offset);
+    uint64_t size() const { return size_; }
+
+   private:
+    struct Block {
+      uint64_t size;
+      uint64_t chunk;
+      bool free;
+    };
+    uint64_t chunk_;
+    uint64_t size_ = 0;
+    uint64_t next_base_ = 0;
+    uint64_t chunks_ = 0;
+    std::map<uint64_t, Block> blocks_;              // offset -> block
+    std::set<std::pair<uint64_t, uint64_t>> free_;  // (size, offset)
+  };
   struct Capture {
+    explicit Capture(uint64_t chunk) : arena(chunk) {}
     Graph graph;
-    uint64_t live = 0;
-    std::unordered_map<DevPtr, size_t> index;  // va -> position in graph.allocs
+    Arena arena;
+    std::unordered_map<DevPtr, size_t> index;   // va -> position in graph.allocs
+    std::unordered_map<DevPtr, uint64_t> slot;  // va -> arena offset
   };
   uint64_t pages(uint64_t bytes) const {
     return (bytes + granularity_ - 1) / granularity_ * granularity_;
@@ -96,6 +125,7 @@ class GraphMemoryModel {
   Alloc* find_alloc(DevPtr va, uint64_t* graph_id);
 
   uint64_t granularity_;
+  uint64_t chunk_;
   std::map<StreamId, Capture> captures_;
   std::unordered_map<uint64_t, Graph> graphs_;
   std::unordered_map<DevPtr, uint64_t> alloc_owner_;  // va -> graph id (for ended captures)

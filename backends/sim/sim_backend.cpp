@@ -31,7 +31,7 @@ SimBackend::SimBackend(GpuSpec gpu, SimClock& clock, MetricsRecorder* metrics,
       faults_(std::move(faults)),
       va_(kDeviceVaBase, gpu_.va_space),
       host_va_(kHostVaBase, kHostVaSize),
-      graph_mem_(gpu_.granularity) {
+      graph_mem_(gpu_.granularity, gpu_.graph_mem_chunk) {
   if (metrics_) {
     g_physical_ = metrics_->series("physical_bytes");
     g_reserved_ = metrics_->series("virtual_reserved");
@@ -202,6 +202,11 @@ Status SimBackend::map(DevPtr va, uint64_t bytes, PhysHandle h, uint64_t offset)
     if (prev->first + prev->second.bytes > off)
       return make_error(ErrorCode::kInvalidState, "map: range overlaps an existing mapping");
   }
+  // cuMemMap maps a whole handle from offset 0 (the driver answers "operation not supported"
+  // otherwise; measured on H200 with driver 580).
+  if (offset != 0 || bytes != hit->second.bytes)
+    return make_error(ErrorCode::kNotSupported,
+                      "map: only whole handles from offset 0 can be mapped (cuMemMap)");
   r->maps.emplace(off, MapRec{bytes, h.id, offset});
   ++hit->second.mappings;
   virtual_mapped_ += bytes;

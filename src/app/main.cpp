@@ -5,6 +5,10 @@
 #include <iostream>
 
 #include "memsim_config.h"
+#if MEMSIM_HAVE_CUDA
+#include "src/app/calibrate.h"
+#include "src/app/cuda_validation.h"
+#endif
 #include "src/app/shapes_experiment.h"
 #include "src/app/writers.h"
 
@@ -23,19 +27,54 @@ int main(int argc, char** argv) {
   std::string out_dir = "results";
   uint64_t seed = 0;
   std::vector<std::string> overrides;
-  app.add_option("--config", config_path, "experiment YAML (e.g. experiments/shapes.yaml)")
-      ->required()
-      ->check(CLI::ExistingFile);
+  // Required unless a subcommand runs (checked after parsing).
+  auto* config_opt =
+      app.add_option("--config", config_path, "experiment YAML (e.g. experiments/shapes.yaml)")
+          ->check(CLI::ExistingFile);
   app.add_option("--backend", backend, "sim (default) or cuda")
       ->check(CLI::IsMember({"sim", "cuda"}));
   app.add_option("--out", out_dir, "results folder; output goes to DIR/<experiment>/")
       ->capture_default_str();
   auto* seed_opt = app.add_option("--seed", seed, "random seed (overrides the config's seed)");
   app.add_option("--set", overrides, "override a config key: --set key.path=value (repeatable)");
+
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate", "measure the backend primitives on the GPU and write a calibrated GPU YAML");
+  std::string cal_backend = "cuda";
+  std::string cal_gpu = "configs/gpus/h200.yaml";
+  std::string cal_out;
+  calibrate->add_option("--backend", cal_backend, "cuda (calibration measures hardware)")
+      ->capture_default_str();
+  calibrate->add_option("--gpu", cal_gpu, "GPU YAML supplying name and va_space")
+      ->capture_default_str()
+      ->check(CLI::ExistingFile);
+  calibrate->add_option(
+      "--out", cal_out,
+      "calibrated GPU YAML to write (default configs/gpus/<name>.calibrated.yaml)");
   try {
     app.parse(argc, argv);
+    if (!calibrate->parsed() && config_opt->count() == 0) throw CLI::RequiredError("--config");
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitConfigError;
+  }
+
+  if (calibrate->parsed()) {
+    if (cal_backend != "cuda") {
+      std::cerr << "memsim calibrate: --backend " << cal_backend
+                << ": calibration measures hardware; use --backend cuda\n";
+      return kExitConfigError;
+    }
+#if MEMSIM_HAVE_CUDA
+    memsim::CalibrateOptions options;
+    options.backend = cal_backend;
+    options.gpu_path = cal_gpu;
+    options.out_path = cal_out;
+    return memsim::run_calibrate(options, std::cout, std::cerr);
+#else
+    std::cerr << "memsim calibrate: --backend cuda: this build has no CUDA backend (nvcc was not "
+                 "found when it was configured); rebuild with nvcc available\n";
+    return kExitConfigError;
+#endif
   }
 
   if (backend == "cuda" && !MEMSIM_HAVE_CUDA) {
@@ -44,16 +83,20 @@ int main(int argc, char** argv) {
     return kExitConfigError;
   }
 
+#if MEMSIM_HAVE_CUDA
+  if (backend == "cuda") {
+    if (auto s = memsim::probe_cuda_device(); !s.ok()) {
+      std::cerr << "memsim: --backend cuda: no usable CUDA device: " << s.error().message << "\n";
+      return kExitConfigError;
+    }
+  }
+#endif
   memsim::ShapesConfig config;
   try {
     if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
     config = memsim::load_shapes_config(config_path, overrides);
   } catch (const memsim::ConfigError& e) {
     std::cerr << "memsim: config error: " << e.what() << "\n";
-    return kExitConfigError;
-  }
-  if (backend == "cuda") {
-    std::cerr << "memsim: --backend cuda: the CUDA backend is not implemented yet\n";
     return kExitConfigError;
   }
 
@@ -68,5 +111,8 @@ int main(int argc, char** argv) {
   std::cout << memsim::plot_shapes(config, dir) << "\n";
   for (const auto& r : results.runs)
     if (!r.result.invariant_violation.empty()) return kExitRunFailure;
+#if MEMSIM_HAVE_CUDA
+  if (backend == "cuda") return memsim::run_cuda_validation(config, results, dir, std::cout);
+#endif
   return 0;
 }

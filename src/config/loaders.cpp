@@ -42,12 +42,16 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
   if (g.va_space < g.capacity) node["va_space"].fail("must be at least the capacity");
   const ConfigNode graphs = node["graphs"];
   graphs.expect_keys({"capture_per_node_us", "instantiate_per_node_us", "replay_per_node_us",
-                      "mem_map_per_granule_us", "mem_remap_per_granule_us"});
+                      "mem_map_per_granule_us", "mem_remap_per_granule_us", "mem_chunk"});
   g.capture_per_node_us = graphs["capture_per_node_us"].as_double_in(0, 1e6);
   g.instantiate_per_node_us = graphs["instantiate_per_node_us"].as_double_in(0, 1e6);
   g.replay_per_node_us = graphs["replay_per_node_us"].as_double_in(0, 1e6);
   g.graph_mem_map_per_granule_us = graphs["mem_map_per_granule_us"].as_double_in(0, 1e6);
   g.graph_mem_remap_per_granule_us = graphs["mem_remap_per_granule_us"].as_double_in(0, 1e6);
+  if (auto c = graphs.find("mem_chunk")) {
+    g.graph_mem_chunk = c->as_bytes();
+    if (g.graph_mem_chunk % g.granularity != 0) c->fail("must be a multiple of the granularity");
+  }
   const ConfigNode costs = node["costs"];
   const std::vector<std::string> names = primitive_names();
   costs.expect_keys(names);

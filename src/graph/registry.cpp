@@ -26,6 +26,8 @@ GraphStrategyFactory vmm_factory(const ConfigNode& node) {
   VmmAliasConfig c;
   c.allocator = parse_allocator(node);
   if (auto v = node.find("va_factor")) c.va_factor = v->as_double_in(0.01, 64);
+  if (auto v = node.find("set_access"))
+    c.set_access_per_space = v->as_choice({"per_handle", "per_space"}) == "per_space";
   if (auto v = node.find("handle_bytes")) {
     c.handle_bytes = v->as_bytes();
     if (c.handle_bytes == 0) v->fail("must be positive (a multiple of the GPU's granularity)");
@@ -59,7 +61,7 @@ const std::vector<GraphStrategyInfo>& graph_strategies() {
        pool_factory<GlobalPool>},
       {"vmm_alias",
        "a new VA space per shape over shared physical handles (xLLM)",
-       {"max_split_size", "handle_bytes", "va_factor"},
+       {"max_split_size", "handle_bytes", "va_factor", "set_access"},
        vmm_factory},
       {"graph_mem_nodes",
        "cudaMallocAsync graph memory nodes, driver-managed reuse",

@@ -9,25 +9,29 @@ namespace memsim {
 
 SharedVmmSpaces::SharedVmmSpaces(Backend& backend, const VmmAliasConfig& config)
     : backend_(backend),
-      handle_bytes_(config.handle_bytes ? config.handle_bytes : backend.granularity()) {
+      handle_bytes_(config.handle_bytes ? config.handle_bytes : backend.granularity()),
+      set_access_per_space_(config.set_access_per_space) {
   const uint64_t g = backend.granularity();
   const auto want =
       static_cast<uint64_t>(std::ceil(config.va_factor * static_cast<double>(backend.capacity())));
   space_bytes_ = (want + g - 1) / g * g;
 }
 
-Status SharedVmmSpaces::map_handle(DevPtr space, size_t index) {
+Status SharedVmmSpaces::map_handle(DevPtr space, size_t index, bool set_access) {
   // xLLM's vmm::map = cuMemMap + cuMemSetAccess, per handle.
   const DevPtr va = space + index * handle_bytes_;
   MEMSIM_TRY(backend_.map(va, handle_bytes_, handles_[index], 0));
-  return backend_.set_access(va, handle_bytes_);
+  return set_access ? backend_.set_access(va, handle_bytes_) : Status{};
 }
 
 Status SharedVmmSpaces::switch_to_new_space() {
   MEMSIM_ASSIGN_OR_RETURN(DevPtr base, backend_.reserve_virtual(space_bytes_, handle_bytes_));
   spaces_.push_back(base);
   offset_ = 0;
-  for (size_t i = 0; i < handles_.size(); ++i) MEMSIM_TRY(map_handle(base, i));
+  for (size_t i = 0; i < handles_.size(); ++i)
+    MEMSIM_TRY(map_handle(base, i, !set_access_per_space_));
+  if (set_access_per_space_ && !handles_.empty())
+    return backend_.set_access(base, handles_.size() * handle_bytes_);
   return {};
 }
 
@@ -43,7 +47,7 @@ Status SharedVmmSpaces::extend(uint64_t needed) {
     handles_.push_back(h);
     peak_handles_ = std::max<uint64_t>(peak_handles_, handles_.size());
     for (DevPtr space : spaces_) {
-      Status s = map_handle(space, handles_.size() - 1);
+      Status s = map_handle(space, handles_.size() - 1, true);
       if (!s.ok()) return s;  // the handle stays listed: release_all unmaps what was mapped
     }
   }

@@ -13,6 +13,9 @@ struct VmmAliasConfig {
   TorchCachingConfig allocator;
   uint64_t handle_bytes = 0;  // physical handle size; 0 = the backend's granularity
   double va_factor = 1.125;   // VA reserved per space, as a multiple of device capacity
+  // How a new space gets access rights: one cuMemSetAccess per handle as xLLM does
+  // (per_handle), or all handles mapped first and one call over the whole range (per_space).
+  bool set_access_per_space = false;
 };
 
 // The segment source: a bump offset in the current space over physical handles shared by all
@@ -31,11 +34,12 @@ class SharedVmmSpaces final : public SegmentSource {
   uint64_t mapped_virtual() const { return physical_bytes() * spaces_.size(); }
 
  private:
-  Status map_handle(DevPtr space, size_t index);
+  Status map_handle(DevPtr space, size_t index, bool set_access);
   Status extend(uint64_t needed);
 
   Backend& backend_;
   uint64_t handle_bytes_;
+  bool set_access_per_space_;
   uint64_t space_bytes_;
   std::vector<DevPtr> spaces_;  // base of each reserved space; the last is current
   std::vector<PhysHandle> handles_;

@@ -1,0 +1,84 @@
+// memsim-alias-bench: cost of vmm_alias's switch to a new virtual space on the real GPU, in
+// microseconds per 2 MiB of physical memory mapped into the new space, for several handle sizes
+// and access-setting modes (target: <= 1 us per 2 MiB). Exits 77 without a GPU.
+#include <chrono>
+#include <cstdio>
+#include <fmt/format.h>
+
+#include "backends/cuda/cuda_backend.h"
+#include "src/graph/vmm_alias.h"
+
+using namespace memsim;
+
+namespace {
+
+GpuSpec h200_costs() {
+  GpuSpec g;
+  g.name = "bench";
+  g.capacity = 1ull << 40;  // replaced by the device's
+  g.granularity = 2ull << 20;
+  g.va_space = 1ull << 47;
+  return g;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const uint64_t physical = (argc > 1 ? std::stoull(argv[1]) : 4096) << 20;  // MiB -> bytes
+  const int switches = argc > 2 ? std::stoi(argv[2]) : 8;
+  SimClock probe_clock;
+  auto probe = CudaBackend::create(h200_costs(), probe_clock, nullptr);
+  if (!probe.ok()) {
+    std::fprintf(stderr, "alias bench: %s\n", probe.error().message.c_str());
+    return probe.error().code == ErrorCode::kNotSupported ? 77 : 1;
+  }
+  probe.value().reset();
+  fmt::print("vmm_alias switch_to_new_space: {} MiB of physical memory, {} switches each\n",
+             physical >> 20, switches);
+  fmt::print("{:>12} {:>11} {:>8} {:>12} {:>14} {:>14} {:>12}\n", "handle", "set_access",
+             "handles", "switch us", "us per 2 MiB", "map us/call", "access us/call");
+  for (uint64_t handle_mib : {2, 8, 32, 64, 128, 512, 1024}) {
+    for (bool per_space : {false, true}) {
+      SimClock clock;
+      auto made = CudaBackend::create(h200_costs(), clock, nullptr);
+      if (!made.ok()) return 1;
+      CudaBackend& cuda = **made;
+      VmmAliasConfig cfg;
+      cfg.handle_bytes = handle_mib << 20;
+      cfg.va_factor = 2.0 * static_cast<double>(physical) / static_cast<double>(cuda.capacity());
+      cfg.set_access_per_space = per_space;
+      SharedVmmSpaces spaces(cuda, cfg);
+      // First space: create and map the physical memory (not timed).
+      if (auto p = spaces.allocate_segment(physical, StreamId{0}); !p.ok()) {
+        fmt::print("allocate failed: {}\n", p.error().message);
+        return 1;
+      }
+      const SimTime map0 = cuda.measured_time_in(Primitive::kMap);
+      const uint64_t mapn0 = cuda.measured_calls_of(Primitive::kMap);
+      const SimTime acc0 = cuda.measured_time_in(Primitive::kSetAccess);
+      const uint64_t accn0 = cuda.measured_calls_of(Primitive::kSetAccess);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < switches; ++i) {
+        if (auto s = spaces.switch_to_new_space(); !s.ok()) {
+          fmt::print("switch failed: {}\n", s.error().message);
+          return 1;
+        }
+      }
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+              .count() /
+          switches;
+      const double per_granule = us / static_cast<double>(physical >> 21);
+      const uint64_t mapn = cuda.measured_calls_of(Primitive::kMap) - mapn0;
+      const uint64_t accn = cuda.measured_calls_of(Primitive::kSetAccess) - accn0;
+      fmt::print("{:>9} MiB {:>11} {:>8} {:>12.1f} {:>14.3f} {:>14.2f} {:>12.2f}\n", handle_mib,
+                 per_space ? "per_space" : "per_handle", physical / cfg.handle_bytes, us,
+                 per_granule,
+                 mapn ? (cuda.measured_time_in(Primitive::kMap) - map0) / 1000.0 / mapn : 0.0,
+                 accn ? (cuda.measured_time_in(Primitive::kSetAccess) - acc0) / 1000.0 / accn
+                      : 0.0);
+      (void)spaces.release_all();
+    }
+  }
+  return 0;
+}

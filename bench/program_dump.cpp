@@ -1,0 +1,72 @@
+// memsim-program-dump: prints a model's decode allocation program at a batch size as JSON, with
+// the footprint memsim's torch_caching predicts for it in a fresh pool (for tools/torch_reference.py).
+#include <cstdio>
+#include <fmt/format.h>
+#include <string>
+
+#include "sim/workload/alloc_program.h"
+#include "sim/workload/model_shape.h"
+#include "src/alloc/torch_caching.h"
+#include "src/config/loaders.h"
+
+using namespace memsim;
+
+namespace {
+
+// Hands out 2 MiB-aligned addresses and counts bytes, like cudaMalloc would.
+class CountingSource final : public SegmentSource {
+ public:
+  Result<DevPtr> allocate_segment(uint64_t bytes, StreamId) override {
+    const DevPtr p = next_;
+    next_ += (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    return p;
+  }
+  Status release_segment(DevPtr, uint64_t) override { return {}; }
+
+ private:
+  DevPtr next_ = 1ull << 40;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: memsim-program-dump MODEL.yaml BATCH [full|piecewise]\n");
+    return 2;
+  }
+  try {
+    const ModelShape model = load_model_shape(ConfigNode::load_file(argv[1]));
+    ProgramOptions o;
+    o.mode = argc > 3 && std::string(argv[3]) == "piecewise" ? GraphMode::kPiecewise
+                                                              : GraphMode::kFull;
+    const ShapeProgram prog =
+        make_decode_program(model, static_cast<uint32_t>(std::stoul(argv[2])), o);
+    // One pool for all graphs of the shape (the tensors of one forward), outputs kept.
+    CountingSource source;
+    TorchCachingAllocator pool(source);
+    std::string ops;
+    for (size_t g = 0; g < prog.graphs.size(); ++g) {
+      const GraphProgram& graph = prog.graphs[g];
+      std::vector<DevPtr> ptr(graph.tensors.size());
+      for (const ProgramOp& op : graph.ops) {
+        const uint64_t id = g * 100000 + op.tensor;
+        if (op.kind == ProgramOp::Kind::kAlloc) {
+          ptr[op.tensor] = *pool.malloc(graph.tensors[op.tensor].bytes, StreamId{0});
+          ops += fmt::format("{}[\"a\",{},{}]", ops.empty() ? "" : ",", id,
+                             graph.tensors[op.tensor].bytes);
+        } else {
+          (void)pool.free(ptr[op.tensor]);
+          ops += fmt::format(",[\"f\",{}]", id);
+        }
+      }
+    }
+    const AllocatorStats s = pool.stats();
+    fmt::print("{{\"model\":\"{}\",\"batch\":{},\"reserved\":{},\"peak_allocated\":{},\"ops\":[{}]}}\n",
+               model.name, prog.batch, s.reserved_bytes, s.peak_allocated_bytes, ops);
+    (void)pool.release_all();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memsim-program-dump: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,262 @@
+// CUDA validation of the shapes experiment: identical strategy bytes on both backends, measured
+// device usage within one granule per physical allocation, per-primitive times, replay checks.
+#include "src/app/cuda_validation.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <random>
+
+#include "backends/cuda/cuda_backend.h"
+#include "src/app/writers.h"
+
+namespace memsim {
+namespace {
+
+struct ReplayStats {
+  uint64_t rounds = 0;
+  uint64_t launches = 0;
+  uint64_t checks = 0;
+  uint64_t failed_checks = 0;  // tensors with mismatching words
+  uint64_t mismatched_words = 0;
+  std::string first_failure;
+  std::string error;
+};
+
+// Samples device usage after every captured shape, and replays with checks before teardown.
+class Harness final : public CaptureObserver {
+ public:
+  Harness(CudaBackend& cuda, uint64_t free_at_start, std::string impl, uint64_t seed,
+          uint32_t rounds)
+      : cuda_(cuda), free0_(free_at_start), impl_(std::move(impl)), seed_(seed), rounds_(rounds) {}
+
+  void after_shape(uint32_t /*batch*/) override { sample(); }
+
+  void before_teardown(const CapturedView& view) override {
+    sample();
+    std::mt19937_64 rng(seed_);
+    if (view.shapes.empty()) return;
+    std::uniform_int_distribution<size_t> pick(0, view.shapes.size() - 1);
+    for (uint32_t round = 0; round < rounds_; ++round) {
+      const uint32_t b = view.shapes[pick(rng)];
+      for (GraphHandle g : view.graphs->at(b)) {
+        if (auto s = cuda_.launch(g, view.stream); !s.ok()) {
+          replay_.error = s.error().message;
+          return;
+        }
+        ++replay_.launches;
+      }
+      ++replay_.rounds;
+      // Inputs are written once, outside every graph: no replay may touch them.
+      for (const CheckedTensor& t : view.inputs) check(t, view.stream, "input");
+      // The replayed shape's outputs hold its pattern right after its replay (graph memory
+      // nodes free weak outputs inside the graph: nothing to read then).
+      const bool own_readable = view.outputs_held || impl_ != "graph_mem_nodes";
+      if (own_readable)
+        for (const CheckedTensor& t : view.outputs.at(b)) check(t, view.stream, "output");
+      // Held outputs of every other shape must survive, where the strategy promises it.
+      if (view.outputs_held && view.held_preserved)
+        for (const auto& [other, tensors] : view.outputs)
+          if (other != b)
+            for (const CheckedTensor& t : tensors) check(t, view.stream, "held output");
+      if (!replay_.error.empty()) return;
+    }
+    sample();
+  }
+
+  uint64_t peak_used() const { return peak_used_; }
+  uint64_t peak_shadow_physical() const { return peak_shadow_; }
+  uint64_t peak_graph_reserved() const { return peak_graph_reserved_; }
+  const ReplayStats& replay() const { return replay_; }
+  // Largest |measured - accounted| over the samples, and the allocation count at that sample.
+  int64_t worst_delta() const { return worst_delta_; }
+
+ private:
+  void sample() {
+    auto o = cuda_.observe();
+    if (!o.ok()) return;
+    const uint64_t used = free0_ > o->free_bytes ? free0_ - o->free_bytes : 0;
+    const uint64_t shadow = cuda_.usage().physical_bytes;
+    peak_used_ = std::max(peak_used_, used);
+    peak_shadow_ = std::max(peak_shadow_, shadow);
+    peak_graph_reserved_ = std::max(peak_graph_reserved_, o->graph_reserved_high);
+    const int64_t delta = static_cast<int64_t>(used) - static_cast<int64_t>(shadow);
+    if (std::llabs(delta) > std::llabs(worst_delta_)) worst_delta_ = delta;
+  }
+
+  void check(const CheckedTensor& t, StreamId stream, const char* what) {
+    auto n = cuda_.count_mismatches(t.ptr, t.bytes, t.pattern, stream);
+    ++replay_.checks;
+    if (!n.ok()) {
+      if (replay_.error.empty()) replay_.error = n.error().message;
+      return;
+    }
+    if (*n == 0) return;
+    ++replay_.failed_checks;
+    replay_.mismatched_words += *n;
+    if (replay_.first_failure.empty())
+      replay_.first_failure =
+          fmt::format("{} {} (b={}): {} words differ", what, t.name, t.batch, *n);
+  }
+
+  CudaBackend& cuda_;
+  uint64_t free0_;
+  std::string impl_;
+  uint64_t seed_;
+  uint32_t rounds_;
+  uint64_t peak_used_ = 0, peak_shadow_ = 0, peak_graph_reserved_ = 0;
+  int64_t worst_delta_ = 0;
+  ReplayStats replay_;
+};
+
+struct Row {
+  std::string strategy, metric;
+  double simulated = 0, measured = 0;
+  bool ok = true;
+  std::string note;
+};
+
+const Primitive kTimed[] = {Primitive::kCreatePhysical, Primitive::kMap,
+                            Primitive::kSetAccess,      Primitive::kUnmap,
+                            Primitive::kReleasePhysical, Primitive::kReserveVirtual,
+                            Primitive::kDeviceMalloc,   Primitive::kBeginCapture,
+                            Primitive::kEndCapture,     Primitive::kLaunch};
+
+}  // namespace
+
+Status probe_cuda_device() {
+  SimClock clock;
+  GpuSpec probe;
+  probe.name = "probe";
+  probe.capacity = 1ull << 40;
+  probe.granularity = 2ull << 20;
+  probe.va_space = 1ull << 47;
+  auto created = CudaBackend::create(probe, clock, nullptr);
+  if (!created.ok()) return created.error();
+  return {};
+}
+
+int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const std::string& dir,
+                        std::ostream& out) {
+  std::vector<Row> rows;
+  bool all_ok = true;
+  const uint32_t rounds = 200;
+  out << fmt::format("\nCUDA validation ({} variant, {} replay rounds per strategy):\n",
+                     c.table.name(), rounds);
+  out << fmt::format("{:<26} {:>12} {:>12} {:>12} {:>10} {:>9}  {}\n", "strategy", "sim bytes",
+                     "cuda bytes", "measured", "delta", "replays", "result");
+  for (const StrategySpec& s : c.strategies) {
+    const RunRecord* simulated = nullptr;
+    for (const RunRecord& r : sim.runs)
+      if (r.strategy == &s && r.variant == c.table) simulated = &r;
+    SimClock clock;
+    MetricsRecorder metrics(clock);
+    auto created = CudaBackend::create(c.gpu, clock, &metrics);
+    if (!created.ok()) {
+      out << "memsim: --backend cuda: " << created.error().message << "\n";
+      return 2;
+    }
+    CudaBackend& cuda = **created;
+    auto o0 = cuda.observe();
+    if (!o0.ok()) {
+      out << "memsim: --backend cuda: " << o0.error().message << "\n";
+      return 2;
+    }
+    Harness harness(cuda, o0->free_bytes, s.impl, c.seed, rounds);
+    CaptureRunConfig rc;
+    rc.model = c.model;
+    rc.gemm_workspace_bytes = c.gemm_workspace_bytes;
+    rc.max_model_len = c.max_model_len;
+    rc.kv_block_size = c.kv_block_size;
+    rc.capture_sizes = c.capture_sizes;
+    rc.order = s.order;
+    rc.order_list = s.order_list;
+    rc.arrival = c.table.arrival;
+    rc.dynamic = c.dynamic;
+    rc.inputs = c.table.inputs;
+    rc.outputs = c.table.outputs;
+    rc.runners = c.table.graphs;
+    rc.seed = c.seed;
+    rc.observer = &harness;
+    auto strategy = s.factory(cuda);
+    const CaptureRunResult r = run_captures(rc, cuda, clock, *strategy, metrics);
+    strategy.reset();
+    auto o1 = cuda.observe();
+
+    const uint64_t allocations = cuda.calls_of(Primitive::kDeviceMalloc) +
+                                 cuda.calls_of(Primitive::kCreatePhysical) +
+                                 cuda.calls_of(Primitive::kLaunch) * (s.impl == "graph_mem_nodes");
+    const uint64_t granule = cuda.granularity();
+    const bool same_bytes = simulated && simulated->result.peak_physical == r.peak_physical &&
+                            simulated->result.peak_strategy_reserved == r.peak_strategy_reserved;
+    // Measured: the cudaMemGetInfo delta at the sampled peak versus the accounted bytes.
+    const uint64_t bound = granule * std::max<uint64_t>(1, allocations);
+    const bool within = static_cast<uint64_t>(std::llabs(harness.worst_delta())) <= bound;
+    const ReplayStats& rp = harness.replay();
+    const bool replay_ok = rp.error.empty() && rp.failed_checks == 0 && rp.rounds == rounds;
+    const bool ok = r.ok && r.invariant_violation.empty() && r.released_all && same_bytes &&
+                    replay_ok;
+    all_ok = all_ok && ok;
+    std::string verdict = ok ? "ok" : "FAIL";
+    if (!r.ok) verdict += ": " + r.failure;
+    if (!same_bytes) verdict += " (accounted bytes differ from the sim run)";
+    if (!rp.error.empty()) verdict += ": replay error: " + rp.error;
+    if (!rp.first_failure.empty()) verdict += ": " + rp.first_failure;
+    if (!within) verdict += fmt::format(" [usage delta beyond {} granules]", allocations);
+    out << fmt::format("{:<26} {:>12} {:>12} {:>12} {:>10} {:>4}/{:<4}  {}\n", s.label,
+                       human_bytes(simulated ? simulated->result.peak_physical : 0),
+                       human_bytes(r.peak_physical), human_bytes(harness.peak_used()),
+                       fmt::format("{:+.1f}M", harness.worst_delta() / 1048576.0),
+                       rp.checks - rp.failed_checks, rp.checks, verdict);
+
+    rows.push_back({s.label, "peak_physical_bytes",
+                    simulated ? static_cast<double>(simulated->result.peak_physical) : 0,
+                    static_cast<double>(r.peak_physical), same_bytes,
+                    "strategy-accounted bytes, sim run vs CUDA run (must be identical)"});
+    rows.push_back({s.label, "peak_strategy_bytes",
+                    simulated ? static_cast<double>(simulated->result.peak_strategy_reserved) : 0,
+                    static_cast<double>(r.peak_strategy_reserved), same_bytes, ""});
+    rows.push_back({s.label, "device_usage_bytes", static_cast<double>(harness.peak_shadow_physical()),
+                    static_cast<double>(harness.peak_used()), within,
+                    fmt::format("cudaMemGetInfo delta; worst |delta| {} vs bound {} ({} allocations "
+                                "x granule)",
+                                std::llabs(harness.worst_delta()), bound, allocations)});
+    if (s.impl == "graph_mem_nodes")
+      rows.push_back({s.label, "graph_mem_reserved_high", static_cast<double>(r.peak_graph_mem),
+                      static_cast<double>(harness.peak_graph_reserved()),
+                      r.peak_graph_mem == harness.peak_graph_reserved(),
+                      "shadow driver model vs cudaGraphMemAttrReservedMemHigh"});
+    rows.push_back({s.label, "replay_checks", static_cast<double>(rp.checks),
+                    static_cast<double>(rp.checks - rp.failed_checks), replay_ok,
+                    rp.first_failure.empty() ? rp.error : rp.first_failure});
+    for (Primitive p : kTimed) {
+      const uint64_t n = cuda.measured_calls_of(p);
+      if (n == 0) continue;
+      const double sim_us = static_cast<double>(cuda.time_in(p)) / 1000.0 /
+                            static_cast<double>(std::max<uint64_t>(1, cuda.calls_of(p)));
+      const double meas_us = static_cast<double>(cuda.measured_time_in(p)) / 1000.0 /
+                             static_cast<double>(n);
+      rows.push_back({s.label, fmt::format("us_per_call.{}", to_string(p)), sim_us, meas_us, true,
+                      fmt::format("{} calls", n)});
+    }
+    (void)o1;
+  }
+  std::filesystem::create_directories(dir);
+  std::ofstream csv(std::filesystem::path(dir) / "validation.csv");
+  csv << "strategy,metric,simulated,measured,ratio,ok,note\n";
+  for (const Row& r : rows)
+    csv << fmt::format("{},{},{:.3f},{:.3f},{:.4f},{},\"{}\"\n", r.strategy, r.metric,
+                       r.simulated, r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0,
+                       r.ok, r.note);
+  out << "\nsimulated vs measured time per call (us), ratio = measured / simulated:\n";
+  for (const Row& r : rows)
+    if (r.metric.rfind("us_per_call.", 0) == 0)
+      out << fmt::format("  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  ({})\n",
+                         r.strategy, r.metric.substr(12), r.simulated, r.measured,
+                         r.simulated > 0 ? r.measured / r.simulated : 0.0, r.note);
+  out << fmt::format("wrote {}/validation.csv\n", dir);
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace memsim
