@@ -1,11 +1,14 @@
 // memsim-alias-bench: cost of vmm_alias's switch to a new virtual space on the real GPU, in
 // microseconds per 2 MiB of physical memory mapped into the new space, for several handle sizes
 // and access-setting modes (target: <= 1 us per 2 MiB). Exits 77 without a GPU.
+#include <fmt/format.h>
 #include <chrono>
 #include <cstdio>
-#include <fmt/format.h>
 
 #include "backends/cuda/cuda_backend.h"
+#include "sim/workload/alloc_program.h"
+#include "src/alloc/torch_caching.h"
+#include "src/config/loaders.h"
 #include "src/graph/vmm_alias.h"
 
 using namespace memsim;
@@ -35,8 +38,8 @@ int main(int argc, char** argv) {
   probe.value().reset();
   fmt::print("vmm_alias switch_to_new_space: {} MiB of physical memory, {} switches each\n",
              physical >> 20, switches);
-  fmt::print("{:>12} {:>11} {:>8} {:>12} {:>14} {:>14} {:>12}\n", "handle", "set_access",
-             "handles", "switch us", "us per 2 MiB", "map us/call", "access us/call");
+  fmt::print("{:>12} {:>11} {:>8} {:>12} {:>14} {:>14} {:>12}\n", "handle", "set_access", "handles",
+             "switch us", "us per 2 MiB", "map us/call", "access us/call");
   for (uint64_t handle_mib : {2, 8, 32, 64, 128, 512, 1024}) {
     for (bool per_space : {false, true}) {
       SimClock clock;
@@ -65,20 +68,54 @@ int main(int argc, char** argv) {
         }
       }
       const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-              .count() /
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
           switches;
       const double per_granule = us / static_cast<double>(physical >> 21);
       const uint64_t mapn = cuda.measured_calls_of(Primitive::kMap) - mapn0;
       const uint64_t accn = cuda.measured_calls_of(Primitive::kSetAccess) - accn0;
-      fmt::print("{:>9} MiB {:>11} {:>8} {:>12.1f} {:>14.3f} {:>14.2f} {:>12.2f}\n", handle_mib,
-                 per_space ? "per_space" : "per_handle", physical / cfg.handle_bytes, us,
-                 per_granule,
-                 mapn ? (cuda.measured_time_in(Primitive::kMap) - map0) / 1000.0 / mapn : 0.0,
-                 accn ? (cuda.measured_time_in(Primitive::kSetAccess) - acc0) / 1000.0 / accn
-                      : 0.0);
+      fmt::print(
+          "{:>9} MiB {:>11} {:>8} {:>12.1f} {:>14.3f} {:>14.2f} {:>12.2f}\n", handle_mib,
+          per_space ? "per_space" : "per_handle", physical / cfg.handle_bytes, us, per_granule,
+          mapn ? (cuda.measured_time_in(Primitive::kMap) - map0) / 1000.0 / mapn : 0.0,
+          accn ? (cuda.measured_time_in(Primitive::kSetAccess) - acc0) / 1000.0 / accn : 0.0);
       (void)spaces.release_all();
     }
+  }
+  // The policy the experiment uses: one handle per extension, the extensions being those of
+  // a real capture (the Llama-3.1-8B decode program at b=512, as its caching-allocator pool
+  // requests segments).
+  {
+    const ModelShape model =
+        load_model_shape(ConfigNode::load_file("configs/models/llama-3.1-8b.yaml"));
+    ProgramOptions o;
+    o.gemm_workspace_bytes = 0;
+    const ShapeProgram prog = make_decode_program(model, 512, o);
+    SimClock clock;
+    auto made = CudaBackend::create(h200_costs(), clock, nullptr);
+    if (!made.ok()) return 1;
+    CudaBackend& cuda = **made;
+    VmmAliasConfig cfg;
+    cfg.handle_per_extension = true;
+    SharedVmmSpaces spaces(cuda, cfg);
+    TorchCachingAllocator pool(spaces);
+    std::vector<DevPtr> ptr(prog.graphs[0].tensors.size());
+    for (const ProgramOp& op : prog.graphs[0].ops) {
+      if (op.kind == ProgramOp::Kind::kAlloc)
+        ptr[op.tensor] = *pool.malloc(prog.graphs[0].tensors[op.tensor].bytes, StreamId{0});
+      else
+        (void)pool.free(ptr[op.tensor]);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < switches; ++i) (void)spaces.switch_to_new_space();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        switches;
+    fmt::print("{:>12} {:>11} {:>8} {:>12.1f} {:>14.3f}   (Llama-3.1-8B b=512: {} MiB)\n",
+               "per_ext", "per_handle", spaces.handles(), us,
+               us / static_cast<double>(spaces.physical_bytes() >> 21),
+               spaces.physical_bytes() >> 20);
+    (void)pool.release_all();
+    (void)spaces.release_all();
   }
   return 0;
 }

@@ -1,8 +1,8 @@
 // memsim-graphmem-probe: how the CUDA driver backs graph memory nodes. Captures small alloc/free
 // scenarios into one graph, launches it, and prints the driver's reserved graph memory next to
 // memsim's model (the shadow). Exits 77 without a GPU.
-#include <cstdio>
 #include <fmt/format.h>
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,15 +14,15 @@ using namespace memsim;
 int main() {
   // Ops: "aN" allocates N KiB (the i-th allocation), "fI" frees allocation I, inside one graph.
   const std::vector<std::string> scenarios = {
-      "a102400 f0 a204800",                      // a freed 100 MiB, then 200 MiB
-      "a102400 a102400 f0 f1 a204800",           // two adjacent freed 100 MiB, then 200 MiB
-      "a204800 f0 a102400 a102400",              // a freed 200 MiB, then two 100 MiB
-      "a102400 f0 a102400",                      // same size again
-      "a1 a1 a1 a1 a1 a1 a1 a1 a1 a1",           // ten 1 KiB allocations live at once
-      "a3072",                                   // 3 MiB
-      "a3072 a3072 a3072",                       // three 3 MiB
-      "a128256 a256512 f0 a256512 f1 a1 f2",     // a sampler tail: bf16, fp32, probs, ids
-      "a65536 f0 a32768 a32768 f1 f2 a65536",    // 64 MiB freed, split in two, merged back
+      "a102400 f0 a204800",                    // a freed 100 MiB, then 200 MiB
+      "a102400 a102400 f0 f1 a204800",         // two adjacent freed 100 MiB, then 200 MiB
+      "a204800 f0 a102400 a102400",            // a freed 200 MiB, then two 100 MiB
+      "a102400 f0 a102400",                    // same size again
+      "a1 a1 a1 a1 a1 a1 a1 a1 a1 a1",         // ten 1 KiB allocations live at once
+      "a3072",                                 // 3 MiB
+      "a3072 a3072 a3072",                     // three 3 MiB
+      "a128256 a256512 f0 a256512 f1 a1 f2",   // a sampler tail: bf16, fp32, probs, ids
+      "a65536 f0 a32768 a32768 f1 f2 a65536",  // 64 MiB freed, split in two, merged back
   };
   SimClock clock;
   GpuSpec g;

@@ -1,7 +1,8 @@
 // memsim-program-dump: prints a model's decode allocation program at a batch size as JSON, with
-// the footprint memsim's torch_caching predicts for it in a fresh pool (for tools/torch_reference.py).
-#include <cstdio>
+// the footprint memsim's torch_caching predicts for it in a fresh pool (for
+// tools/torch_reference.py).
 #include <fmt/format.h>
+#include <cstdio>
 #include <string>
 
 #include "sim/workload/alloc_program.h"
@@ -37,8 +38,8 @@ int main(int argc, char** argv) {
   try {
     const ModelShape model = load_model_shape(ConfigNode::load_file(argv[1]));
     ProgramOptions o;
-    o.mode = argc > 3 && std::string(argv[3]) == "piecewise" ? GraphMode::kPiecewise
-                                                              : GraphMode::kFull;
+    o.mode =
+        argc > 3 && std::string(argv[3]) == "piecewise" ? GraphMode::kPiecewise : GraphMode::kFull;
     const ShapeProgram prog =
         make_decode_program(model, static_cast<uint32_t>(std::stoul(argv[2])), o);
     // One pool for all graphs of the shape (the tensors of one forward), outputs kept.
@@ -61,8 +62,9 @@ int main(int argc, char** argv) {
       }
     }
     const AllocatorStats s = pool.stats();
-    fmt::print("{{\"model\":\"{}\",\"batch\":{},\"reserved\":{},\"peak_allocated\":{},\"ops\":[{}]}}\n",
-               model.name, prog.batch, s.reserved_bytes, s.peak_allocated_bytes, ops);
+    fmt::print(
+        "{{\"model\":\"{}\",\"batch\":{},\"reserved\":{},\"peak_allocated\":{},\"ops\":[{}]}}\n",
+        model.name, prog.batch, s.reserved_bytes, s.peak_allocated_bytes, ops);
     (void)pool.release_all();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memsim-program-dump: %s\n", e.what());

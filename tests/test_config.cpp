@@ -228,7 +228,7 @@ TEST_CASE("the shipped experiment loads with bare gpu/model names", "[config]") 
   CHECK_FALSE(c.timeseries_all);
   CHECK(labels(c) == std::vector<std::string>{"private_pools", "shared_pool",
                                               "shared_pool/large_first", "global_pool/large_first",
-                                              "vmm_alias", "graph_mem_nodes"});
+                                              "vmm_alias", "vmm_alias/fast", "graph_mem_nodes"});
   CHECK(c.strategies[2].order == CaptureOrder::kLargeFirst);
   CHECK(c.strategies[1].order == CaptureOrder::kArrival);
 }
@@ -239,7 +239,7 @@ TEST_CASE("a copy referencing gpu/model by absolute path loads the same", "[conf
   CHECK(c.gpu.name == "h200");
   CHECK(c.model.name == "llama-3.1-8b");
   CHECK(c.capture_sizes.size() == 51u);
-  CHECK(c.strategies.size() == 6u);
+  CHECK(c.strategies.size() == 7u);
 }
 
 TEST_CASE("bare gpu/model names resolve under MEMSIM_ROOT", "[config]") {
@@ -262,12 +262,12 @@ TEST_CASE("explicit capture_sizes, order lists and labels load", "[config]") {
   const ShapesConfig c = load_shapes_config(dir.write("ok.yaml", t), {});
   CHECK(c.capture_sizes == std::vector<uint32_t>{1, 2, 4, 8});
   CHECK(c.max_num_seqs == 0u);
-  REQUIRE(c.strategies.size() == 7u);
-  CHECK(c.strategies[5].label == "graph_mem_nodes/list");
-  CHECK(c.strategies[5].order == CaptureOrder::kList);
-  CHECK(c.strategies[5].order_list == std::vector<uint32_t>{8, 1, 4, 2});
-  CHECK(c.strategies[6].label == "private_again");
-  CHECK(c.strategies[6].impl == "private_pools");
+  REQUIRE(c.strategies.size() == 8u);
+  CHECK(c.strategies[6].label == "graph_mem_nodes/list");
+  CHECK(c.strategies[6].order == CaptureOrder::kList);
+  CHECK(c.strategies[6].order_list == std::vector<uint32_t>{8, 1, 4, 2});
+  CHECK(c.strategies[7].label == "private_again");
+  CHECK(c.strategies[7].impl == "private_pools");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -310,7 +310,8 @@ TEST_CASE("a parameter of another implementation is an unknown key", "[config][e
 
 TEST_CASE("an unknown impl names the closest implementation", "[config][errors]") {
   TempDir dir;
-  const std::string t = replace_once(shapes_yaml(), "  - impl: vmm_alias", "  - impl: vmm_alais");
+  const std::string t = replace_once(shapes_yaml(), "  - impl: vmm_alias\n    handle_bytes",
+                                     "  - impl: vmm_alais\n    handle_bytes");
   expect_error(dir, "impl.yaml", t, line_of(t, "  - impl: vmm_alais"), "strategies[4].impl",
                fmt::format("'vmm_alais' is not one of: {} (did you mean 'vmm_alias'?)",
                            fmt::join(graph_strategy_names(), ", ")));
@@ -404,7 +405,7 @@ TEST_CASE("wrong container types", "[config][errors]") {
     const std::string t = replace_once(shapes_yaml(), "  - impl: graph_mem_nodes\n",
                                        "  - impl: graph_mem_nodes\n    trim_at_teardown: maybe\n");
     expect_error(dir, "bool.yaml", t, line_of(t, "    trim_at_teardown:"),
-                 "strategies[5].trim_at_teardown", "expected true or false, got 'maybe'");
+                 "strategies[6].trim_at_teardown", "expected true or false, got 'maybe'");
   }
 }
 
@@ -543,7 +544,7 @@ TEST_CASE("order_list rules", "[config][errors]") {
     const std::string t =
         replace_once(shapes_yaml(), "  - impl: graph_mem_nodes\n",
                      "  - impl: graph_mem_nodes\n    order: list\n    order_list: [1, 2, 4]\n");
-    expect_error(dir, "perm.yaml", t, line_of(t, "    order_list:"), "strategies[5].order_list",
+    expect_error(dir, "perm.yaml", t, line_of(t, "    order_list:"), "strategies[6].order_list",
                  "must be a permutation of the capture sizes");
   }
   SECTION("a permutation with a repeat") {
@@ -551,19 +552,19 @@ TEST_CASE("order_list rules", "[config][errors]") {
         replace_once(shapes_yaml(), "\nmax_num_seqs: 256", "\ncapture_sizes: [1, 2, 4]");
     t = replace_once(t, "  - impl: graph_mem_nodes\n",
                      "  - impl: graph_mem_nodes\n    order: list\n    order_list: [4, 2, 2]\n");
-    expect_error(dir, "perm2.yaml", t, line_of(t, "    order_list:"), "strategies[5].order_list",
+    expect_error(dir, "perm2.yaml", t, line_of(t, "    order_list:"), "strategies[6].order_list",
                  "must be a permutation of the capture sizes");
   }
   SECTION("order_list without order: list") {
     const std::string t = replace_once(shapes_yaml(), "  - impl: graph_mem_nodes\n",
                                        "  - impl: graph_mem_nodes\n    order_list: [1, 2, 4]\n");
-    expect_error(dir, "nolist.yaml", t, line_of(t, "    order_list:"), "strategies[5].order_list",
+    expect_error(dir, "nolist.yaml", t, line_of(t, "    order_list:"), "strategies[6].order_list",
                  "order_list needs 'order: list'");
   }
   SECTION("order: list without order_list") {
     const std::string t = replace_once(shapes_yaml(), "  - impl: graph_mem_nodes\n",
                                        "  - impl: graph_mem_nodes\n    order: list\n");
-    expect_error(dir, "nolist2.yaml", t, line_of(t, "  - impl: graph_mem_nodes"), "strategies[5]",
+    expect_error(dir, "nolist2.yaml", t, line_of(t, "  - impl: graph_mem_nodes"), "strategies[6]",
                  "'order: list' needs an 'order_list'");
   }
 }
@@ -573,13 +574,13 @@ TEST_CASE("duplicate strategy labels", "[config][errors]") {
   SECTION("the same impl twice") {
     const std::string t = shapes_yaml() + "  - impl: private_pools\n";
     const int line = static_cast<int>(std::count(t.begin(), t.end(), '\n'));  // the last line
-    expect_error(dir, "dup.yaml", t, line, "strategies[6]",
+    expect_error(dir, "dup.yaml", t, line, "strategies[7]",
                  "duplicate strategy label 'private_pools' (set 'label' to tell them apart)");
   }
   SECTION("an explicit label equal to a derived one") {
-    const std::string t = shapes_yaml() + "  - impl: shared_pool\n    label: vmm_alias\n";
-    expect_error(dir, "dup2.yaml", t, line_of(t, "    label: vmm_alias") - 1, "strategies[6]",
-                 "duplicate strategy label 'vmm_alias' (set 'label' to tell them apart)");
+    const std::string t = shapes_yaml() + "  - impl: shared_pool\n    label: graph_mem_nodes\n";
+    expect_error(dir, "dup2.yaml", t, line_of(t, "    label: graph_mem_nodes") - 1, "strategies[7]",
+                 "duplicate strategy label 'graph_mem_nodes' (set 'label' to tell them apart)");
   }
 }
 

@@ -35,7 +35,7 @@ const RunRecord& find(const ShapesResults& r, const std::string& label,
 
 TEST_CASE("main job: every run succeeds, conforms and releases everything", "[regression]") {
   const ShapesResults& r = main_job();
-  REQUIRE(r.runs.size() == 48);
+  REQUIRE(r.runs.size() == 56);
   for (const RunRecord& rec : r.runs) {
     INFO(rec.strategy->label << " " << rec.variant.name());
     CHECK(rec.result.ok);
@@ -56,6 +56,7 @@ TEST_CASE("main job: exact footprints of the default table", "[regression]") {
                                                     {"shared_pool/large_first", 765460480},
                                                     {"global_pool/large_first", 765460480},
                                                     {"vmm_alias", 763363328},
+                                                    {"vmm_alias/fast", 763363328},
                                                     {"graph_mem_nodes", 773849088}};
   for (const auto& [label, bytes] : expected) {
     INFO(label);

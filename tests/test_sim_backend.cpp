@@ -658,8 +658,8 @@ TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact acc
       const uint64_t off = va - rit->first;
       want = skew == 0 && bytes % kG == 0 && !hit->second.released &&
              hoff + bytes <= hit->second.bytes && off + bytes <= rit->second.first &&
-             !overlaps(rit->second.second, off, bytes) &&
-             hoff == 0 && bytes == hit->second.bytes;  // cuMemMap: whole handles only
+             !overlaps(rit->second.second, off, bytes) && hoff == 0 &&
+             bytes == hit->second.bytes;  // cuMemMap: whole handles only
       got = b.map(va, bytes, PhysHandle{hit->first}, hoff).ok();
       if (got && want) {
         rit->second.second.emplace(off, Mapping{bytes, hit->first});

@@ -2,9 +2,9 @@
 // device usage within one granule per physical allocation, per-primitive times, replay checks.
 #include "src/app/cuda_validation.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <filesystem>
-#include <fmt/format.h>
 #include <fstream>
 #include <random>
 
@@ -117,11 +117,11 @@ struct Row {
   std::string note;
 };
 
-const Primitive kTimed[] = {Primitive::kCreatePhysical, Primitive::kMap,
-                            Primitive::kSetAccess,      Primitive::kUnmap,
+const Primitive kTimed[] = {Primitive::kCreatePhysical,  Primitive::kMap,
+                            Primitive::kSetAccess,       Primitive::kUnmap,
                             Primitive::kReleasePhysical, Primitive::kReserveVirtual,
-                            Primitive::kDeviceMalloc,   Primitive::kBeginCapture,
-                            Primitive::kEndCapture,     Primitive::kLaunch};
+                            Primitive::kDeviceMalloc,    Primitive::kBeginCapture,
+                            Primitive::kEndCapture,      Primitive::kLaunch};
 
 }  // namespace
 
@@ -195,8 +195,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     const bool within = static_cast<uint64_t>(std::llabs(harness.worst_delta())) <= bound;
     const ReplayStats& rp = harness.replay();
     const bool replay_ok = rp.error.empty() && rp.failed_checks == 0 && rp.rounds == rounds;
-    const bool ok = r.ok && r.invariant_violation.empty() && r.released_all && same_bytes &&
-                    replay_ok;
+    const bool ok =
+        r.ok && r.invariant_violation.empty() && r.released_all && same_bytes && replay_ok;
     all_ok = all_ok && ok;
     std::string verdict = ok ? "ok" : "FAIL";
     if (!r.ok) verdict += ": " + r.failure;
@@ -217,11 +217,12 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     rows.push_back({s.label, "peak_strategy_bytes",
                     simulated ? static_cast<double>(simulated->result.peak_strategy_reserved) : 0,
                     static_cast<double>(r.peak_strategy_reserved), same_bytes, ""});
-    rows.push_back({s.label, "device_usage_bytes", static_cast<double>(harness.peak_shadow_physical()),
-                    static_cast<double>(harness.peak_used()), within,
-                    fmt::format("cudaMemGetInfo delta; worst |delta| {} vs bound {} ({} allocations "
-                                "x granule)",
-                                std::llabs(harness.worst_delta()), bound, allocations)});
+    rows.push_back(
+        {s.label, "device_usage_bytes", static_cast<double>(harness.peak_shadow_physical()),
+         static_cast<double>(harness.peak_used()), within,
+         fmt::format("cudaMemGetInfo delta; worst |delta| {} vs bound {} ({} allocations "
+                     "x granule)",
+                     std::llabs(harness.worst_delta()), bound, allocations)});
     if (s.impl == "graph_mem_nodes")
       rows.push_back({s.label, "graph_mem_reserved_high", static_cast<double>(r.peak_graph_mem),
                       static_cast<double>(harness.peak_graph_reserved()),
@@ -235,8 +236,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
       if (n == 0) continue;
       const double sim_us = static_cast<double>(cuda.time_in(p)) / 1000.0 /
                             static_cast<double>(std::max<uint64_t>(1, cuda.calls_of(p)));
-      const double meas_us = static_cast<double>(cuda.measured_time_in(p)) / 1000.0 /
-                             static_cast<double>(n);
+      const double meas_us =
+          static_cast<double>(cuda.measured_time_in(p)) / 1000.0 / static_cast<double>(n);
       rows.push_back({s.label, fmt::format("us_per_call.{}", to_string(p)), sim_us, meas_us, true,
                       fmt::format("{} calls", n)});
     }
@@ -246,15 +247,15 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   std::ofstream csv(std::filesystem::path(dir) / "validation.csv");
   csv << "strategy,metric,simulated,measured,ratio,ok,note\n";
   for (const Row& r : rows)
-    csv << fmt::format("{},{},{:.3f},{:.3f},{:.4f},{},\"{}\"\n", r.strategy, r.metric,
-                       r.simulated, r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0,
-                       r.ok, r.note);
+    csv << fmt::format("{},{},{:.3f},{:.3f},{:.4f},{},\"{}\"\n", r.strategy, r.metric, r.simulated,
+                       r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0, r.ok, r.note);
   out << "\nsimulated vs measured time per call (us), ratio = measured / simulated:\n";
   for (const Row& r : rows)
     if (r.metric.rfind("us_per_call.", 0) == 0)
-      out << fmt::format("  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  ({})\n",
-                         r.strategy, r.metric.substr(12), r.simulated, r.measured,
-                         r.simulated > 0 ? r.measured / r.simulated : 0.0, r.note);
+      out << fmt::format(
+          "  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  ({})\n", r.strategy,
+          r.metric.substr(12), r.simulated, r.measured,
+          r.simulated > 0 ? r.measured / r.simulated : 0.0, r.note);
   out << fmt::format("wrote {}/validation.csv\n", dir);
   return all_ok ? 0 : 1;
 }

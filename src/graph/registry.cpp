@@ -26,6 +26,8 @@ GraphStrategyFactory vmm_factory(const ConfigNode& node) {
   VmmAliasConfig c;
   c.allocator = parse_allocator(node);
   if (auto v = node.find("va_factor")) c.va_factor = v->as_double_in(0.01, 64);
+  if (auto v = node.find("handles"))
+    c.handle_per_extension = v->as_choice({"fixed", "per_extension"}) == "per_extension";
   if (auto v = node.find("set_access"))
     c.set_access_per_space = v->as_choice({"per_handle", "per_space"}) == "per_space";
   if (auto v = node.find("handle_bytes")) {
@@ -61,7 +63,7 @@ const std::vector<GraphStrategyInfo>& graph_strategies() {
        pool_factory<GlobalPool>},
       {"vmm_alias",
        "a new VA space per shape over shared physical handles (xLLM)",
-       {"max_split_size", "handle_bytes", "va_factor", "set_access"},
+       {"max_split_size", "handle_bytes", "handles", "va_factor", "set_access"},
        vmm_factory},
       {"graph_mem_nodes",
        "cudaMallocAsync graph memory nodes, driver-managed reuse",

@@ -10,6 +10,7 @@ namespace memsim {
 SharedVmmSpaces::SharedVmmSpaces(Backend& backend, const VmmAliasConfig& config)
     : backend_(backend),
       handle_bytes_(config.handle_bytes ? config.handle_bytes : backend.granularity()),
+      per_extension_(config.handle_per_extension),
       set_access_per_space_(config.set_access_per_space) {
   const uint64_t g = backend.granularity();
   const auto want =
@@ -19,33 +20,36 @@ SharedVmmSpaces::SharedVmmSpaces(Backend& backend, const VmmAliasConfig& config)
 
 Status SharedVmmSpaces::map_handle(DevPtr space, size_t index, bool set_access) {
   // xLLM's vmm::map = cuMemMap + cuMemSetAccess, per handle.
-  const DevPtr va = space + index * handle_bytes_;
-  MEMSIM_TRY(backend_.map(va, handle_bytes_, handles_[index], 0));
-  return set_access ? backend_.set_access(va, handle_bytes_) : Status{};
+  const Handle& h = handles_[index];
+  MEMSIM_TRY(backend_.map(space + h.offset, h.bytes, h.handle, 0));
+  return set_access ? backend_.set_access(space + h.offset, h.bytes) : Status{};
 }
 
 Status SharedVmmSpaces::switch_to_new_space() {
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr base, backend_.reserve_virtual(space_bytes_, handle_bytes_));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr base, backend_.reserve_virtual(space_bytes_, 0));
   spaces_.push_back(base);
   offset_ = 0;
   for (size_t i = 0; i < handles_.size(); ++i)
     MEMSIM_TRY(map_handle(base, i, !set_access_per_space_));
-  if (set_access_per_space_ && !handles_.empty())
-    return backend_.set_access(base, handles_.size() * handle_bytes_);
+  if (set_access_per_space_ && !handles_.empty()) return backend_.set_access(base, mapped_);
   return {};
 }
 
 Status SharedVmmSpaces::extend(uint64_t needed) {
   // New physical memory is mapped into every space at the same offset (extend_mapping).
-  while (physical_bytes() < needed) {
-    if (physical_bytes() + handle_bytes_ > space_bytes_)
+  const uint64_t g = backend_.granularity();
+  while (mapped_ < needed) {
+    uint64_t bytes = handle_bytes_;
+    if (per_extension_) bytes = std::max(handle_bytes_, (needed - mapped_ + g - 1) / g * g);
+    if (mapped_ + bytes > space_bytes_)
       return make_error(ErrorCode::kOutOfMemory,
                         fmt::format("vmm_alias: {} bytes exceed the reserved space of {} bytes",
                                     needed, space_bytes_),
-                        needed - physical_bytes());
-    MEMSIM_ASSIGN_OR_RETURN(PhysHandle h, backend_.create_physical(handle_bytes_, "graph_pool"));
-    handles_.push_back(h);
-    peak_handles_ = std::max<uint64_t>(peak_handles_, handles_.size());
+                        needed - mapped_);
+    MEMSIM_ASSIGN_OR_RETURN(PhysHandle h, backend_.create_physical(bytes, "graph_pool"));
+    handles_.push_back(Handle{h, mapped_, bytes});
+    mapped_ += bytes;
+    peak_mapped_ = std::max(peak_mapped_, mapped_);
     for (DevPtr space : spaces_) {
       Status s = map_handle(space, handles_.size() - 1, true);
       if (!s.ok()) return s;  // the handle stays listed: release_all unmaps what was mapped
@@ -76,14 +80,15 @@ Status SharedVmmSpaces::release_all() {
   for (DevPtr space : spaces_) {
     for (size_t i = 0; i < handles_.size(); ++i) {
       // Unmap handle by handle: a failed extend may have left a space partly mapped.
-      const Status s = backend_.unmap(space + i * handle_bytes_, handle_bytes_);
+      const Status s = backend_.unmap(space + handles_[i].offset, handles_[i].bytes);
       if (!s.ok() && s.error().code != ErrorCode::kInvalidState) keep(s);
     }
     keep(backend_.free_virtual(space));
   }
-  for (PhysHandle h : handles_) keep(backend_.release_physical(h));
+  for (const Handle& h : handles_) keep(backend_.release_physical(h.handle));
   spaces_.clear();
   handles_.clear();
+  mapped_ = 0;
   offset_ = 0;
   return first;
 }

@@ -11,8 +11,12 @@ namespace memsim {
 
 struct VmmAliasConfig {
   TorchCachingConfig allocator;
-  uint64_t handle_bytes = 0;  // physical handle size; 0 = the backend's granularity
-  double va_factor = 1.125;   // VA reserved per space, as a multiple of device capacity
+  // Physical handle size (0 = the backend's granularity). With per_extension, each extension
+  // creates one handle sized to the shortfall, rounded to the granularity and at least
+  // handle_bytes: no memory beyond what the pools asked for, and few handles.
+  uint64_t handle_bytes = 0;
+  bool handle_per_extension = false;
+  double va_factor = 1.125;  // VA reserved per space, as a multiple of device capacity
   // How a new space gets access rights: one cuMemSetAccess per handle as xLLM does
   // (per_handle), or all handles mapped first and one call over the whole range (per_space).
   bool set_access_per_space = false;
@@ -28,23 +32,31 @@ class SharedVmmSpaces final : public SegmentSource {
   // Reserves a new space, maps every existing handle into it, resets the offset.
   Status switch_to_new_space();
   Status release_all();
-  uint64_t physical_bytes() const { return handles_.size() * handle_bytes_; }
-  uint64_t peak_physical_bytes() const { return peak_handles_ * handle_bytes_; }
+  uint64_t physical_bytes() const { return mapped_; }
+  uint64_t peak_physical_bytes() const { return peak_mapped_; }
+  uint64_t handles() const { return handles_.size(); }
   uint64_t spaces() const { return spaces_.size(); }
-  uint64_t mapped_virtual() const { return physical_bytes() * spaces_.size(); }
+  uint64_t mapped_virtual() const { return mapped_ * spaces_.size(); }
 
  private:
   Status map_handle(DevPtr space, size_t index, bool set_access);
   Status extend(uint64_t needed);
 
   Backend& backend_;
+  struct Handle {
+    PhysHandle handle;
+    uint64_t offset;  // where it is mapped in every space
+    uint64_t bytes;
+  };
   uint64_t handle_bytes_;
+  bool per_extension_;
   bool set_access_per_space_;
   uint64_t space_bytes_;
   std::vector<DevPtr> spaces_;  // base of each reserved space; the last is current
-  std::vector<PhysHandle> handles_;
+  std::vector<Handle> handles_;
+  uint64_t mapped_ = 0;  // bytes of physical memory (= mapped in each space)
+  uint64_t peak_mapped_ = 0;
   uint64_t offset_ = 0;  // bump offset in the current space
-  uint64_t peak_handles_ = 0;
 };
 
 class VmmAlias final : public PoolStrategyBase {
