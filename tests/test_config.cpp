@@ -198,7 +198,7 @@ TEST_CASE("the shipped experiment loads with bare gpu/model names", "[config]") 
   CHECK(c.source == path);
   CHECK(c.experiment == "shapes");
   CHECK(c.gpu.name == "h200");
-  CHECK(c.gpu.capacity == 143771ull * 1048576ull);
+  CHECK(c.gpu.capacity == 146591680ull * 1024ull);  // calibrated: cudaMemGetInfo total
   CHECK(c.gpu.granularity == 2097152ull);
   CHECK(c.gpu.va_space == 128ull * 1099511627776ull);
   CHECK(c.model.name == "llama-3.1-8b");
@@ -737,12 +737,12 @@ TEST_CASE("a gpu file's own errors name the gpu file", "[config][errors]") {
           "unknown key 'mapp' (did you mean 'map'?)");
   }
   SECTION("a typo'd cost term") {
-    check(replace_once(gpu, "  launch: {per_call_us: 2.5}", "  launch: {per_cal_us: 2.5}"),
+    check(replace_once(gpu, "  launch: {per_call_us:", "  launch: {per_cal_us:"),
           "  launch:", "costs.launch.per_cal_us",
           "unknown key 'per_cal_us' (did you mean 'per_call_us'?)");
   }
   SECTION("a bad capacity") {
-    check(replace_once(gpu, "\ncapacity: 143771MiB", "\ncapacity: 143771 MiBs"),
+    check(replace_once(gpu, "\ncapacity: 146591680KiB", "\ncapacity: 143771 MiBs"),
           "capacity:", "capacity",
           "unknown unit 'MiBs' in '143771 MiBs' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
   }

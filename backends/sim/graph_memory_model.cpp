@@ -138,13 +138,10 @@ Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t grap
   const Graph& g = it->second;
   LaunchPlan plan;
   plan.nodes = g.nodes;
-  // While g runs on s, the pool holds: g's peak (its own outputs included), the live outputs of
-  // every other graph (their pages cannot be reused), and what other streams keep backed.
-  uint64_t other_streams = 0;
-  for (const auto& [stream, bytes] : backing_)
-    if (stream != s) other_streams += bytes;
+  // While g runs, the pool holds g's peak (its own outputs included) and the live outputs of
+  // every other graph (their pages cannot be reused).
   const uint64_t others = live_outputs_ - live_bytes_of(g);  // g's own are auto-freed on launch
-  plan.reserved_after = std::max(reserved_, g.peak + others + other_streams);
+  plan.reserved_after = std::max(reserved_, g.peak + others);
   if (!g.mapped)
     plan.map_granules = g.peak / granularity_;
   else if (g.last_stream && *g.last_stream != s)
@@ -154,8 +151,6 @@ Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t grap
 
 void GraphMemoryModel::commit_launch(uint64_t graph_id, StreamId s, const LaunchPlan& plan) {
   Graph& g = graphs_.at(graph_id);
-  uint64_t& b = backing_[s];
-  b = std::max(b, g.peak);
   reserved_ = plan.reserved_after;
   for (Alloc& a : g.allocs) {
     if (a.freed_in_graph || a.live_outside) continue;  // live ones: auto-freed, re-allocated
@@ -212,7 +207,6 @@ Result<std::vector<DevPtr>> GraphMemoryModel::destroy(uint64_t graph_id) {
 }
 
 void GraphMemoryModel::trim() {
-  backing_.clear();
   reserved_ = live_outputs_;
   for (auto& [id, g] : graphs_) g.mapped = live_bytes_of(g) > 0;
 }

@@ -25,8 +25,9 @@ namespace memsim {
 //   freed by a later graph (a free node captured in another graph), or until the graph's next
 //   launch (instantiated with AutoFreeOnLaunch).
 // - Graphs launched into one stream never run concurrently, so they share that stream's backing:
-//   backing[s] = max peak launched into s. Streams do not share. Launching g into s needs
-//   g's peak + live outputs of other graphs + the backing of other streams; the pool
+//   the pool must hold the largest peak launched so far. Streams share the pool too: on H200
+//   a 256 MiB graph launched alternately into two streams keeps 256 MiB reserved (memsim
+//   calibrate). Launching g needs g's peak + the live outputs of other graphs; the pool
 //   reservation is the maximum of that over launches and only shrinks on trim.
 // - A graph's first launch (or first after a trim) maps its pages; launching a graph into a
 //   different stream than last time remaps them.
@@ -129,7 +130,7 @@ class GraphMemoryModel {
   std::map<StreamId, Capture> captures_;
   std::unordered_map<uint64_t, Graph> graphs_;
   std::unordered_map<DevPtr, uint64_t> alloc_owner_;  // va -> graph id (for ended captures)
-  std::map<StreamId, uint64_t> backing_;
+
   uint64_t reserved_ = 0;
   uint64_t live_outputs_ = 0;
   uint64_t next_graph_ = 1;

@@ -40,10 +40,10 @@ SimBackend::SimBackend(GpuSpec gpu, SimClock& clock, MetricsRecorder* metrics,
   }
 }
 
-Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes) {
+Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes, bool charge) {
   const auto i = static_cast<size_t>(p);
   const uint64_t call = ++calls_[i];
-  const SimTime cost = gpu_.price(p, handles, bytes);
+  const SimTime cost = charge ? gpu_.price(p, handles, bytes) : 0;
   time_[i] += cost;
   clock_.advance(cost);
   for (const FaultInjection& f : faults_) {
@@ -339,7 +339,7 @@ Result<DevPtr> SimBackend::malloc_async(uint64_t bytes, StreamId stream) {
     return charge_physical(bytes, "malloc_async").error();
   }
   const uint64_t pages = round_up(bytes, gpu_.granularity);
-  MEMSIM_TRY(enter(Primitive::kMallocAsync, 1, graph_mem_.capturing(stream) ? 0 : pages));
+  MEMSIM_TRY(enter(Primitive::kMallocAsync, 1, pages, !graph_mem_.capturing(stream)));
   if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "malloc_async: 0 bytes");
   if (graph_mem_.capturing(stream)) {
     // A graph memory node: VA now, physical memory at launch.
@@ -360,7 +360,7 @@ Result<DevPtr> SimBackend::malloc_async(uint64_t bytes, StreamId stream) {
 }
 
 Status SimBackend::free_async(DevPtr p, StreamId stream) {
-  MEMSIM_TRY(enter(Primitive::kFreeAsync, 1, 0));
+  MEMSIM_TRY(enter(Primitive::kFreeAsync, 1, 0, !graph_mem_.capturing(stream)));
   if (graph_mem_.capturing(stream)) return graph_mem_.add_free(stream, p);
   if (graph_mem_.is_graph_alloc(p)) {
     MEMSIM_ASSIGN_OR_RETURN(std::optional<DevPtr> release, graph_mem_.free_outside(p));
@@ -413,7 +413,7 @@ Result<StreamId> SimBackend::create_stream() {
 
 Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId stream) {
   const bool captured = graph_mem_.capturing(stream);
-  MEMSIM_TRY(enter(Primitive::kFill, 0, captured ? 0 : bytes));
+  MEMSIM_TRY(enter(Primitive::kFill, 0, bytes, !captured));
   if (p == 0 || bytes == 0) return make_error(ErrorCode::kInvalidArgument, "fill: empty range");
   if (captured) graph_mem_.add_node(stream);
   return {};
@@ -421,7 +421,7 @@ Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId
 
 Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) {
   const bool captured = graph_mem_.capturing(stream);
-  MEMSIM_TRY(enter(Primitive::kCopy, 0, captured ? 0 : 2 * bytes));
+  MEMSIM_TRY(enter(Primitive::kCopy, 0, 2 * bytes, !captured));
   if (dst == 0 || src == 0 || bytes == 0)
     return make_error(ErrorCode::kInvalidArgument, "copy: empty range");
   if (captured) graph_mem_.add_node(stream);

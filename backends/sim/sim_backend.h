@@ -97,7 +97,9 @@ class SimBackend final : public Backend {
   };
 
   // Counts the call, charges its cost, and returns an injected fault if one is due.
-  Status enter(Primitive p, uint64_t handles, uint64_t bytes);
+  // A call made while its stream captures is only recorded: its cost is the captured node's,
+  // charged per node at end_capture (pass charge = false).
+  Status enter(Primitive p, uint64_t handles, uint64_t bytes, bool charge = true);
   Status charge_physical(uint64_t bytes, std::string_view what);
   void add_tag(std::string_view tag, int64_t delta);
   void drop_handle(uint64_t id);

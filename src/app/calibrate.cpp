@@ -666,6 +666,8 @@ std::string format_gpu_yaml(const Calibration& c, const std::vector<std::string>
   o << "va_space: " << bytes_str(s.va_space) << "\n";
   o << "graphs:\n";
   for (const auto& [k, v] : graph_terms(s)) o << "  " << k << ": " << num(v) << "\n";
+  if (s.graph_mem_chunk)  // probed with memsim-graphmem-probe, carried over from the base spec
+    o << "  mem_chunk: " << (s.graph_mem_chunk >> 20) << "MiB\n";
   o << "costs:\n";
   for (size_t i = 0; i < static_cast<size_t>(P::kCount); ++i) {
     const auto p = static_cast<P>(i);
