@@ -454,6 +454,9 @@ Status CudaBackend::unmap(DevPtr va, uint64_t bytes) {
   // a mapping; one cuMemUnmap per mapping is always legal (timed together as one call).
   auto it = range->maps.lower_bound(va - base);
   const auto last = range->maps.lower_bound(va - base + bytes);
+  // cuMemUnmap does not wait for kernels still using the range (compute-sanitizer caught a fill
+  // racing its unmap): finish the device's work first, outside the timed call.
+  MEMSIM_TRY(m.check("cudaDeviceSynchronize", cudaDeviceSynchronize()));
   const Status s = m.timed(P::kUnmap, [&] {
     Status r;
     while (it != last && r.ok()) {
