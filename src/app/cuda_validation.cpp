@@ -164,20 +164,9 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
       return 2;
     }
     Harness harness(cuda, o0->free_bytes, s.impl, c.seed, rounds);
-    CaptureRunConfig rc;
-    rc.model = c.model;
-    rc.gemm_workspace_bytes = c.gemm_workspace_bytes;
-    rc.max_model_len = c.max_model_len;
-    rc.kv_block_size = c.kv_block_size;
-    rc.capture_sizes = c.capture_sizes;
+    CaptureRunConfig rc = run_config(c, c.table, nullptr);
     rc.order = s.order;
     rc.order_list = s.order_list;
-    rc.arrival = c.table.arrival;
-    rc.dynamic = c.dynamic;
-    rc.inputs = c.table.inputs;
-    rc.outputs = c.table.outputs;
-    rc.runners = c.table.graphs;
-    rc.seed = c.seed;
     rc.observer = &harness;
     auto strategy = s.factory(cuda);
     const CaptureRunResult r = run_captures(rc, cuda, clock, *strategy, metrics);

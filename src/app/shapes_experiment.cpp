@@ -160,11 +160,11 @@ ShapesConfig load_shapes_config(const std::string& path,
   return c;
 }
 
-namespace {
+namespace {}  // namespace
 
-CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCache& cache) {
+CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCache* cache) {
   CaptureRunConfig r;
-  r.programs = &cache;
+  r.programs = cache;
   r.model = c.model;
   r.gemm_workspace_bytes = c.gemm_workspace_bytes;
   r.max_model_len = c.max_model_len;
@@ -178,6 +178,8 @@ CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCach
   r.seed = c.seed;
   return r;
 }
+
+namespace {
 
 struct SingleRun {
   CaptureRunResult result;
@@ -211,7 +213,7 @@ StandaloneRef standalone(const ShapesConfig& c, const Variant& v,
   for (uint32_t b : c.capture_sizes) {
     Variant alone = v;
     alone.arrival = Arrival::kFixed;
-    CaptureRunConfig rc = run_config(c, alone, cache);
+    CaptureRunConfig rc = run_config(c, alone, &cache);
     rc.capture_sizes = {b};
     rc.inputs_sized_for = b;
     rc.check_invariants = false;
@@ -235,7 +237,7 @@ ShapesResults run_shapes(const ShapesConfig& c) {
     const StandaloneRef ref = standalone(c, v, private_pools, cache);
     out.references.emplace_back(v, ref);
     for (const StrategySpec& s : c.strategies) {
-      CaptureRunConfig rc = run_config(c, v, cache);
+      CaptureRunConfig rc = run_config(c, v, &cache);
       rc.order = s.order;
       rc.order_list = s.order_list;
       SingleRun one = run_one(c, rc, s.factory, c.timeseries_all || v == c.table);

@@ -84,4 +84,9 @@ struct ShapesResults {
 
 ShapesResults run_shapes(const ShapesConfig& config);
 
+// The capture-runner settings of one variant of the experiment (fixed order; the strategy's
+// order is set by the caller). `cache` may be null.
+CaptureRunConfig run_config(const ShapesConfig& config, const Variant& variant,
+                            ProgramCache* cache);
+
 }  // namespace memsim
