@@ -13,24 +13,11 @@
 
 using namespace memsim;
 
-namespace {
-
-GpuSpec h200_costs() {
-  GpuSpec g;
-  g.name = "bench";
-  g.capacity = 1ull << 40;  // replaced by the device's
-  g.granularity = 2ull << 20;
-  g.va_space = 1ull << 47;
-  return g;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   const uint64_t physical = (argc > 1 ? std::stoull(argv[1]) : 4096) << 20;  // MiB -> bytes
   const int switches = argc > 2 ? std::stoi(argv[2]) : 8;
   SimClock probe_clock;
-  auto probe = CudaBackend::create(h200_costs(), probe_clock, nullptr);
+  auto probe = CudaBackend::create(unpriced_gpu_spec("alias-bench"), probe_clock, nullptr);
   if (!probe.ok()) {
     std::fprintf(stderr, "alias bench: %s\n", probe.error().message.c_str());
     return probe.error().code == ErrorCode::kNotSupported ? 77 : 1;
@@ -43,7 +30,7 @@ int main(int argc, char** argv) {
   for (uint64_t handle_mib : {2, 8, 32, 64, 128, 512, 1024}) {
     for (bool per_space : {false, true}) {
       SimClock clock;
-      auto made = CudaBackend::create(h200_costs(), clock, nullptr);
+      auto made = CudaBackend::create(unpriced_gpu_spec("alias-bench"), clock, nullptr);
       if (!made.ok()) return 1;
       CudaBackend& cuda = **made;
       VmmAliasConfig cfg;
@@ -91,7 +78,7 @@ int main(int argc, char** argv) {
     o.gemm_workspace_bytes = 0;
     const ShapeProgram prog = make_decode_program(model, 512, o);
     SimClock clock;
-    auto made = CudaBackend::create(h200_costs(), clock, nullptr);
+    auto made = CudaBackend::create(unpriced_gpu_spec("alias-bench"), clock, nullptr);
     if (!made.ok()) return 1;
     CudaBackend& cuda = **made;
     VmmAliasConfig cfg;

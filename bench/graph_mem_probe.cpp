@@ -25,12 +25,9 @@ int main() {
       "a65536 f0 a32768 a32768 f1 f2 a65536",  // 64 MiB freed, split in two, merged back
   };
   SimClock clock;
-  GpuSpec g;
-  g.name = "probe";
-  g.capacity = 1ull << 40;
-  g.granularity = 2ull << 20;
-  g.va_space = 1ull << 47;
-  auto made = CudaBackend::create(g, clock, nullptr);
+  GpuSpec spec = unpriced_gpu_spec("graphmem-probe");
+  spec.graph_mem_chunk = 32ull << 20;  // the model's arena chunk, as in configs/gpus/h200.yaml
+  auto made = CudaBackend::create(spec, clock, nullptr);
   if (!made.ok()) {
     std::fprintf(stderr, "graphmem probe: %s\n", made.error().message.c_str());
     return made.error().code == ErrorCode::kNotSupported ? 77 : 1;

@@ -70,28 +70,24 @@ Outcome run(const std::string& impl, const CaptureRunConfig& c, std::vector<Faul
   return o;
 }
 
-uint64_t standalone_max(const std::string& impl, CaptureRunConfig c) {
-  uint64_t best = 0;
-  for (uint32_t b : std::vector<uint32_t>(c.capture_sizes)) {
-    CaptureRunConfig one = c;
-    one.capture_sizes = {b};
-    one.inputs_sized_for = b;
-    one.arrival = Arrival::kFixed;
-    best = std::max(best, run(impl, one).result.peak_physical);
-  }
-  return best;
-}
-
-uint64_t standalone_sum(const std::string& impl, CaptureRunConfig c) {
+struct Standalone {
+  uint64_t max = 0;
   uint64_t sum = 0;
-  for (uint32_t b : std::vector<uint32_t>(c.capture_sizes)) {
+};
+
+// Footprint of each shape captured alone with `impl`: their max and sum.
+Standalone standalone(const std::string& impl, const CaptureRunConfig& c) {
+  Standalone r;
+  for (uint32_t b : c.capture_sizes) {
     CaptureRunConfig one = c;
     one.capture_sizes = {b};
     one.inputs_sized_for = b;
     one.arrival = Arrival::kFixed;
-    sum += run(impl, one).result.peak_physical;
+    const uint64_t bytes = run(impl, one).result.peak_physical;
+    r.max = std::max(r.max, bytes);
+    r.sum += bytes;
   }
-  return sum;
+  return r;
 }
 
 }  // namespace
@@ -135,8 +131,8 @@ TEST_CASE("footprints relate to max(shape) and sum(shape) as the strategies prom
           "[conformance]") {
   CaptureRunConfig c = base_config();
   c.outputs = OutputLifetime::kWeak;
-  const uint64_t max_shape = standalone_max("private_pools", c);
-  const uint64_t sum_shape = standalone_sum("private_pools", c);
+  const Standalone ref = standalone("private_pools", c);
+  const uint64_t max_shape = ref.max, sum_shape = ref.sum;
   REQUIRE(max_shape > 0);
   REQUIRE(sum_shape > 2 * max_shape);
   const uint64_t granule = 2 * kMiB;
@@ -148,7 +144,7 @@ TEST_CASE("footprints relate to max(shape) and sum(shape) as the strategies prom
   CHECK(vmm.result.switch_time > 0);
 
   // graph_mem_nodes: max of its own standalone footprints, up to one granule.
-  const uint64_t nodes_max = standalone_max("graph_mem_nodes", c);
+  const uint64_t nodes_max = standalone("graph_mem_nodes", c).max;
   const Outcome nodes = run("graph_mem_nodes", c);
   CHECK(nodes.result.peak_physical <= nodes_max + granule);
   CHECK(nodes.result.peak_physical + granule >= nodes_max);

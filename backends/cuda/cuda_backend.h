@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -37,6 +39,17 @@ namespace memsim {
 // that is neither live nor being captured; and unknown stream ids. These would fault the GPU.
 // copy uses cudaMemcpyDefault, so pinned host memory works on either side.
 // Not thread-safe; use it from the thread that created it (its CUDA context is current there).
+// A cost model with every cost zero, for tools that only want the device and measured times;
+// create() replaces its capacity and granularity with the device's.
+inline GpuSpec unpriced_gpu_spec(std::string name) {
+  GpuSpec g;
+  g.name = std::move(name);
+  g.capacity = 1ull << 40;
+  g.granularity = 2ull << 20;
+  g.va_space = 1ull << 47;
+  return g;
+}
+
 class CudaBackend final : public Backend {
  public:
   // Device state observed through the driver (not simulated).

@@ -127,12 +127,7 @@ const Primitive kTimed[] = {Primitive::kCreatePhysical,  Primitive::kMap,
 
 Status probe_cuda_device() {
   SimClock clock;
-  GpuSpec probe;
-  probe.name = "probe";
-  probe.capacity = 1ull << 40;
-  probe.granularity = 2ull << 20;
-  probe.va_space = 1ull << 47;
-  auto created = CudaBackend::create(probe, clock, nullptr);
+  auto created = CudaBackend::create(unpriced_gpu_spec("probe"), clock, nullptr);
   if (!created.ok()) return created.error();
   return {};
 }
