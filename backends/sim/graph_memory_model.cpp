@@ -9,19 +9,30 @@ namespace memsim {
 uint64_t GraphMemoryModel::Arena::alloc(uint64_t size) {
   auto fit = free_.lower_bound({size, 0});
   if (fit == free_.end()) {
-    // A new chunk; the gap keeps chunks from ever merging.
+    // A new chunk, appended after the others (a free tail is not grown: the new chunk is
+    // sized for the whole request).
     const uint64_t bytes = (size + chunk_ - 1) / chunk_ * chunk_;
     const uint64_t base = next_base_;
-    next_base_ += bytes + chunk_;
+    next_base_ += bytes;
     size_ += bytes;
-    blocks_.emplace(base, Block{bytes, chunks_++, true});
-    fit = free_.insert({bytes, base}).first;
+    blocks_.emplace(base, Block{bytes, true});
+    auto fresh = blocks_.find(base);
+    if (fresh != blocks_.begin() && std::prev(fresh)->second.free) {
+      // Merge with a free tail of the previous chunk (adjacent chunks coalesce once free).
+      auto prev = std::prev(fresh);
+      free_.erase({prev->second.size, prev->first});
+      prev->second.size += bytes;
+      blocks_.erase(fresh);
+      fresh = prev;
+    }
+    fit = free_.insert({fresh->second.size, fresh->first}).first;
+    if (fit->first < size) fit = free_.lower_bound({size, 0});
   }
   const uint64_t offset = fit->second;
   Block& b = blocks_.at(offset);
   free_.erase(fit);
   if (b.size > size) {  // split: the remainder stays free after the allocation
-    blocks_.emplace(offset + size, Block{b.size - size, b.chunk, true});
+    blocks_.emplace(offset + size, Block{b.size - size, true});
     free_.insert({b.size - size, offset + size});
     b.size = size;
   }
@@ -33,16 +44,14 @@ void GraphMemoryModel::Arena::free(uint64_t offset) {
   auto it = blocks_.find(offset);
   it->second.free = true;
   auto next = std::next(it);
-  if (next != blocks_.end() && next->second.free && next->second.chunk == it->second.chunk &&
-      it->first + it->second.size == next->first) {
+  if (next != blocks_.end() && next->second.free) {
     free_.erase({next->second.size, next->first});
     it->second.size += next->second.size;
     blocks_.erase(next);
   }
   if (it != blocks_.begin()) {
     auto prev = std::prev(it);
-    if (prev->second.free && prev->second.chunk == it->second.chunk &&
-        prev->first + prev->second.size == it->first) {
+    if (prev->second.free) {
       free_.erase({prev->second.size, prev->first});
       prev->second.size += it->second.size;
       blocks_.erase(it);

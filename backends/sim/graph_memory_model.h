@@ -17,8 +17,9 @@ namespace memsim {
 // - Each graph allocation has its own VA, fixed at capture. Within a graph the driver lays out
 //   its allocations (rounded to whole pages) in an arena that grows by chunks: a request no
 //   free range fits gets a new chunk of round_up(request, chunk) bytes; freed ranges are reused
-//   best-fit, split, and merged with free neighbours of the same chunk; chunks never grow in
-//   place. A graph needs `peak` = its arena's size. (Probed on H200, driver 580, with
+//   best-fit, split, and merged with free neighbours (chunks are contiguous, so free space of
+//   adjacent chunks merges); a new chunk is sized for the whole request, never used to extend a
+//   free tail. A graph needs `peak` = its arena's size. (Probed on H200, driver 580, with
 //   memsim-graphmem-probe: 32 MiB chunks; 100 MiB freed then 200 MiB -> 352 MiB; two adjacent
 //   freed 100 MiB then 200 MiB -> 256 MiB; 1 KiB -> 32 MiB.)
 // - Allocations the graph does not free (outputs) stay live after the launch until freed outside,
@@ -91,7 +92,7 @@ class GraphMemoryModel {
     bool destroyed = false;
     std::optional<StreamId> last_stream;
   };
-  // Best-fit arena of one capture; offsets are arena addresses (chunks never adjacent).
+  // Best-fit arena of one capture; offsets are arena addresses, chunks laid end to end.
   class Arena {
    public:
     explicit Arena(uint64_t chunk) : chunk_(chunk) {}
@@ -102,13 +103,11 @@ class GraphMemoryModel {
    private:
     struct Block {
       uint64_t size;
-      uint64_t chunk;
       bool free;
     };
     uint64_t chunk_;
     uint64_t size_ = 0;
     uint64_t next_base_ = 0;
-    uint64_t chunks_ = 0;
     std::map<uint64_t, Block> blocks_;              // offset -> block
     std::set<std::pair<uint64_t, uint64_t>> free_;  // (size, offset)
   };
