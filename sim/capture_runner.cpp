@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "backends/sim/sim_backend.h"
 #include "sim/event_queue.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
@@ -508,6 +509,19 @@ CaptureRunResult run_captures(const CaptureRunConfig& config, Backend& backend, 
                               GraphMemoryStrategy& strategy, MetricsRecorder& metrics) {
   Runner runner(config, backend, clock, strategy, metrics);
   return runner.run();
+}
+
+CaptureRunResult run_captures_on_sim(
+    const CaptureRunConfig& config, const GpuSpec& gpu,
+    const std::function<std::unique_ptr<GraphMemoryStrategy>(Backend&)>& make_strategy,
+    SimClock& clock, MetricsRecorder& metrics) {
+  SimBackend backend(gpu, clock, &metrics);
+  auto strategy = make_strategy(backend);
+  CaptureRunResult result = run_captures(config, backend, clock, *strategy, metrics);
+  std::string why;
+  if (!backend.check_invariants(&why) && result.invariant_violation.empty())
+    result.invariant_violation = "backend: " + why;
+  return result;
 }
 
 }  // namespace memsim

@@ -3,13 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/sim/cost_model.h"
 #include "sim/clock.h"
 #include "sim/metrics.h"
 #include "sim/workload/alloc_program.h"
@@ -137,5 +140,13 @@ std::vector<uint32_t> vllm_capture_sizes(uint32_t max_num_seqs);
 // the runner adds strategy_reserved and reads the peaks from there.
 CaptureRunResult run_captures(const CaptureRunConfig& config, Backend& backend, SimClock& clock,
                               GraphMemoryStrategy& strategy, MetricsRecorder& metrics);
+
+// run_captures on a fresh SimBackend for `gpu` with a fresh strategy from `make_strategy` (a
+// GraphStrategyFactory); a failed backend invariant check after the run is reported in
+// invariant_violation (unless the run already reported one).
+CaptureRunResult run_captures_on_sim(
+    const CaptureRunConfig& config, const GpuSpec& gpu,
+    const std::function<std::unique_ptr<GraphMemoryStrategy>(Backend&)>& make_strategy,
+    SimClock& clock, MetricsRecorder& metrics);
 
 }  // namespace memsim

@@ -18,6 +18,23 @@ struct CostTerm {
   double bytes_per_us = 0;  // 0 = no per-byte term
 };
 
+// Compute side of a GPU, for the roofline step-time model (sim/workload/step_time.h) and KV
+// swap transfers. Rates are peak figures; the efficiencies say what fraction a real serving
+// step achieves (the defaults the loader documents are estimates, not calibrations).
+struct ComputeSpec {
+  // Defaults of the optional YAML keys (src/config/loaders.h says why these values).
+  static constexpr double kDefaultFlopsEfficiency = 0.6;
+  static constexpr double kDefaultBandwidthEfficiency = 0.8;
+  static constexpr double kDefaultStepOverheadUs = 50;
+
+  double peak_flops = 0;            // dense fp16/bf16 tensor-core FLOP/s (no sparsity)
+  double hbm_bytes_per_s = 0;       // device-memory bandwidth, bytes/s
+  double flops_efficiency = 0;      // achieved fraction of peak_flops, (0, 1]
+  double bandwidth_efficiency = 0;  // achieved fraction of hbm_bytes_per_s, (0, 1]
+  double step_overhead_us = 0;      // fixed per engine step: scheduling, input prep, launch
+  double pcie_bytes_per_s = 0;      // achievable host<->device bandwidth (pinned), bytes/s
+};
+
 struct GpuSpec {
   std::string name;
   uint64_t capacity = 0;     // device memory in bytes
@@ -33,6 +50,7 @@ struct GpuSpec {
   double graph_mem_remap_per_granule_us = 0;
   uint64_t graph_mem_chunk = 0;  // growth unit of the driver's graph-memory arena (0 = granule)
   std::array<CostTerm, static_cast<size_t>(Primitive::kCount)> costs{};
+  ComputeSpec compute;
 
   const CostTerm& cost(Primitive p) const { return costs[static_cast<size_t>(p)]; }
   CostTerm& cost(Primitive p) { return costs[static_cast<size_t>(p)]; }

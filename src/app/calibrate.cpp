@@ -679,6 +679,7 @@ std::string format_gpu_yaml(const Calibration& c, const std::vector<std::string>
     if (!seen.empty()) line = fmt::format("{:<76} # {}", line, fmt::join(seen, "; "));
     o << line << "\n";
   }
+  o << format_compute_yaml(s.compute);  // not measured by calibrate: carried over
   return o.str();
 }
 

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <set>
 
-#include "backends/sim/sim_backend.h"
 #include "src/config/loaders.h"
 
 namespace memsim {
@@ -191,13 +190,8 @@ SingleRun run_one(const ShapesConfig& c, const CaptureRunConfig& rc,
                   const GraphStrategyFactory& factory, bool keep_samples) {
   SimClock clock;
   MetricsRecorder metrics(clock);
-  SimBackend backend(c.gpu, clock, &metrics);
-  auto strategy = factory(backend);
   SingleRun out;
-  out.result = run_captures(rc, backend, clock, *strategy, metrics);
-  std::string why;
-  if (!backend.check_invariants(&why) && out.result.invariant_violation.empty())
-    out.result.invariant_violation = "backend: " + why;
+  out.result = run_captures_on_sim(rc, c.gpu, factory, clock, metrics);
   if (keep_samples) {
     out.samples = metrics.samples();
     for (size_t i = 0; i < metrics.series_count(); ++i)

@@ -27,10 +27,37 @@ std::vector<std::string> primitive_names() {
   return out;
 }
 
+constexpr double kTera = 1e12;
+constexpr double kGiga = 1e9;
+
+ComputeSpec load_compute_spec(const ConfigNode& n) {
+  n.expect_keys({"dense_tflops", "hbm_gbps", "pcie_gbps", "flops_efficiency",
+                 "bandwidth_efficiency", "step_overhead_us"});
+  ComputeSpec c;
+  c.peak_flops = n["dense_tflops"].as_double_in(1e-3, 1e6) * kTera;
+  c.hbm_bytes_per_s = n["hbm_gbps"].as_double_in(1e-3, 1e7) * kGiga;
+  c.pcie_bytes_per_s = n["pcie_gbps"].as_double_in(1e-3, 1e6) * kGiga;
+  c.flops_efficiency = ComputeSpec::kDefaultFlopsEfficiency;
+  c.bandwidth_efficiency = ComputeSpec::kDefaultBandwidthEfficiency;
+  c.step_overhead_us = ComputeSpec::kDefaultStepOverheadUs;
+  if (auto v = n.find("flops_efficiency")) c.flops_efficiency = v->as_double_in(1e-3, 1);
+  if (auto v = n.find("bandwidth_efficiency")) c.bandwidth_efficiency = v->as_double_in(1e-3, 1);
+  if (auto v = n.find("step_overhead_us")) c.step_overhead_us = v->as_double_in(0, 1e6);
+  return c;
+}
+
 }  // namespace
 
+std::string format_compute_yaml(const ComputeSpec& c) {
+  return fmt::format(
+      "compute:\n  dense_tflops: {}\n  hbm_gbps: {}\n  pcie_gbps: {}\n  flops_efficiency: {}\n"
+      "  bandwidth_efficiency: {}\n  step_overhead_us: {}\n",
+      c.peak_flops / kTera, c.hbm_bytes_per_s / kGiga, c.pcie_bytes_per_s / kGiga,
+      c.flops_efficiency, c.bandwidth_efficiency, c.step_overhead_us);
+}
+
 GpuSpec load_gpu_spec(const ConfigNode& node) {
-  node.expect_keys({"name", "capacity", "granularity", "va_space", "graphs", "costs"});
+  node.expect_keys({"name", "capacity", "granularity", "va_space", "graphs", "costs", "compute"});
   GpuSpec g;
   g.name = node["name"].as_string();
   g.capacity = node["capacity"].as_bytes();
@@ -57,6 +84,7 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
   costs.expect_keys(names);
   for (size_t i = 0; i < names.size(); ++i)
     if (auto c = costs.find(names[i])) g.costs[i] = load_cost_term(*c);
+  g.compute = load_compute_spec(node["compute"]);
   return g;
 }
 

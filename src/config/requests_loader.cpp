@@ -1,0 +1,212 @@
+// The `requests:` loader: every key checked (typos, keys of another source or dist, ranges) with
+// file:line:key errors, and the build step that generates or reads the requests.
+#include "src/config/requests_loader.h"
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string_view>
+
+namespace memsim {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kMaxCount = 100000000;  // requests per workload
+constexpr uint32_t kMaxParallel = 1024;    // n and beam_width
+
+// Fails at `key` when it is present but the chosen variant (`chosen`) does not read it.
+void reject_unused(const ConfigNode& n, std::string_view key, bool used, std::string_view chosen,
+                   std::string_view users) {
+  if (used) return;
+  if (auto v = n.find(key))
+    v->fail(fmt::format("does not apply to {} (only to {})", chosen, users));
+}
+
+uint32_t as_tokens(const ConfigNode& n, uint32_t lo = 1) {
+  return static_cast<uint32_t>(n.as_uint_in(lo, kMaxRequestTokens));
+}
+
+double as_positive(const ConfigNode& n, double hi) {
+  const double v = n.as_double_in(0, hi);
+  if (v <= 0) n.fail("must be greater than 0");
+  return v;
+}
+
+ArrivalConfig load_arrival(const ConfigNode& n) {
+  n.expect_keys({"process", "rate", "cv"});
+  ArrivalConfig a;
+  const std::string process = n["process"].as_choice({"poisson", "gamma", "burst"});
+  const std::string chosen = "process: " + process;
+  a.process = process == "poisson" ? ArrivalProcess::kPoisson
+              : process == "gamma" ? ArrivalProcess::kGamma
+                                   : ArrivalProcess::kBurst;
+  reject_unused(n, "rate", a.process != ArrivalProcess::kBurst, chosen, "poisson and gamma");
+  reject_unused(n, "cv", a.process == ArrivalProcess::kGamma, chosen, "gamma");
+  if (a.process != ArrivalProcess::kBurst) a.rate = as_positive(n["rate"], 1e9);
+  if (a.process == ArrivalProcess::kGamma) a.cv = n["cv"].as_double_in(0, 100);
+  return a;
+}
+
+LengthConfig load_length(const ConfigNode& n) {
+  n.expect_keys({"dist", "value", "min", "max", "mean", "sigma"});
+  LengthConfig c;
+  const std::string dist = n["dist"].as_choice({"fixed", "uniform", "lognormal"});
+  const std::string chosen = "dist: " + dist;
+  c.dist = dist == "fixed"     ? LengthDist::kFixed
+           : dist == "uniform" ? LengthDist::kUniform
+                               : LengthDist::kLognormal;
+  const bool fixed = c.dist == LengthDist::kFixed;
+  const bool lognormal = c.dist == LengthDist::kLognormal;
+  reject_unused(n, "value", fixed, chosen, "fixed");
+  reject_unused(n, "min", !fixed, chosen, "uniform and lognormal");
+  reject_unused(n, "max", !fixed, chosen, "uniform and lognormal");
+  reject_unused(n, "mean", lognormal, chosen, "lognormal");
+  reject_unused(n, "sigma", lognormal, chosen, "lognormal");
+  if (fixed) {
+    c.value = as_tokens(n["value"]);
+    return c;
+  }
+  if (lognormal) {
+    c.mean = n["mean"].as_double_in(1, kMaxRequestTokens);
+    c.sigma = n["sigma"].as_double_in(0, 10);
+    if (auto v = n.find("min")) c.min = as_tokens(*v);  // lognormal: min defaults to 1
+  } else {
+    c.min = as_tokens(n["min"]);
+  }
+  c.max = as_tokens(n["max"]);
+  if (c.min > c.max) n["max"].fail(fmt::format("must be at least min ({}), got {}", c.min, c.max));
+  return c;
+}
+
+PrefixConfig load_prefix(const ConfigNode& n, const LengthConfig& prompt) {
+  n.expect_keys({"groups", "tokens", "fraction"});
+  PrefixConfig p;
+  p.groups = static_cast<uint32_t>(n["groups"].as_uint_in(1, 1000000));
+  p.tokens = as_tokens(n["tokens"]);
+  if (p.tokens >= prompt.largest())
+    n["tokens"].fail(fmt::format(
+        "must be less than the longest prompt ({}): a grouped request keeps 1 token of its own",
+        prompt.largest()));
+  p.fraction = 1.0;
+  if (auto v = n.find("fraction")) p.fraction = v->as_double_in(0, 1);
+  return p;
+}
+
+SyntheticRequestsConfig load_synthetic(const ConfigNode& n) {
+  SyntheticRequestsConfig s;
+  s.count = n["count"].as_uint_in(1, kMaxCount);
+  if (auto v = n.find("seed")) s.seed = v->as_uint();
+  s.arrival = load_arrival(n["arrival"]);
+  if (s.arrival.process != ArrivalProcess::kBurst &&
+      static_cast<double>(s.count) / s.arrival.rate > 1e9)
+    n["arrival"]["rate"].fail(
+        fmt::format("{} requests at this rate take over 1e9 s of simulated time", s.count));
+  s.prompt = load_length(n["prompt"]);
+  s.output = load_length(n["output"]);
+  if (auto v = n.find("prefix")) s.prefix = load_prefix(*v, s.prompt);
+  return s;
+}
+
+TraceOptions load_trace(const ConfigNode& n, std::string& path, std::string& where) {
+  n.expect_keys({"path", "format", "limit", "time_scale", "max_prompt_tokens", "max_output_tokens",
+                 "zero_output"});
+  TraceOptions t;
+  const ConfigNode p = n["path"];
+  path = resolve_data_path(p, p.as_string());
+  where = p.where();
+  if (auto v = n.find("format")) {
+    const std::string f = v->as_choice({"auto", "memsim", "azure"});
+    t.format = f == "auto"     ? TraceFormat::kAuto
+               : f == "memsim" ? TraceFormat::kMemsim
+                               : TraceFormat::kAzure;
+  }
+  if (auto v = n.find("limit")) t.limit = v->as_uint_in(1, kMaxCount);
+  if (auto v = n.find("time_scale")) t.time_scale = as_positive(*v, 1e6);
+  if (auto v = n.find("max_prompt_tokens")) t.max_prompt_tokens = as_tokens(*v, 2);
+  if (auto v = n.find("max_output_tokens")) t.max_output_tokens = as_tokens(*v);
+  if (auto v = n.find("zero_output")) {
+    const std::string z = v->as_choice({"one", "skip", "error"});
+    t.zero_output = z == "one"    ? ZeroOutput::kOne
+                    : z == "skip" ? ZeroOutput::kSkip
+                                  : ZeroOutput::kError;
+  }
+  return t;
+}
+
+}  // namespace
+
+RequestsConfig load_requests_config(const ConfigNode& node) {
+  constexpr std::array<std::string_view, 6> kSyntheticKeys = {"count",  "seed",   "arrival",
+                                                              "prompt", "output", "prefix"};
+  node.expect_keys({"source", "count", "seed", "arrival", "prompt", "output", "prefix", "n",
+                    "beam_width", "trace"});
+  RequestsConfig c;
+  const std::string source = node["source"].as_choice({"synthetic", "trace"});
+  c.source = source == "synthetic" ? RequestSource::kSynthetic : RequestSource::kTrace;
+  const bool synthetic = c.source == RequestSource::kSynthetic;
+  for (std::string_view key : kSyntheticKeys)
+    reject_unused(node, key, synthetic, "source: trace", "source: synthetic");
+  reject_unused(node, "trace", !synthetic, "source: synthetic", "source: trace");
+
+  uint32_t n = 1, beam_width = 1;
+  if (auto v = node.find("n")) n = static_cast<uint32_t>(v->as_uint_in(1, kMaxParallel));
+  if (auto v = node.find("beam_width"))
+    beam_width = static_cast<uint32_t>(v->as_uint_in(1, kMaxParallel));
+  if (n > 1 && beam_width > 1)
+    node["beam_width"].fail(
+        fmt::format("beam search forks its own beams: use n: 1 with beam_width {}", beam_width));
+
+  if (synthetic) {
+    c.synthetic = load_synthetic(node);
+  } else {
+    c.trace = load_trace(node["trace"], c.trace_path, c.trace_where);
+  }
+  c.synthetic.n = c.trace.n = n;
+  c.synthetic.beam_width = c.trace.beam_width = beam_width;
+  return c;
+}
+
+RequestSet build_request_set(const RequestsConfig& config) {
+  if (config.source == RequestSource::kSynthetic) {
+    try {
+      return generate_request_set(config.synthetic);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(e.what());
+    }
+  }
+  Result<RequestSet> r = read_request_trace(config.trace_path, config.trace);
+  if (!r.ok())
+    throw ConfigError(fmt::format("{} (trace from {})", r.error().message, config.trace_where));
+  return std::move(r).value();
+}
+
+std::vector<RequestSpec> build_requests(const RequestsConfig& config) {
+  return build_request_set(config).requests;
+}
+
+std::string resolve_data_path(const ConfigNode& at, const std::string& ref) {
+  const fs::path given(ref);
+  std::vector<fs::path> candidates;
+  if (given.is_absolute()) {
+    candidates.push_back(given);
+  } else {
+    const fs::path base = fs::path(at.file()).parent_path();
+    candidates.push_back(base / given);
+    candidates.push_back(given);
+    if (const char* root = std::getenv("MEMSIM_ROOT")) candidates.push_back(fs::path(root) / given);
+    candidates.push_back(base / ".." / given);
+  }
+  std::vector<std::string> looked;
+  for (const fs::path& p : candidates) {
+    const std::string name = p.lexically_normal().string();
+    if (fs::is_regular_file(p)) return name;
+    if (std::find(looked.begin(), looked.end(), name) == looked.end()) looked.push_back(name);
+  }
+  at.fail(fmt::format("cannot find file '{}' (looked in {})", ref, fmt::join(looked, ", ")));
+}
+
+}  // namespace memsim

@@ -1,0 +1,94 @@
+// Role interface of the KV-cache family: pools of KV slots that sequences grow into, share,
+// release and (with prefix caching) leave behind for later requests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "backends/backend.h"
+#include "src/kv/token_content.h"
+
+namespace memsim {
+
+using SeqId = uint32_t;
+
+// What the engine tells a strategy at init: the model's KV geometry and the pool's limits.
+struct KvInit {
+  uint32_t layers = 0;
+  uint64_t kv_bytes_per_token = 0;  // K and V of every layer (ModelShape::kv_bytes_per_token)
+  uint64_t budget_bytes = 0;        // the pool may take at most this much device memory
+  uint32_t max_num_seqs = 0;        // sequences alive at once (slots, block-table rows)
+  uint32_t max_model_len = 0;       // longest sequence in tokens
+  uint64_t layer_kv_bytes_per_token() const { return kv_bytes_per_token / layers; }
+};
+
+// A strategy's state in its own allocation unit ("block"): a paged block, a radix page, a
+// contiguous slab, a group of mapped VMM pages. All counters are exact.
+struct KvStats {
+  uint64_t block_tokens = 0;     // token slots per block
+  uint64_t block_bytes = 0;      // device bytes per block
+  uint64_t total_blocks = 0;     // blocks the pool can hold (for vmm_contiguous: page groups)
+  uint64_t used_blocks = 0;      // referenced by a live sequence
+  uint64_t cached_blocks = 0;    // unreferenced but holding reusable prefix KV (evictable)
+  uint64_t free_blocks = 0;      // neither (total = used + cached + free)
+  uint64_t slots_allocated = 0;  // token slots in used blocks
+  uint64_t tokens_stored = 0;    // KV tokens written in used blocks (each shared slot once)
+  uint64_t pool_bytes = 0;       // device bytes the pool holds from the backend now
+  uint64_t metadata_bytes = 0;   // block tables / req-to-token tables on the device
+  uint64_t cow_copies = 0;       // blocks copied on write (or eagerly at fork)
+  uint64_t cow_bytes = 0;
+  uint64_t evicted_blocks = 0;  // cached blocks reclaimed for new allocations
+};
+
+// Contract (every implementation; tests/test_kv_conformance.cpp and the 1M-op stress test
+// check it against each registered strategy):
+// - init creates the pool through the Backend within budget_bytes (kOutOfMemory when not even
+//   one sequence of one block fits); shutdown returns every byte to the Backend. Nothing else
+//   talks to the device except CoW copies (Backend::copy) and on-demand mappings (vmm).
+// - Sequences are numbered by the caller; a SeqId is live from its first grow (or fork) until
+//   release. grow(seq, content, n) makes the sequence hold KV for tokens [0, n) of `content`
+//   (n >= its current length, n <= content.size() and <= max_model_len). It is all-or-nothing:
+//   on kOutOfMemory nothing changed. A new sequence may start from a cached prefix: pass the
+//   `prefix_tokens` that lookup_prefix(content) returned just before (0 for none); those tokens
+//   are then shared, not allocated.
+// - lookup_prefix has no side effects. It returns how many leading tokens of `content` are
+//   cached (a multiple of the block size for paged pools, of the page size for radix), at most
+//   content.size() - 1 (the last token is always recomputed, as vLLM and SGLang do).
+// - fork(parent, child) makes child hold the same tokens as parent, sharing blocks (refcounts
+//   or lock references) where the strategy can, copying where it cannot. Appending to a shared
+//   partial block copies it first (copy-on-write) when the strategy shares.
+// - release(seq, content) drops the sequence. With prefix caching, its full blocks stay cached
+//   (evictable) under `content`'s tokens.
+// - stats() is exact; check_invariants() verifies the strategy's internal invariants (no block
+//   owned twice without a matching refcount, refcounts never negative, blocks conserved).
+class KvCacheManager {
+ public:
+  virtual ~KvCacheManager() = default;
+  virtual std::string_view name() const = 0;
+
+  virtual Status init(Backend& backend, const KvInit& init) = 0;
+  virtual Status shutdown() = 0;
+
+  virtual uint32_t lookup_prefix(const TokenContent& content) const = 0;
+  virtual Status grow(SeqId seq, const TokenContent& content, uint32_t num_tokens,
+                      uint32_t prefix_tokens) = 0;
+  virtual Status fork(SeqId parent, SeqId child) = 0;
+  virtual void release(SeqId seq, const TokenContent& content) = 0;
+
+  // Tokens the sequence holds (0 if not live) and device bytes of the blocks it references.
+  virtual uint32_t seq_tokens(SeqId seq) const = 0;
+  virtual uint64_t seq_bytes(SeqId seq) const = 0;
+  // Tokens the sequence can hold before its next grow must allocate, copy or map anything;
+  // growing within it only updates counters, so engines may defer those grows (batching them
+  // until a block boundary or a stats read). Conservative default: no slack.
+  virtual uint32_t seq_capacity(SeqId seq) const { return seq_tokens(seq); }
+  // Token slots a new sequence could still obtain now: free plus evictable blocks times
+  // block_tokens (static_contiguous: free slabs times max_model_len).
+  virtual uint64_t free_token_capacity() const = 0;
+
+  virtual KvStats stats() const = 0;
+  virtual bool check_invariants(std::string* why) const = 0;
+};
+
+}  // namespace memsim

@@ -1,0 +1,426 @@
+// paged_block_pool: block pool, free queue, prefix cache and copy-on-write (vLLM V1 BlockPool +
+// KVCacheManager, vLLM V0 block manager fork/CoW, OrinMLLM PagedKVCacheManager layout).
+#include "src/kv/paged_block_pool.h"
+
+#include <fmt/format.h>
+#include <algorithm>
+
+namespace memsim {
+namespace {
+
+constexpr uint64_t kRootHash = 0x6d656d73696d6b76ull;  // parent hash of a sequence's first block
+constexpr uint32_t kBlockSizes[] = {1, 8, 16, 32, 64, 128, 256};
+
+}  // namespace
+
+std::vector<std::string> PagedBlockPool::params() {
+  return {"block_size",    "layout",     "prefix_caching",
+          "copy_on_write", "null_block", "num_blocks_override"};
+}
+
+PagedBlockPoolConfig PagedBlockPool::parse_config(const ConfigNode& node) {
+  PagedBlockPoolConfig c;
+  if (auto v = node.find("block_size")) {
+    const uint64_t b = v->as_uint();
+    if (std::find(std::begin(kBlockSizes), std::end(kBlockSizes), b) == std::end(kBlockSizes))
+      v->fail(fmt::format("block size {} is not one of vLLM's 1, 8, 16, 32, 64, 128, 256", b));
+    c.block_size = static_cast<uint32_t>(b);
+  }
+  if (auto v = node.find("layout"))
+    c.per_layer = v->as_choice({"shared", "per_layer"}) == "per_layer";
+  if (auto v = node.find("prefix_caching")) c.prefix_caching = v->as_bool();
+  if (auto v = node.find("copy_on_write")) c.copy_on_write = v->as_bool();
+  // vLLM reserves a null block; the seed's per-layer pool does not.
+  c.null_block = !c.per_layer;
+  if (auto v = node.find("null_block")) c.null_block = v->as_bool();
+  if (auto v = node.find("num_blocks_override")) {
+    c.num_blocks_override = v->as_uint();
+    if (c.num_blocks_override == 0)
+      v->fail("must be positive (omit it to size the pool from the budget)");
+  }
+  return c;
+}
+
+Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
+  if (backend_) return make_error(ErrorCode::kInvalidState, "paged_block_pool: init called twice");
+  if (init.layers == 0 || init.kv_bytes_per_token == 0)
+    return make_error(ErrorCode::kInvalidArgument, "paged_block_pool: empty model geometry");
+  init_ = init;
+  unit_bytes_ = uint64_t{block_size()} * init.kv_bytes_per_token;
+  uint64_t units = init.budget_bytes / unit_bytes_;
+  if (config_.num_blocks_override) {
+    if (config_.num_blocks_override % physical_per_unit())
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("paged_block_pool: num_blocks_override {} is not a multiple of "
+                                    "the {} layers of the per_layer layout",
+                                    config_.num_blocks_override, init.layers));
+    units = config_.num_blocks_override / physical_per_unit();
+  }
+  const uint64_t reserved = config_.null_block ? 1 : 0;
+  if (units < reserved + 1 || units >= kNone)
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        fmt::format("paged_block_pool: a budget of {} bytes holds {} blocks of {} bytes",
+                    init.budget_bytes, units, unit_bytes_),
+        (reserved + 1 - std::min(units, reserved + 1)) * unit_bytes_);
+  MEMSIM_ASSIGN_OR_RETURN(pool_, backend.device_malloc(units * unit_bytes_, "kv_cache"));
+  backend_ = &backend;
+  blocks_.assign(units, Block{});
+  head_ = tail_ = kNone;
+  queued_ = cached_ = used_ = stored_ = cow_copies_ = evicted_ = 0;
+  for (uint32_t u = 0; u < units; ++u) queue_push_back(u);
+  if (config_.null_block) {  // vLLM: the null block is the first one popped, never freed
+    queue_pop_front();
+    blocks_[0].ref = 1;
+    ++used_;
+  }
+  return {};
+}
+
+Status PagedBlockPool::shutdown() {
+  if (!backend_) return {};
+  seqs_.clear();
+  cache_.clear();
+  const Status s = backend_->device_free(pool_);
+  backend_ = nullptr;
+  pool_ = 0;
+  blocks_.clear();
+  head_ = tail_ = kNone;
+  queued_ = cached_ = used_ = stored_ = 0;
+  return s;
+}
+
+void PagedBlockPool::queue_push_back(uint32_t b) {
+  Block& blk = blocks_[b];
+  blk.prev = tail_;
+  blk.next = kNone;
+  if (tail_ != kNone)
+    blocks_[tail_].next = b;
+  else
+    head_ = b;
+  tail_ = b;
+  blk.in_queue = true;
+  ++queued_;
+  if (blk.hash) ++cached_;
+}
+
+void PagedBlockPool::queue_remove(uint32_t b) {
+  Block& blk = blocks_[b];
+  if (blk.prev != kNone)
+    blocks_[blk.prev].next = blk.next;
+  else
+    head_ = blk.next;
+  if (blk.next != kNone)
+    blocks_[blk.next].prev = blk.prev;
+  else
+    tail_ = blk.prev;
+  blk.prev = blk.next = kNone;
+  blk.in_queue = false;
+  --queued_;
+  if (blk.hash) --cached_;
+}
+
+uint32_t PagedBlockPool::queue_pop_front() {
+  const uint32_t b = head_;
+  queue_remove(b);
+  return b;
+}
+
+uint32_t PagedBlockPool::allocate_unit() {
+  const uint32_t u = queue_pop_front();
+  Block& blk = blocks_[u];
+  if (blk.hash) {  // evict the LRU cached block (vLLM _maybe_evict_cached_block)
+    auto it = cache_.find(blk.hash);
+    if (it != cache_.end() && it->second == u) cache_.erase(it);
+    blk.hash = 0;
+    ++evicted_;
+  }
+  blk.ref = 1;
+  blk.filled = 0;
+  ++used_;
+  return u;
+}
+
+void PagedBlockPool::add_ref(uint32_t b) {
+  Block& blk = blocks_[b];
+  if (blk.ref == 0) {
+    queue_remove(b);
+    ++used_;
+    stored_ += blk.filled;
+  }
+  ++blk.ref;
+}
+
+void PagedBlockPool::drop_ref(uint32_t b) {
+  Block& blk = blocks_[b];
+  if (--blk.ref > 0) return;
+  --used_;
+  stored_ -= blk.filled;
+  if (!blk.hash) blk.filled = 0;  // a cached block keeps its (full) contents for reuse
+  queue_push_back(b);
+}
+
+void PagedBlockPool::set_filled(uint32_t b, uint32_t filled) {
+  Block& blk = blocks_[b];
+  if (blk.ref > 0) stored_ = stored_ - blk.filled + filled;
+  blk.filled = filled;
+}
+
+Status PagedBlockPool::copy_unit(uint32_t dst, uint32_t src) {
+  ++cow_copies_;
+  return backend_->copy(pool_ + dst * unit_bytes_, pool_ + src * unit_bytes_, unit_bytes_,
+                        StreamId{});
+}
+
+void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content) {
+  if (!config_.prefix_caching) return;
+  const uint32_t full = s.tokens / block_size();
+  while (s.hashed < full) {
+    const uint32_t b = s.hashed;
+    const uint64_t h = content.chained_hash(s.hashed ? s.last_hash : kRootHash, b * block_size(),
+                                            (b + 1) * block_size());
+    Block& blk = blocks_[s.blocks[b]];
+    // A block whose content is already cached elsewhere stays a private duplicate.
+    if (!blk.hash && cache_.emplace(h, s.blocks[b]).second) blk.hash = h;
+    s.last_hash = h;
+    ++s.hashed;
+  }
+}
+
+uint32_t PagedBlockPool::lookup_prefix(const TokenContent& content) const {
+  if (!config_.prefix_caching || content.size() < 2) return 0;
+  const uint32_t max_blocks = (content.size() - 1) / block_size();
+  uint64_t h = kRootHash;
+  uint32_t hits = 0;
+  for (; hits < max_blocks; ++hits) {
+    h = content.chained_hash(h, hits * block_size(), (hits + 1) * block_size());
+    if (!cache_.count(h)) break;
+  }
+  return hits * block_size();
+}
+
+Status PagedBlockPool::grow(SeqId seq, const TokenContent& content, uint32_t num_tokens,
+                            uint32_t prefix_tokens) {
+  if (!backend_) return make_error(ErrorCode::kInvalidState, "paged_block_pool: not initialized");
+  if (num_tokens > content.size() || num_tokens > init_.max_model_len)
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("paged_block_pool: grow to {} tokens (content {}, max_model_len {})",
+                    num_tokens, content.size(), init_.max_model_len));
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    if (prefix_tokens % block_size() || prefix_tokens > num_tokens ||
+        (prefix_tokens && !config_.prefix_caching))
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("paged_block_pool: prefix of {} tokens", prefix_tokens));
+    std::vector<uint32_t> hits;
+    uint64_t h = kRootHash;
+    for (uint32_t b = 0; b < prefix_tokens / block_size(); ++b) {
+      h = content.chained_hash(h, b * block_size(), (b + 1) * block_size());
+      auto c = cache_.find(h);
+      if (c == cache_.end())
+        return make_error(
+            ErrorCode::kInvalidArgument,
+            "paged_block_pool: the prefix is no longer cached (lookup_prefix and grow "
+            "must be called back to back)");
+      hits.push_back(c->second);
+    }
+    uint64_t evictable_hits = 0;
+    for (uint32_t u : hits) evictable_hits += blocks_[u].ref == 0;
+    const uint64_t need = units_for(num_tokens) - hits.size();
+    if (need + evictable_hits > queued_)
+      return make_error(ErrorCode::kOutOfMemory, "paged_block_pool: out of free blocks",
+                        (need + evictable_hits - queued_) * unit_bytes_);
+    Seq s;
+    for (uint32_t u : hits) add_ref(u);  // touch before allocating so hits are never evicted
+    s.blocks = std::move(hits);
+    s.hashed = static_cast<uint32_t>(s.blocks.size());
+    s.last_hash = h;
+    for (uint64_t i = 0; i < need; ++i) s.blocks.push_back(allocate_unit());
+    for (size_t b = s.hashed; b < s.blocks.size(); ++b)
+      set_filled(s.blocks[b], std::min<uint32_t>(block_size(), num_tokens - b * block_size()));
+    s.tokens = num_tokens;
+    cache_full_blocks(s, content);
+    seqs_.emplace(seq, std::move(s));
+    return {};
+  }
+  Seq& s = it->second;
+  if (prefix_tokens)
+    return make_error(ErrorCode::kInvalidArgument, "paged_block_pool: prefix for a live sequence");
+  if (num_tokens < s.tokens)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("paged_block_pool: sequence {} holds {} tokens, grow to {}", seq,
+                                  s.tokens, num_tokens));
+  if (num_tokens == s.tokens) return {};
+  const bool cow = s.tokens % block_size() && blocks_[s.blocks.back()].ref > 1;
+  const uint64_t need = units_for(num_tokens) - s.blocks.size() + (cow ? 1 : 0);
+  if (need > queued_)
+    return make_error(ErrorCode::kOutOfMemory, "paged_block_pool: out of free blocks",
+                      (need - queued_) * unit_bytes_);
+  if (cow) {  // the shared partial last block is about to be written: copy it first
+    const uint32_t old = s.blocks.back();
+    const uint32_t fresh = allocate_unit();
+    set_filled(fresh, blocks_[old].filled);
+    const Status copied = copy_unit(fresh, old);
+    if (!copied.ok()) {
+      drop_ref(fresh);
+      return copied;
+    }
+    drop_ref(old);
+    s.blocks.back() = fresh;
+  }
+  const size_t first = s.tokens / block_size();  // first block that receives new tokens
+  while (s.blocks.size() < units_for(num_tokens)) s.blocks.push_back(allocate_unit());
+  for (size_t b = first; b < s.blocks.size(); ++b)
+    set_filled(s.blocks[b], std::min<uint32_t>(block_size(), num_tokens - b * block_size()));
+  s.tokens = num_tokens;
+  cache_full_blocks(s, content);
+  return {};
+}
+
+Status PagedBlockPool::fork(SeqId parent, SeqId child) {
+  auto p = seqs_.find(parent);
+  if (p == seqs_.end() || seqs_.count(child))
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("paged_block_pool: fork {} -> {}", parent, child));
+  Seq c = p->second;
+  if (config_.copy_on_write) {
+    for (uint32_t u : c.blocks) add_ref(u);
+  } else {  // no sharing: the child gets its own copy of every block now
+    if (c.blocks.size() > queued_)
+      return make_error(ErrorCode::kOutOfMemory, "paged_block_pool: out of free blocks",
+                        (c.blocks.size() - queued_) * unit_bytes_);
+    for (uint32_t& u : c.blocks) {
+      const uint32_t src = u;
+      u = allocate_unit();
+      set_filled(u, blocks_[src].filled);
+      MEMSIM_TRY(copy_unit(u, src));
+    }
+  }
+  seqs_.emplace(child, std::move(c));
+  return {};
+}
+
+void PagedBlockPool::release(SeqId seq, const TokenContent& content) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  cache_full_blocks(it->second, content);
+  // vLLM frees a request's blocks tail first, so its last blocks are evicted first.
+  const auto& blocks = it->second.blocks;
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) drop_ref(*b);
+  seqs_.erase(it);
+}
+
+uint32_t PagedBlockPool::seq_tokens(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.tokens;
+}
+
+uint64_t PagedBlockPool::seq_bytes(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.blocks.size() * unit_bytes_;
+}
+
+uint32_t PagedBlockPool::seq_capacity(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  const Seq& s = it->second;
+  // A shared partial last block must be copied before it is written.
+  if (s.tokens % block_size() && blocks_[s.blocks.back()].ref > 1) return s.tokens;
+  return static_cast<uint32_t>(std::min<uint64_t>(s.blocks.size() * block_size(),
+                                                  init_.max_model_len));
+}
+
+uint64_t PagedBlockPool::free_token_capacity() const {
+  return queued_ * block_size();
+}
+
+std::vector<uint32_t> PagedBlockPool::block_table(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return {};
+  std::vector<uint32_t> out;
+  for (uint32_t u : it->second.blocks)
+    out.push_back(static_cast<uint32_t>(u * physical_per_unit()));
+  return out;
+}
+
+KvStats PagedBlockPool::stats() const {
+  const uint64_t ppu = physical_per_unit();
+  const uint64_t null = config_.null_block && !blocks_.empty() ? 1 : 0;
+  KvStats s;
+  s.block_tokens = block_size();
+  s.block_bytes = unit_bytes_ / ppu;
+  s.total_blocks = blocks_.size() * ppu;
+  s.used_blocks = used_ * ppu;
+  s.cached_blocks = cached_ * ppu;
+  s.free_blocks = (queued_ - cached_) * ppu;
+  s.slots_allocated = (used_ - null) * block_size();
+  s.tokens_stored = stored_;
+  s.pool_bytes = blocks_.size() * unit_bytes_;
+  s.metadata_bytes = uint64_t{init_.max_num_seqs} * units_for(init_.max_model_len) * 4 * ppu;
+  s.cow_copies = cow_copies_ * ppu;
+  s.cow_bytes = cow_copies_ * unit_bytes_;
+  s.evicted_blocks = evicted_ * ppu;
+  return s;
+}
+
+bool PagedBlockPool::check_invariants(std::string* why) const {
+  auto fail = [&](std::string msg) {
+    if (why) *why = "paged_block_pool: " + std::move(msg);
+    return false;
+  };
+  const size_t n = blocks_.size();
+  std::vector<uint32_t> refs(n, 0);
+  if (config_.null_block && n) refs[0] = 1;
+  for (const auto& [id, s] : seqs_) {
+    if (s.blocks.size() != units_for(s.tokens))
+      return fail(fmt::format("seq {} has {} blocks for {} tokens", id, s.blocks.size(), s.tokens));
+    for (size_t b = 0; b < s.blocks.size(); ++b) {
+      const uint32_t u = s.blocks[b];
+      if (u >= n || (config_.null_block && u == 0))
+        return fail(fmt::format("seq {} holds invalid block {}", id, u));
+      ++refs[u];
+      const uint32_t want = std::min<uint32_t>(block_size(), s.tokens - b * block_size());
+      if (blocks_[u].filled != want)
+        return fail(fmt::format("block {} holds {} tokens, seq {} expects {}", u, blocks_[u].filled,
+                                id, want));
+    }
+  }
+  uint64_t used = 0, cached = 0, stored = 0;
+  for (uint32_t u = 0; u < n; ++u) {
+    const Block& b = blocks_[u];
+    if (b.ref != refs[u])
+      return fail(fmt::format("block {} refcount {} but {} owners", u, b.ref, refs[u]));
+    if ((b.ref == 0) != b.in_queue)
+      return fail(fmt::format("block {} ref {} in_queue {}", u, b.ref, b.in_queue));
+    if (b.ref) {
+      ++used;
+      stored += b.filled;
+    } else if (b.hash) {
+      ++cached;
+    }
+    if (b.hash) {
+      auto it = cache_.find(b.hash);
+      if (it == cache_.end() || it->second != u)
+        return fail(fmt::format("block {} hash not registered to it", u));
+      if (b.filled != block_size()) return fail(fmt::format("cached block {} is not full", u));
+    }
+  }
+  for (const auto& [h, u] : cache_)
+    if (u >= n || blocks_[u].hash != h) return fail(fmt::format("cache entry -> block {}", u));
+  uint64_t walked = 0;
+  uint32_t prev = kNone;
+  for (uint32_t u = head_; u != kNone; u = blocks_[u].next) {
+    if (blocks_[u].prev != prev || !blocks_[u].in_queue || ++walked > n)
+      return fail("free queue links are broken");
+    prev = u;
+  }
+  if (prev != tail_) return fail("free queue tail is wrong");
+  if (walked != queued_ || used != used_ || cached != cached_ || stored != stored_ ||
+      used_ + queued_ != n)
+    return fail(fmt::format("counters: queue {} / {}, used {} / {}, cached {} / {}, stored {} / {}",
+                            walked, queued_, used, used_, cached, cached_, stored, stored_));
+  return true;
+}
+
+}  // namespace memsim

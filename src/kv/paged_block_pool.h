@@ -1,0 +1,101 @@
+// paged_block_pool: vLLM-style paged KV cache — fixed-size blocks, per-sequence block tables,
+// lazy allocation, an LRU free-block queue, prefix caching by chained block hashes, reference
+// counts and copy-on-write of a shared partial block.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "src/config/config_node.h"
+#include "src/kv/kv_cache_manager.h"
+
+namespace memsim {
+
+struct PagedBlockPoolConfig {
+  uint32_t block_size = 16;  // tokens per block: 1, 8, 16, 32, 64, 128 or 256 (vLLM's choices)
+  // shared: one block holds K and V of every layer for block_size tokens (vLLM). per_layer: a
+  // logical block takes one physical block per layer (the OrinMLLM seed); all layers of a
+  // logical block are allocated, shared and freed together.
+  bool per_layer = false;
+  bool prefix_caching = true;        // vLLM V1 enable_prefix_caching (default on)
+  bool copy_on_write = true;         // fork shares blocks (vLLM V0); false: fork copies every block
+  bool null_block = true;            // vLLM V1 reserves block 0 as the null block
+  uint64_t num_blocks_override = 0;  // vLLM num_gpu_blocks_override (physical blocks; 0 = budget)
+};
+
+class PagedBlockPool final : public KvCacheManager {
+ public:
+  explicit PagedBlockPool(PagedBlockPoolConfig config) : config_(config) {}
+  static std::vector<std::string> params();
+  static PagedBlockPoolConfig parse_config(const ConfigNode& node);
+
+  std::string_view name() const override { return "paged_block_pool"; }
+  Status init(Backend& backend, const KvInit& init) override;
+  Status shutdown() override;
+  uint32_t lookup_prefix(const TokenContent& content) const override;
+  Status grow(SeqId seq, const TokenContent& content, uint32_t num_tokens,
+              uint32_t prefix_tokens) override;
+  Status fork(SeqId parent, SeqId child) override;
+  void release(SeqId seq, const TokenContent& content) override;
+  uint32_t seq_tokens(SeqId seq) const override;
+  uint64_t seq_bytes(SeqId seq) const override;
+  uint32_t seq_capacity(SeqId seq) const override;
+  uint64_t free_token_capacity() const override;
+  KvStats stats() const override;
+  bool check_invariants(std::string* why) const override;
+
+  // Physical block ids of a sequence's logical blocks (per_layer: the id of its first layer's
+  // block; layer l of logical block b is that id + l). For tests and tools.
+  std::vector<uint32_t> block_table(SeqId seq) const;
+
+ private:
+  static constexpr uint32_t kNone = UINT32_MAX;
+  struct Block {
+    uint32_t ref = 0;
+    uint32_t filled = 0;    // tokens written
+    uint64_t hash = 0;      // chained hash while registered in the prefix cache (0 = none)
+    uint32_t prev = kNone;  // free-queue links (valid while ref == 0)
+    uint32_t next = kNone;
+    bool in_queue = false;
+  };
+  struct Seq {
+    std::vector<uint32_t> blocks;  // logical -> unit id
+    uint32_t tokens = 0;
+    uint32_t hashed = 0;     // leading full blocks already hashed (registered or duplicate)
+    uint64_t last_hash = 0;  // chained hash of block hashed-1
+  };
+
+  // Free queue (LRU): allocation pops the head, freed blocks append at the tail.
+  void queue_push_back(uint32_t b);
+  void queue_remove(uint32_t b);
+  uint32_t queue_pop_front();
+  uint32_t allocate_unit();   // pops the LRU head, evicting its cached hash
+  void add_ref(uint32_t b);   // touch: leaves the free queue on 0 -> 1
+  void drop_ref(uint32_t b);  // back to the queue tail on 1 -> 0
+  void set_filled(uint32_t b, uint32_t filled);
+  void cache_full_blocks(Seq& s, const TokenContent& content);
+  Status copy_unit(uint32_t dst, uint32_t src);
+  uint32_t units_for(uint32_t tokens) const { return (tokens + block_size() - 1) / block_size(); }
+  uint32_t block_size() const { return config_.block_size; }
+  uint64_t physical_per_unit() const { return config_.per_layer ? init_.layers : 1; }
+
+  PagedBlockPoolConfig config_;
+  KvInit init_;
+  Backend* backend_ = nullptr;
+  DevPtr pool_ = 0;
+  uint64_t unit_bytes_ = 0;  // device bytes of one unit (one block, or one block per layer)
+  std::vector<Block> blocks_;
+  uint32_t head_ = kNone, tail_ = kNone;
+  uint64_t queued_ = 0;                           // units in the free queue (free + cached)
+  uint64_t cached_ = 0;                           // of those, units with a registered hash
+  uint64_t used_ = 0;                             // units with ref > 0 (including the null block)
+  uint64_t stored_ = 0;                           // sum of filled over used units
+  uint64_t cow_copies_ = 0;                       // in units
+  uint64_t evicted_ = 0;                          // in units
+  std::unordered_map<uint64_t, uint32_t> cache_;  // hash -> unit
+  std::unordered_map<SeqId, Seq> seqs_;
+};
+
+}  // namespace memsim

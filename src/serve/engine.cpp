@@ -1,0 +1,359 @@
+// The serving engine's event loop: arrivals, scheduling, roofline-timed steps, sampling of
+// tokens (forks for parallel samples and beams), completion, gauges and per-run figures.
+#include "src/serve/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "backends/sim/sim_backend.h"
+#include "sim/clock.h"
+#include "sim/workload/step_time.h"
+#include "src/serve/scheduler.h"
+
+namespace memsim {
+namespace {
+
+// Token streams: the shared prefix of a group, a request's own prompt, a sequence's output.
+uint64_t prefix_stream(int32_t group) { return (1ull << 62) | static_cast<uint32_t>(group); }
+uint64_t prompt_stream(uint64_t request) { return (2ull << 62) | request; }
+uint64_t output_stream(uint64_t request, uint64_t fork) {
+  return (3ull << 62) | (request << 24) | fork;
+}
+
+Percentiles percentiles(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {  // linear interpolation between closest ranks (numpy's default)
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const size_t lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+  };
+  p.p50 = at(0.5);
+  p.p90 = at(0.9);
+  p.p99 = at(0.99);
+  double sum = 0;
+  for (double x : v) sum += x;
+  p.mean = sum / static_cast<double>(v.size());
+  return p;
+}
+
+class Engine {
+ public:
+  Engine(const EngineConfig& c, const std::vector<RequestSpec>& requests)
+      : c_(c),
+        requests_(requests),
+        backend_(c.gpu, clock_),
+        metrics_(clock_),
+        model_(c.model, c.gpu) {}
+
+  ServingResult run();
+
+ private:
+  void build_groups();
+  void complete_step(const StepPlan& plan);
+  void fork_children(Group& G);
+  void reshuffle_beams(Group& G);
+  void finish(uint32_t g);
+  void sample();
+  StepShape shape_of(const StepPlan& plan);
+
+  const EngineConfig& c_;
+  const std::vector<RequestSpec>& requests_;
+  SimClock clock_;
+  SimBackend backend_;
+  MetricsRecorder metrics_;
+  StepTimeModel model_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<ServeState> state_;
+  std::vector<Group> groups_;
+  SeqId next_seq_ = 0;
+  uint64_t forks_ = 0;
+  uint64_t done_ = 0;
+  SimTime t0_ = 0, last_sample_ = 0;
+  double waste_integral_ = 0, waste_last_ = 0, running_integral_ = 0;
+  ServingResult r_;
+};
+
+void Engine::build_groups() {
+  groups_.resize(requests_.size());
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    const RequestSpec& q = requests_[i];
+    Group& G = groups_[i];
+    G.spec = q;
+    G.width = std::max(q.n, q.beam_width);
+    Sequence s;
+    s.id = next_seq_++;
+    if (q.prefix_group >= 0) s.content.append(prefix_stream(q.prefix_group), q.prefix_tokens);
+    s.content.append(prompt_stream(q.id), q.prompt_tokens - s.content.size());
+    s.content.append(output_stream(q.id, 0), q.output_tokens);
+    G.seqs.push_back(std::move(s));
+  }
+}
+
+StepShape Engine::shape_of(const StepPlan& plan) {
+  StepShape s;
+  for (const ScheduledGroup& sg : plan.groups) {
+    const Group& G = groups_[sg.group];
+    const double n = sg.new_tokens, before = G.computed, live = G.live();
+    s.num_seqs += G.live();
+    s.new_tokens += uint64_t{sg.new_tokens} * G.live();
+    s.kv_read_tokens += uint64_t{G.computed + sg.new_tokens} * G.live();
+    s.attn_pairs += live * (n * before + n * (n + 1) / 2);
+  }
+  return s;
+}
+
+void Engine::fork_children(Group& G) {
+  const uint32_t prompt_end = G.computed;
+  for (uint32_t k = 1; k < G.width; ++k) {
+    Sequence child;
+    child.id = next_seq_++;
+    child.content = G.seqs[0].content.slice(0, prompt_end);
+    child.content.append(output_stream(G.spec.id, ++forks_), G.spec.output_tokens);
+    child.fork_from = 0;
+    G.seqs.push_back(std::move(child));
+  }
+  state_->running_seqs += G.width - 1;
+}
+
+void Engine::reshuffle_beams(Group& G) {
+  // Beam search keeps the best `width` continuations: a beam whose candidates lost is replaced
+  // by a fork of a surviving sibling (vLLM V0 beam search forks and frees sequences per step).
+  std::uniform_real_distribution<double> coin(0, 1);
+  std::vector<bool> replaced(G.width, false);
+  for (uint32_t b = 0; b < G.width; ++b) {
+    if (coin(state_->rng()) >= c_.serve.beam_fork_prob) continue;
+    const uint32_t p = (b + 1 + static_cast<uint32_t>(state_->rng()() % (G.width - 1))) % G.width;
+    if (replaced[p]) continue;
+    replaced[b] = true;
+    Sequence& s = G.seqs[b];
+    state_->sync(s);
+    kv_->release(s.id, s.content);
+    s.kv_tokens = s.synced = s.capacity = 0;
+    s.content = G.seqs[p].content.slice(0, G.computed);
+    s.content.append(output_stream(G.spec.id, ++forks_),
+                     G.spec.prompt_tokens + G.spec.output_tokens - G.computed);
+    s.fork_from = static_cast<int32_t>(p);
+  }
+}
+
+void Engine::finish(uint32_t g) {
+  Group& G = groups_[g];
+  G.status = GroupStatus::kFinished;
+  G.finished = clock_.now();
+  ++done_;
+}
+
+void Engine::complete_step(const StepPlan& plan) {
+  bool any_finished = false;
+  for (const ScheduledGroup& sg : plan.groups) {
+    Group& G = groups_[sg.group];
+    G.computed += sg.new_tokens;
+    if (G.computed < G.num_tokens()) continue;  // a prefill chunk: nothing sampled yet
+    ++G.outputs;
+    if (G.first_token < 0) G.first_token = clock_.now();
+    if (G.outputs >= G.spec.output_tokens) {
+      state_->release_group(sg.group);
+      state_->running_seqs -= G.live();
+      finish(sg.group);
+      any_finished = true;
+    } else if (G.outputs == 1 && G.width > 1 && G.live() == 1) {
+      fork_children(G);
+    } else if (G.spec.beam_width > 1 && G.live() == G.width && c_.serve.beam_fork_prob > 0) {
+      reshuffle_beams(G);
+    }
+  }
+  if (any_finished) {
+    auto& run = state_->running;
+    run.erase(std::remove_if(run.begin(), run.end(),
+                             [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
+              run.end());
+  }
+}
+
+void Engine::sample() {
+  state_->sync_all();
+  const KvStats s = kv_->stats();
+  const ServeCounters& k = state_->counters();
+  const double waste =
+      s.slots_allocated ? 100.0 * double(s.slots_allocated - s.tokens_stored) / s.slots_allocated
+                        : 0.0;
+  const SimTime now = clock_.now();
+  waste_integral_ += waste_last_ * double(now - last_sample_);
+  waste_last_ = waste;
+  last_sample_ = now;
+  r_.peak_used_blocks = std::max(r_.peak_used_blocks, s.used_blocks);
+  r_.peak_kv_bytes = std::max(r_.peak_kv_bytes, s.used_blocks * s.block_bytes);
+  metrics_.set("kv.used_blocks", double(s.used_blocks));
+  metrics_.set("kv.cached_blocks", double(s.cached_blocks));
+  metrics_.set("kv.free_blocks", double(s.free_blocks));
+  metrics_.set("kv.fragmentation_tokens", double(s.slots_allocated - s.tokens_stored));
+  metrics_.set("kv.waste_pct", waste);
+  metrics_.set("kv.cow_copies", double(s.cow_copies));
+  metrics_.set("kv.evicted_blocks", double(s.evicted_blocks));
+  metrics_.set("prefix_hit_rate",
+               k.prefix_query_tokens ? double(k.prefix_hit_tokens) / k.prefix_query_tokens : 0.0);
+  metrics_.set("preemptions", double(k.preemptions));
+  metrics_.set("swapped_bytes", double(k.swapped_bytes));
+  metrics_.set("oom_events", double(k.oom_events));
+  metrics_.set("running_seqs", double(state_->running_seqs));
+  metrics_.set("waiting", double(state_->waiting.size()));
+  metrics_.set("swapped", double(state_->swapped.size()));
+  metrics_.set("finished", double(done_));
+}
+
+ServingResult Engine::run() {
+  r_.label = c_.label;
+  r_.kv_impl = c_.kv_impl;
+  r_.scheduler = c_.scheduler;
+  r_.requests = requests_.size();
+  const SchedulerInfo* info = find_scheduler(c_.scheduler);
+  if (!info) {
+    r_.error = fmt::format("unknown scheduler '{}'", c_.scheduler);
+    return r_;
+  }
+  std::unique_ptr<Scheduler> scheduler = info->make();
+  kv_ = c_.kv_factory();
+  KvInit init;
+  init.layers = c_.model.layers;
+  init.kv_bytes_per_token = c_.model.kv_bytes_per_token();
+  init.budget_bytes = c_.kv_budget_bytes;
+  init.max_num_seqs = c_.serve.max_num_seqs;
+  init.max_model_len = c_.serve.max_model_len;
+  if (Status s = kv_->init(backend_, init); !s.ok()) {
+    r_.error = fmt::format("KV cache init: {}", s.error().message);
+    return r_;
+  }
+  DevPtr swap_space = 0;
+  if (c_.serve.preemption == Preemption::kSwap && c_.serve.swap_space) {
+    auto host = backend_.host_malloc_pinned(c_.serve.swap_space);
+    if (!host.ok()) {
+      r_.error = fmt::format("swap space: {}", host.error().message);
+      return r_;
+    }
+    swap_space = *host;
+  }
+  build_groups();
+  state_ = std::make_unique<ServeState>(*kv_, c_.serve, groups_);
+  r_.kv_capacity_tokens = kv_->free_token_capacity();
+
+  const auto wall0 = std::chrono::steady_clock::now();
+  t0_ = last_sample_ = clock_.now();
+  SimTime next_sample = t0_;
+  size_t next = 0;
+  StepPlan plan;
+  try {
+    while (done_ < groups_.size()) {
+      while (next < groups_.size() && t0_ + requests_[next].arrival <= clock_.now()) {
+        groups_[next].status = GroupStatus::kWaiting;
+        state_->waiting.push_back(static_cast<uint32_t>(next++));
+      }
+      plan.clear();
+      state_->step_swap_bytes = 0;
+      scheduler->schedule(*state_, plan);
+      for (uint32_t g : state_->finished_now) finish(g);
+      state_->finished_now.clear();
+      if (state_->step_swap_bytes) clock_.advance(model_.pcie_transfer(state_->step_swap_bytes));
+      if (plan.groups.empty()) {
+        if (!state_->running.empty()) {
+          r_.error = fmt::format(
+              "scheduler '{}' scheduled nothing while {} requests run (max_num_batched_tokens {} "
+              "below a group's decode width?)",
+              c_.scheduler, state_->running.size(), c_.serve.max_num_batched_tokens);
+          break;
+        }
+        if (!state_->swapped.empty()) {  // nothing runs, yet it cannot be swapped back in
+          const uint32_t g = state_->swapped.front();
+          state_->swapped.pop_front();
+          state_->swap_used -= groups_[g].swapped_bytes;
+          groups_[g].swapped_bytes = 0;
+          state_->reject(g);
+        } else if (!state_->waiting.empty()) {  // nothing runs, yet the head cannot start
+          state_->reject(state_->waiting.front());
+        } else if (next < groups_.size()) {
+          clock_.advance_to(t0_ + requests_[next].arrival);
+          continue;
+        }
+        for (uint32_t g : state_->finished_now) finish(g);
+        state_->finished_now.clear();
+        continue;
+      }
+      const StepShape shape = shape_of(plan);
+      const SimTime step = model_.step_time(shape);
+      clock_.advance(step);
+      ++r_.steps;
+      running_integral_ += double(state_->running_seqs) * double(step);
+      r_.max_running_seqs = std::max(r_.max_running_seqs, state_->running_seqs);
+      complete_step(plan);
+      if (clock_.now() >= next_sample) {
+        sample();
+        next_sample = clock_.now() + c_.sample_interval;
+      }
+    }
+    sample();
+  } catch (const std::logic_error& e) {
+    r_.error = e.what();
+  }
+  r_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  r_.sim_time = clock_.now() - t0_;
+
+  std::string why;
+  if (r_.error.empty() && !kv_->check_invariants(&why)) r_.error = why;
+  r_.kv = kv_->stats();
+  r_.counters = state_->counters();
+  std::vector<double> ttft, tpot, e2e;
+  for (const Group& G : groups_) {
+    if (G.rejected) continue;
+    r_.output_tokens += uint64_t{G.outputs} * G.live();
+    if (G.truncated) ++r_.truncated;
+    if (G.status == GroupStatus::kFinished) ++r_.finished;
+    if (G.first_token < 0) continue;
+    ttft.push_back(double(G.first_token - t0_ - G.spec.arrival) / 1e6);
+    if (G.finished >= 0) {
+      e2e.push_back(double(G.finished - t0_ - G.spec.arrival) / 1e6);
+      if (G.outputs > 1) tpot.push_back(double(G.finished - G.first_token) / 1e6 / (G.outputs - 1));
+    }
+  }
+  r_.rejected = r_.counters.rejected;
+  r_.ttft_ms = percentiles(std::move(ttft));
+  r_.tpot_ms = percentiles(std::move(tpot));
+  r_.e2e_ms = percentiles(std::move(e2e));
+  const double secs = double(r_.sim_time) / 1e9;
+  r_.output_tokens_per_s = secs > 0 ? double(r_.output_tokens) / secs : 0;
+  r_.requests_per_s = secs > 0 ? double(r_.finished - r_.rejected) / secs : 0;
+  r_.mean_running_seqs = r_.sim_time ? running_integral_ / double(r_.sim_time) : 0;
+  r_.waste_pct = r_.sim_time ? waste_integral_ / double(r_.sim_time) : 0;
+  r_.prefix_hit_rate = r_.counters.prefix_query_tokens
+                           ? double(r_.counters.prefix_hit_tokens) / r_.counters.prefix_query_tokens
+                           : 0;
+
+  // Everything must come back: live sequences are released, then the pool itself.
+  if (r_.error.empty() && done_ == groups_.size() && (r_.kv.slots_allocated || r_.kv.tokens_stored))
+    r_.error = fmt::format("{} KV slots still allocated after the last request",
+                           r_.kv.slots_allocated);
+  if (Status s = kv_->shutdown(); !s.ok() && r_.error.empty()) r_.error = s.error().message;
+  if (swap_space) (void)backend_.host_free_pinned(swap_space);
+  if (r_.error.empty() && backend_.usage().physical_bytes != 0)
+    r_.error = fmt::format("{} device bytes still held after shutdown",
+                           backend_.usage().physical_bytes);
+  r_.samples = metrics_.samples();
+  for (size_t i = 0; i < metrics_.series_count(); ++i)
+    r_.series.push_back(metrics_.name(static_cast<MetricsRecorder::SeriesId>(i)));
+  return r_;
+}
+
+}  // namespace
+
+ServingResult run_serving(const EngineConfig& config, const std::vector<RequestSpec>& requests) {
+  Engine engine(config, requests);
+  return engine.run();
+}
+
+}  // namespace memsim

@@ -1,0 +1,60 @@
+// The serving engine: replays requests through a scheduler and a KV-cache strategy on the sim
+// backend, charging each step from the roofline model, and reports latency, throughput and
+// KV-memory metrics.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/sim/cost_model.h"
+#include "sim/metrics.h"
+#include "sim/workload/model_shape.h"
+#include "sim/workload/requests.h"
+#include "src/kv/registry.h"
+#include "src/serve/serve_state.h"
+
+namespace memsim {
+
+struct EngineConfig {
+  std::string label;
+  ModelShape model;
+  GpuSpec gpu;
+  std::string scheduler = "continuous_batching";
+  ServeOptions serve;
+  std::string kv_impl;   // registry name
+  KvFactory kv_factory;  // built from the run's `kv:` map
+  uint64_t kv_budget_bytes = 0;
+  SimTime sample_interval = 100'000'000;  // gauges are sampled every 100 ms of simulated time
+};
+
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
+};
+
+struct ServingResult {
+  std::string label, kv_impl, scheduler;
+  std::string error;  // a broken invariant or internal error: the run failed (not an outcome)
+  uint64_t requests = 0, finished = 0, truncated = 0, rejected = 0;
+  uint64_t steps = 0;
+  SimTime sim_time = 0;  // first arrival to last completion
+  double wall_seconds = 0;
+  uint64_t output_tokens = 0;
+  double output_tokens_per_s = 0, requests_per_s = 0;
+  Percentiles ttft_ms, tpot_ms, e2e_ms;
+  uint32_t max_running_seqs = 0;
+  double mean_running_seqs = 0;  // time-weighted over steps
+  double waste_pct = 0;          // time-weighted (slots allocated - tokens stored) / allocated
+  uint64_t peak_used_blocks = 0;
+  uint64_t peak_kv_bytes = 0;  // peak bytes of used blocks
+  double prefix_hit_rate = 0;  // hit tokens / queried tokens at admission
+  KvStats kv;                  // at the end (before shutdown): pool geometry and counters
+  uint64_t kv_capacity_tokens = 0;
+  ServeCounters counters;
+  std::vector<MetricsRecorder::Sample> samples;
+  std::vector<std::string> series;  // sample.series -> name
+};
+
+ServingResult run_serving(const EngineConfig& config, const std::vector<RequestSpec>& requests);
+
+}  // namespace memsim

@@ -1,0 +1,252 @@
+// KV-cache budget: the profile-run replay, the capture run and the subtraction, as error values.
+#include "src/serve/kv_budget.h"
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <exception>
+#include <map>
+
+#include "backends/sim/sim_backend.h"
+#include "sim/clock.h"
+#include "sim/metrics.h"
+#include "sim/workload/alloc_program.h"
+#include "src/alloc/device_segment_source.h"
+#include "src/alloc/torch_caching.h"
+#include "src/config/config_node.h"
+
+namespace memsim {
+
+namespace {
+
+constexpr const char* kHeadTensor = "logits";  // the first tensor of the program's head
+
+std::string gib(uint64_t bytes) {
+  return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
+}
+
+ProgramOptions program_options(const KvBudgetInput& in) {
+  ProgramOptions o;
+  o.mode = GraphMode::kFull;
+  o.gemm_workspace_bytes = in.gemm_workspace_bytes;
+  o.max_model_len = in.max_model_len;
+  o.kv_block_size = in.kv_block_size;
+  return o;
+}
+
+// Replays the ops of `g` from op `from` up to (not including) op `to` through `alloc`, tracking
+// live tensors by name, so that a free in one program may release a tensor allocated by another
+// program of the same model (names are the same across batch sizes).
+Status replay_ops(const GraphProgram& g, size_t from, size_t to, TorchCachingAllocator& alloc,
+                  StreamId stream, std::map<std::string, DevPtr>& live) {
+  for (size_t i = from; i < to; ++i) {
+    const ProgramOp& op = g.ops[i];
+    const TensorSpec& t = g.tensors[op.tensor];
+    if (op.kind == ProgramOp::Kind::kAlloc) {
+      MEMSIM_ASSIGN_OR_RETURN(const DevPtr p, alloc.malloc(t.bytes, stream));
+      live[t.name] = p;
+      continue;
+    }
+    auto it = live.find(t.name);
+    if (it == live.end())
+      return make_error(
+          ErrorCode::kInvalidState,
+          fmt::format("profile run: {} frees '{}', which is not live", g.name, t.name));
+    MEMSIM_TRY(alloc.free(it->second));
+    live.erase(it);
+  }
+  return {};
+}
+
+size_t find_alloc(const GraphProgram& g, const std::string& name) {
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == ProgramOp::Kind::kAlloc && g.tensors[g.ops[i].tensor].name == name)
+      return i;
+  return g.ops.size();
+}
+
+struct ActivationPeak {
+  uint64_t allocated = 0;
+  uint64_t reserved = 0;
+};
+
+// vLLM's profile run: a forward of `tokens` rows, then the sampler on `rows` rows.
+Result<ActivationPeak> profile_run(const KvBudgetInput& in, const GpuSpec& gpu, uint32_t tokens,
+                                   uint32_t rows) {
+  ShapeProgram body, head;
+  try {
+    body = make_decode_program(in.model, tokens, program_options(in));
+    head = rows == tokens ? body : make_decode_program(in.model, rows, program_options(in));
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::kInvalidArgument, e.what());
+  }
+  SimClock clock;
+  SimBackend backend(gpu, clock);
+  MEMSIM_ASSIGN_OR_RETURN(const StreamId stream, backend.create_stream());
+  DeviceSegmentSource source(backend, "profile_run");
+  TorchCachingAllocator alloc(source);
+  std::map<std::string, DevPtr> live;
+  Status status = [&]() -> Status {
+    for (const TensorSpec& t : body.inputs) {
+      MEMSIM_ASSIGN_OR_RETURN(const DevPtr p, alloc.malloc(t.bytes, stream));
+      live["input." + t.name] = p;
+    }
+    const GraphProgram& b = body.graphs.front();
+    const GraphProgram& h = head.graphs.front();
+    const size_t cut = find_alloc(b, kHeadTensor);
+    MEMSIM_TRY(replay_ops(b, 0, cut, alloc, stream, live));
+    if (cut < b.ops.size())
+      MEMSIM_TRY(replay_ops(h, find_alloc(h, kHeadTensor), h.ops.size(), alloc, stream, live));
+    return {};
+  }();
+  const AllocatorStats stats = alloc.stats();
+  const Status released = alloc.release_all();
+  if (!status.ok()) {
+    Error e = status.error();
+    e.message = fmt::format("profile run ({} tokens) on {} free after weights: {}", tokens,
+                            gib(gpu.capacity), e.message);
+    return e;
+  }
+  MEMSIM_TRY(released);
+  return ActivationPeak{stats.peak_allocated_bytes, stats.peak_reserved_bytes};
+}
+
+Result<uint64_t> graph_memory(const KvBudgetInput& in, const GpuSpec& gpu,
+                              const std::vector<uint32_t>& sizes) {
+  GraphStrategyFactory factory = in.graph_factory;
+  if (!factory) {
+    const GraphStrategyInfo* info = find_graph_strategy(in.graph_strategy);
+    if (info == nullptr)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("kv budget: unknown graph strategy '{}' (one of: {})",
+                                    in.graph_strategy, fmt::join(graph_strategy_names(), ", ")));
+    try {
+      factory = info->parse(ConfigNode::parse("{}", "<kv_budget>"));
+    } catch (const std::exception& e) {
+      return make_error(ErrorCode::kInvalidArgument, e.what());
+    }
+  }
+  CaptureRunConfig rc;
+  rc.model = in.model;
+  rc.gemm_workspace_bytes = in.gemm_workspace_bytes;
+  rc.max_model_len = in.max_model_len;
+  rc.kv_block_size = in.kv_block_size;
+  rc.capture_sizes = sizes;
+  rc.order = in.capture_order;
+  rc.arrival = Arrival::kFixed;
+  rc.inputs = InputBuffers::kPersistent;
+  rc.outputs = in.outputs;
+  rc.runners = in.graphs;
+  SimClock clock;
+  MetricsRecorder metrics(clock);
+  const CaptureRunResult r = run_captures_on_sim(rc, gpu, factory, clock, metrics);
+  if (!r.ok)
+    return make_error(r.out_of_memory ? ErrorCode::kOutOfMemory : ErrorCode::kInvalidState,
+                      fmt::format("graph capture ({}) at b={} on {} free after weights: {}",
+                                  in.graph_strategy, r.failed_batch, gib(gpu.capacity), r.failure),
+                      r.bytes_short);
+  if (!r.invariant_violation.empty())
+    return make_error(
+        ErrorCode::kInvalidState,
+        fmt::format("graph capture ({}): {}", in.graph_strategy, r.invariant_violation));
+  return r.peak_strategy_reserved;
+}
+
+}  // namespace
+
+std::vector<uint32_t> kv_budget_capture_sizes(const KvBudgetInput& in) {
+  if (in.enforce_eager) return {};
+  std::vector<uint32_t> sizes =
+      in.capture_sizes.empty() ? vllm_capture_sizes(in.max_num_seqs) : in.capture_sizes;
+  std::erase_if(sizes, [&](uint32_t s) { return s == 0 || s > in.max_num_batched_tokens; });
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
+Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
+  if (!(in.gpu_memory_utilization > 0 && in.gpu_memory_utilization <= 1))
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("kv budget: gpu_memory_utilization {} is not in (0, 1]",
+                                  in.gpu_memory_utilization));
+  if (in.max_num_batched_tokens == 0 || in.max_num_seqs == 0 || in.kv_block_size == 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv budget: max_num_batched_tokens, max_num_seqs and kv_block_size must "
+                      "be > 0");
+  KvBudget b;
+  b.capacity = in.gpu.capacity;
+  b.usable =
+      static_cast<uint64_t>(in.gpu_memory_utilization * static_cast<double>(in.gpu.capacity));
+  b.weights = in.model.weight_bytes();
+  b.kv_bytes_per_token = in.model.kv_bytes_per_token();
+  b.kv_block_size = in.kv_block_size;
+  b.gpu_memory_utilization = in.gpu_memory_utilization;
+  b.profile_tokens = in.max_num_batched_tokens;
+  b.sampler_rows = std::min(in.max_num_seqs, in.max_num_batched_tokens);
+  b.capture_sizes = kv_budget_capture_sizes(in);
+  b.graph_strategy = in.enforce_eager ? "none (enforce_eager)" : in.graph_strategy;
+  if (!in.enforce_eager && b.capture_sizes.empty())
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("kv budget: no capture size <= max_num_batched_tokens {}",
+                                  in.max_num_batched_tokens));
+  if (b.weights >= b.capacity)
+    return make_error(ErrorCode::kOutOfMemory,
+                      fmt::format("kv budget: the weights ({}) do not fit the {} of {}",
+                                  gib(b.weights), gib(b.capacity), in.gpu.name),
+                      b.weights - b.capacity);
+
+  // The profile run and the captures happen with the weights loaded.
+  GpuSpec after_weights = in.gpu;
+  after_weights.capacity = b.capacity - b.weights;
+  MEMSIM_ASSIGN_OR_RETURN(
+      const ActivationPeak act,
+      profile_run(in, after_weights, in.max_num_batched_tokens, b.sampler_rows));
+  b.activation_peak = act.allocated;
+  b.activation_reserved_peak = act.reserved;
+  if (!in.enforce_eager) {
+    MEMSIM_ASSIGN_OR_RETURN(b.graph_memory, graph_memory(in, after_weights, b.capture_sizes));
+  }
+
+  const uint64_t needed = b.weights + b.activation_peak + b.graph_memory;
+  const uint64_t block_bytes = uint64_t{in.kv_block_size} * b.kv_bytes_per_token;
+  if (b.usable < needed + block_bytes)
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        fmt::format("kv budget: no memory for the KV cache: {:.3f} x {} = {} usable, but weights "
+                    "{} + activations {} + graphs {} = {} leave less than one KV block ({} B); "
+                    "short by {} B",
+                    in.gpu_memory_utilization, gib(b.capacity), gib(b.usable), gib(b.weights),
+                    gib(b.activation_peak), gib(b.graph_memory), gib(needed), block_bytes,
+                    needed + block_bytes - b.usable),
+        needed + block_bytes - b.usable);
+  b.kv_bytes = b.usable - needed;
+  b.kv_tokens = b.kv_bytes_per_token ? b.kv_bytes / b.kv_bytes_per_token : 0;
+  b.kv_blocks = block_bytes ? b.kv_bytes / block_bytes : 0;
+  return b;
+}
+
+std::string format_kv_budget(const KvBudget& b) {
+  auto line = [](const char* what, uint64_t bytes, const std::string& note) {
+    return fmt::format("  {:<18} {:>11} {:>17} B{}\n", what, gib(bytes), bytes,
+                       note.empty() ? "" : "  " + note);
+  };
+  std::string sizes = "none";
+  if (!b.capture_sizes.empty())
+    sizes = fmt::format("{} sizes {}..{}", b.capture_sizes.size(), b.capture_sizes.front(),
+                        b.capture_sizes.back());
+  std::string out = "KV-cache budget:\n";
+  out += line("capacity", b.capacity, "");
+  out +=
+      line("usable", b.usable, fmt::format("gpu_memory_utilization {}", b.gpu_memory_utilization));
+  out += line("- weights", b.weights, "");
+  out += line("- activation peak", b.activation_peak,
+              fmt::format("profile run: {} tokens, sampler on {} rows; allocator reserved {}",
+                          b.profile_tokens, b.sampler_rows, gib(b.activation_reserved_peak)));
+  out += line("- graph memory", b.graph_memory,
+              fmt::format("{}, captures: {}", b.graph_strategy, sizes));
+  out += line("= kv cache", b.kv_bytes,
+              fmt::format("{} tokens at {} B/token, {} blocks of {}", b.kv_tokens,
+                          b.kv_bytes_per_token, b.kv_blocks, b.kv_block_size));
+  return out;
+}
+
+}  // namespace memsim

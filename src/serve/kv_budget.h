@@ -1,0 +1,98 @@
+// KV-cache memory budget, sized the way vLLM sizes it: utilization x capacity minus weights, the
+// profile run's activation peak and CUDA-graph memory, each simulated on a fresh SimBackend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/result.h"
+#include "backends/sim/cost_model.h"
+#include "sim/capture_runner.h"
+#include "sim/workload/model_shape.h"
+#include "src/graph/registry.h"
+
+namespace memsim {
+
+// The engine settings that size the KV pool.
+//
+//   kv_bytes = floor(gpu_memory_utilization x capacity) - weights - activation_peak - graph_memory
+//
+// - weights: ModelShape::weight_bytes().
+// - activation_peak: vLLM's profile run (gpu_worker determine_available_memory) takes the torch
+//   allocator's "allocated_bytes.all.peak" over a dummy forward of max_num_batched_tokens tokens
+//   followed by a sampler run on min(max_num_seqs, max_num_batched_tokens) rows (logits only at
+//   each request's last position). Modelled by replaying the decode allocation program
+//   (sim/workload/decode_program.cpp, full-graph mode, runner inputs and GEMM workspace
+//   included) at max_num_batched_tokens rows up to the lm_head, then the program's head (logits,
+//   fp32 logits, probs, sampled ids) at the sampler's row count, through the PyTorch-faithful
+//   caching allocator on a device holding capacity - weights. The peak allocated bytes are
+//   subtracted (vLLM's figure); the peak reserved bytes (allocated + cached segments) are
+//   reported beside them.
+// - graph_memory: the capture runner with `graph_strategy` over the capture sizes (vLLM's
+//   default list, see capture_sizes), on a device holding capacity - weights; the peak physical
+//   bytes the strategy holds (graph pools / graph memory nodes). The runner's inputs and GEMM
+//   workspace live in the default pool and are counted in activation_peak. 0 when
+//   enforce_eager. (vLLM itself measures this with profile_cudagraph_memory() and subtracts it
+//   only under VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; otherwise graphs come out of the
+//   1 - utilization margin. memsim always subtracts it.)
+struct KvBudgetInput {
+  ModelShape model;
+  GpuSpec gpu;
+  double gpu_memory_utilization = 0.9;     // (0, 1]
+  uint32_t max_num_batched_tokens = 8192;  // the profile run's token count (vLLM profile_run)
+  uint32_t max_num_seqs = 256;
+  bool enforce_eager = false;  // no CUDA graphs: graph memory 0
+  // A graph-memory registry name (src/graph/registry.h), built with its default parameters
+  // unless graph_factory is set (e.g. parsed from YAML with parameters).
+  std::string graph_strategy = "shared_pool";
+  GraphStrategyFactory graph_factory;
+  // The graph shapes. Empty: vLLM's default (vllm/config/vllm.py _set_cudagraph_sizes):
+  // [1, 2, 4] + multiples of 8 up to 256 + multiples of 16 above, capped at
+  // min(max_num_seqs x 2, 512, max_num_batched_tokens). Sizes above max_num_batched_tokens are
+  // dropped, as vLLM drops them from an explicit list.
+  std::vector<uint32_t> capture_sizes;
+  // vLLM's capture: largest shapes first ("so that the smaller shapes can reuse the memory pool
+  // allocated for the large shapes", gpu_model_runner capture_model), weak references to outputs,
+  // persistent input buffers, one full-model graph per shape.
+  CaptureOrder capture_order = CaptureOrder::kLargeFirst;
+  OutputLifetime outputs = OutputLifetime::kWeak;
+  GraphRunners graphs = GraphRunners::kFull;
+  uint64_t gemm_workspace_bytes = 32ull << 20;  // cuBLAS workspace (PyTorch's size on Hopper)
+  uint32_t max_model_len = 8192;                // sizes the block-table input
+  uint32_t kv_block_size = 16;                  // tokens per KV block
+};
+
+struct KvBudget {
+  uint64_t capacity = 0;  // device memory
+  uint64_t usable = 0;    // floor(gpu_memory_utilization x capacity)
+  uint64_t weights = 0;
+  uint64_t activation_peak = 0;           // profile run: peak allocated bytes (subtracted)
+  uint64_t activation_reserved_peak = 0;  // profile run: peak reserved bytes (not subtracted)
+  uint64_t graph_memory = 0;
+  uint64_t kv_bytes = 0;  // usable - weights - activation_peak - graph_memory
+  uint64_t kv_bytes_per_token = 0;
+  uint64_t kv_tokens = 0;  // kv_bytes / kv_bytes_per_token
+  uint64_t kv_blocks = 0;  // kv_bytes / (kv_block_size x kv_bytes_per_token)
+  uint32_t kv_block_size = 0;
+  double gpu_memory_utilization = 0;
+  std::string graph_strategy;           // "none (enforce_eager)" when eager
+  std::vector<uint32_t> capture_sizes;  // captured (empty when eager)
+  uint32_t profile_tokens = 0;          // max_num_batched_tokens
+  uint32_t sampler_rows = 0;            // min(max_num_seqs, max_num_batched_tokens)
+};
+
+// The graph shapes `in` captures (see KvBudgetInput::capture_sizes); empty when enforce_eager.
+std::vector<uint32_t> kv_budget_capture_sizes(const KvBudgetInput& in);
+
+// Errors: kInvalidArgument for bad settings (utilization outside (0, 1], zero token or sequence
+// counts, an unknown graph strategy, no capture size left); kOutOfMemory when the weights, the
+// profile run or the captures do not fit the device, or when fewer bytes than one KV block
+// remain (message and bytes_short give the shortfall against one block) -- vLLM's "No available
+// memory for the cache blocks".
+Result<KvBudget> compute_kv_budget(const KvBudgetInput& in);
+
+// A multi-line human-readable breakdown (ends with a newline).
+std::string format_kv_budget(const KvBudget& b);
+
+}  // namespace memsim

@@ -1,0 +1,68 @@
+// Role interface of the scheduler family: which requests run in the next engine step, with how
+// many tokens each, and who is preempted when KV memory runs out.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/config/config_node.h"
+#include "src/serve/serve_state.h"
+
+namespace memsim {
+
+struct ScheduledGroup {
+  uint32_t group = 0;
+  uint32_t new_tokens = 0;  // tokens computed per sequence of the group this step
+};
+
+struct StepPlan {
+  std::vector<ScheduledGroup> groups;
+  void clear() { groups.clear(); }
+};
+
+// Contract (every implementation):
+// - schedule() fills `plan` from state's queues and has already made the KV of every scheduled
+//   sequence hold computed + new_tokens tokens (ServeState::grow_group / admit) when it
+//   returns, so the step can run. Groups it admits move from state.waiting (or state.swapped)
+//   to state.running; groups it preempts or truncates leave running through ServeState.
+// - A step computes at most options().max_num_batched_tokens tokens and runs at most
+//   options().max_num_seqs sequences; a group appears at most once.
+// - An empty plan means nothing can run now; the engine then advances to the next arrival, or
+//   rejects the head of the waiting queue when nothing is running (its KV can never fit).
+// - Deterministic: the same state gives the same plan (random choices use state.rng()).
+class Scheduler {
+ public:
+  virtual ~Scheduler() = default;
+  virtual std::string_view name() const = 0;
+  virtual void schedule(ServeState& state, StepPlan& plan) = 0;
+};
+
+// vLLM V1's first scheduling phase, shared by the batching schedulers: every running group in
+// order gets the rest of its prefill (chunked under *budget) or one token per sequence; when KV
+// runs out, the victim (options().victim) is preempted and the allocation retried; if the victim
+// is the group itself, the phase stops. A victim scheduled earlier in this step is taken back
+// out of the plan. Returns whether anything was preempted.
+bool schedule_running(ServeState& state, StepPlan& plan, uint32_t* budget);
+
+using SchedulerFactory = std::function<std::unique_ptr<Scheduler>()>;
+
+struct SchedulerInfo {
+  std::string name;
+  std::string summary;
+  std::vector<std::string> params;  // ServeOptions keys this scheduler accepts
+  SchedulerFactory make;
+};
+
+const std::vector<SchedulerInfo>& schedulers();
+const SchedulerInfo* find_scheduler(std::string_view name);
+std::vector<std::string> scheduler_names();
+
+// Parses a `scheduler:` map (impl + the implementation's keys) over `base`.
+ServeOptions parse_scheduler_options(const ConfigNode& node, const SchedulerInfo& info,
+                                     ServeOptions base);
+
+}  // namespace memsim

@@ -1,0 +1,205 @@
+// ServeState: KV growth with deferred in-block updates, admission with prefix lookup,
+// preemption (recompute or swap) and victim choice, swap-in, release.
+#include "src/serve/serve_state.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace memsim {
+namespace {
+
+// A KV call that the engine's bookkeeping guarantees is valid failed: a bug, not an outcome.
+[[noreturn]] void kv_bug(const char* what, const Error& e) {
+  throw std::logic_error(fmt::format("KV manager rejected {}: {}", what, e.message));
+}
+
+}  // namespace
+
+void ServeState::sync(Sequence& s) {
+  if (s.kv_tokens <= s.synced) return;
+  const Status st = kv_.grow(s.id, s.content, s.kv_tokens, 0);
+  if (!st.ok()) kv_bug("a grow within capacity", st.error());
+  s.synced = s.kv_tokens;
+}
+
+void ServeState::sync_all() {
+  for (uint32_t g : running)
+    for (Sequence& s : groups_[g].seqs)
+      if (s.fork_from < 0) sync(s);
+}
+
+bool ServeState::grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix) {
+  if (tokens <= s.kv_tokens) return true;
+  if (tokens <= s.capacity) {
+    s.kv_tokens = tokens;
+    return true;
+  }
+  const Status st = kv_.grow(s.id, s.content, tokens, prefix);
+  if (!st.ok()) {
+    if (st.error().code != ErrorCode::kOutOfMemory) kv_bug("a grow", st.error());
+    ++counters_.oom_events;
+    return false;
+  }
+  s.kv_tokens = s.synced = tokens;
+  s.capacity = kv_.seq_capacity(s.id);
+  return true;
+}
+
+bool ServeState::grow_group(uint32_t g, uint32_t tokens) {
+  Group& G = groups_[g];
+  for (Sequence& s : G.seqs) {
+    if (s.fork_from < 0) continue;
+    Sequence& parent = G.seqs[s.fork_from];
+    sync(parent);
+    const Status st = kv_.fork(parent.id, s.id);
+    if (!st.ok()) {
+      if (st.error().code != ErrorCode::kOutOfMemory) kv_bug("a fork", st.error());
+      ++counters_.oom_events;
+      return false;
+    }
+    s.kv_tokens = s.synced = parent.synced;
+    s.capacity = kv_.seq_capacity(s.id);
+    parent.capacity = kv_.seq_capacity(parent.id);  // its last block may be shared now
+    s.fork_from = -1;
+  }
+  for (Sequence& s : G.seqs)
+    if (!grow_seq(s, tokens, 0)) return false;
+  return true;
+}
+
+uint32_t ServeState::pending_tokens(const Group& g) const {
+  return (g.num_tokens() - g.computed) * g.live();
+}
+
+AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_tokens) {
+  Group& G = groups_[g];
+  Sequence& s = G.seqs[0];
+  const uint32_t known = G.num_tokens();
+  const uint32_t prefix = kv_.lookup_prefix(s.content.slice(0, known));
+  uint32_t chunk = known - prefix;
+  if (chunk > token_budget) {
+    if (!options_.chunked_prefill) return AdmitResult::kNoBudget;
+    chunk = token_budget;
+  }
+  if (chunk == 0) return AdmitResult::kNoBudget;
+  if (!grow_seq(s, prefix + chunk, prefix)) return AdmitResult::kNoMemory;
+  G.computed = prefix;
+  G.prefix_hit = prefix;
+  counters_.prefix_query_tokens += known;
+  counters_.prefix_hit_tokens += prefix;
+  *new_tokens = chunk;
+  return AdmitResult::kAdmitted;
+}
+
+size_t ServeState::pick_victim() const {
+  if (options_.victim == Victim::kLastArrived) return running.size() - 1;
+  size_t best = running.size() - 1;
+  for (size_t i = running.size(); i-- > 0;) {
+    const Group& a = groups_[running[i]];
+    const Group& b = groups_[running[best]];
+    if (a.outputs < b.outputs ||
+        (a.outputs == b.outputs && a.spec.prompt_tokens > b.spec.prompt_tokens))
+      best = i;
+  }
+  return best;
+}
+
+void ServeState::release_seqs(Group& G) {
+  for (Sequence& s : G.seqs) {
+    if (s.fork_from < 0) {
+      sync(s);
+      kv_.release(s.id, s.content);
+    }
+    s.kv_tokens = s.synced = s.capacity = 0;
+  }
+}
+
+void ServeState::preempt(uint32_t g) {
+  Group& G = groups_[g];
+  running.erase(std::find(running.begin(), running.end(), g));
+  running_seqs -= G.live();
+  ++G.preemptions;
+  ++counters_.preemptions;
+  // vLLM V0 swaps a multi-sequence group whatever the mode: recomputing would lose its samples.
+  if (options_.preemption == Preemption::kSwap || G.live() > 1) {
+    uint64_t bytes = 0;
+    for (Sequence& s : G.seqs)
+      if (s.fork_from < 0) bytes += kv_.seq_bytes(s.id);
+    if (swap_used + bytes <= options_.swap_space) {
+      release_seqs(G);
+      for (Sequence& s : G.seqs) s.fork_from = -1;
+      swap_used += bytes;
+      G.swapped_bytes = bytes;
+      step_swap_bytes += bytes;
+      ++counters_.swap_outs;
+      counters_.swapped_bytes += bytes;
+      G.status = GroupStatus::kSwapped;
+      swapped.push_back(g);
+      return;
+    }
+  }
+  release_seqs(G);
+  G.computed = 0;
+  if (G.live() > 1) {  // no swap space for its samples: start the request over
+    G.outputs = 0;
+    G.seqs.resize(1);
+    ++counters_.restarts;
+  }
+  G.seqs[0].fork_from = -1;
+  ++counters_.recomputes;
+  G.status = GroupStatus::kWaiting;
+  waiting.push_front(g);
+}
+
+bool ServeState::swap_in(uint32_t g) {
+  Group& G = groups_[g];
+  for (size_t i = 0; i < G.seqs.size(); ++i) {
+    if (!grow_seq(G.seqs[i], G.computed, 0)) {
+      for (size_t j = 0; j < i; ++j) {
+        kv_.release(G.seqs[j].id, G.seqs[j].content);
+        G.seqs[j].kv_tokens = G.seqs[j].synced = G.seqs[j].capacity = 0;
+      }
+      return false;
+    }
+  }
+  swap_used -= G.swapped_bytes;
+  step_swap_bytes += G.swapped_bytes;
+  counters_.swapped_bytes += G.swapped_bytes;
+  G.swapped_bytes = 0;
+  ++counters_.swap_ins;
+  G.status = GroupStatus::kRunning;
+  running.push_back(g);
+  running_seqs += G.live();
+  return true;
+}
+
+void ServeState::release_group(uint32_t g) { release_seqs(groups_[g]); }
+
+void ServeState::truncate(uint32_t g) {
+  Group& G = groups_[g];
+  if (auto it = std::find(running.begin(), running.end(), g); it != running.end()) {
+    running.erase(it);
+    running_seqs -= G.live();
+  } else if (auto w = std::find(waiting.begin(), waiting.end(), g); w != waiting.end()) {
+    waiting.erase(w);
+  }
+  release_seqs(G);
+  G.truncated = true;
+  G.status = GroupStatus::kFinished;
+  ++counters_.truncations;
+  finished_now.push_back(g);
+}
+
+void ServeState::reject(uint32_t g) {
+  Group& G = groups_[g];
+  if (auto w = std::find(waiting.begin(), waiting.end(), g); w != waiting.end()) waiting.erase(w);
+  release_seqs(G);
+  G.rejected = true;
+  G.status = GroupStatus::kFinished;
+  ++counters_.rejected;
+  finished_now.push_back(g);
+}
+
+}  // namespace memsim

@@ -1,0 +1,144 @@
+// Runtime state of a serving run shared by the engine and its scheduler: request groups, their
+// sequences, the waiting / running / swapped queues, and the KV operations with their
+// out-of-memory handling (preempt by recompute or swap, truncate).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sim/workload/requests.h"
+#include "src/kv/kv_cache_manager.h"
+
+namespace memsim {
+
+enum class Preemption : uint8_t { kRecompute, kSwap };
+// Which running request gives its KV back when memory runs out.
+enum class Victim : uint8_t {
+  kLastArrived,    // vLLM: the last request of the running queue (FCFS)
+  kFewestDecoded,  // SGLang retract_decode: fewest output tokens, then longest prompt
+};
+
+enum class AdmitResult : uint8_t { kAdmitted, kNoBudget, kNoMemory };
+
+enum class GroupStatus : uint8_t { kPending, kWaiting, kRunning, kSwapped, kFinished };
+
+// One sequence of a request: the prompt plus one sample's (or beam's) output tokens.
+struct Sequence {
+  SeqId id = 0;
+  TokenContent content;   // every token it will hold (prompt + its full output stream)
+  uint32_t kv_tokens = 0; // tokens its KV holds (may run ahead of what the manager was told)
+  uint32_t synced = 0;    // tokens the KV manager was last told (grow)
+  uint32_t capacity = 0;  // tokens it can hold without an allocation (KvCacheManager)
+  int32_t fork_from = -1; // beam replaced: re-fork from this sibling (index in the group)
+};
+
+// One request: its sequences advance in lockstep (prefill once, then forked samples or beams).
+struct Group {
+  RequestSpec spec;
+  GroupStatus status = GroupStatus::kPending;
+  std::vector<Sequence> seqs;  // seqs[0] is the prefill sequence
+  uint32_t width = 1;          // n or beam_width: sequences after the prefill
+  uint32_t computed = 0;       // tokens whose KV is computed (every live sequence)
+  uint32_t outputs = 0;        // tokens sampled so far per sequence
+  uint32_t prefix_hit = 0;     // tokens served from the prefix cache at the last admission
+  uint32_t preemptions = 0;
+  uint64_t swapped_bytes = 0;  // device bytes held in the host swap space (when swapped)
+  bool truncated = false;      // generation cut short by KV exhaustion (single_sequence)
+  bool rejected = false;       // never fit the KV pool
+  bool counted_prefix = false;
+  SimTime first_token = -1;
+  SimTime finished = -1;
+
+  uint32_t num_tokens() const { return spec.prompt_tokens + outputs; }  // known tokens
+  uint32_t live() const { return static_cast<uint32_t>(seqs.size()); }
+  bool in_prefill() const { return computed < num_tokens() && outputs == 0; }
+};
+
+struct ServeOptions {
+  uint32_t max_num_seqs = 256;
+  uint32_t max_num_batched_tokens = 8192;
+  uint32_t max_model_len = 8192;
+  bool chunked_prefill = true;
+  Preemption preemption = Preemption::kRecompute;
+  Victim victim = Victim::kLastArrived;
+  uint64_t swap_space = 4ull << 30;  // host bytes for swapped KV (vLLM V0 swap_space 4 GiB)
+  double beam_fork_prob = 0.1;        // per beam per step: replaced by a fork of a sibling
+  uint64_t seed = 1;
+};
+
+struct ServeCounters {
+  uint64_t preemptions = 0;
+  uint64_t recomputes = 0;
+  uint64_t swap_outs = 0;
+  uint64_t swap_ins = 0;
+  uint64_t swapped_bytes = 0;  // total bytes moved out (and back in)
+  uint64_t oom_events = 0;     // KV allocations that failed
+  uint64_t truncations = 0;
+  uint64_t prefix_query_tokens = 0;
+  uint64_t prefix_hit_tokens = 0;
+  uint64_t rejected = 0;  // requests whose KV can never fit the pool
+  uint64_t restarts = 0;  // multi-sequence groups restarted from scratch (no swap space)
+};
+
+// The scheduler's view of the run. KV growth goes through grow_group(), which keeps the KV
+// manager exact at block boundaries and lazy inside a block (sync() catches it up).
+class ServeState {
+ public:
+  ServeState(KvCacheManager& kv, const ServeOptions& options, std::vector<Group>& groups)
+      : kv_(kv), options_(options), groups_(groups), rng_(options.seed) {}
+
+  KvCacheManager& kv() { return kv_; }
+  const ServeOptions& options() const { return options_; }
+  std::vector<Group>& groups() { return groups_; }
+  Group& group(uint32_t g) { return groups_[g]; }
+  ServeCounters& counters() { return counters_; }
+  std::mt19937_64& rng() { return rng_; }
+
+  std::deque<uint32_t> waiting;
+  std::vector<uint32_t> running;  // in scheduling order
+  std::deque<uint32_t> swapped;
+  uint32_t running_seqs = 0;      // sequences of running groups
+  uint64_t swap_used = 0;         // host swap bytes in use
+  uint64_t step_swap_bytes = 0;   // PCIe bytes moved by this step (swap out + in)
+  std::vector<uint32_t> finished_now;  // ended by the scheduler (truncated / rejected)
+
+  // Makes every sequence of g hold `tokens` tokens (forking pending samples/beams first).
+  // All-or-nothing per call is not required; false = out of KV memory (counted).
+  bool grow_group(uint32_t g, uint32_t tokens);
+  // Admission (or re-admission after recompute) of a waiting group: prefix-cache lookup, then
+  // KV for the cached prefix plus the first prefill chunk (at most token_budget tokens, or the
+  // whole rest without chunked prefill). Sets *new_tokens to the chunk on success.
+  AdmitResult admit(uint32_t g, uint32_t token_budget, uint32_t* new_tokens);
+  // Tokens the group's next step would compute if unlimited (prefill rest or 1 per sequence).
+  uint32_t pending_tokens(const Group& g) const;
+  // Preempts running group g (removing it from `running`): recompute or swap per the options.
+  void preempt(uint32_t g);
+  // Picks the victim among the running groups per options().victim; its index in running.
+  size_t pick_victim() const;
+  // Swaps a swapped group back in; false when its KV does not fit now.
+  bool swap_in(uint32_t g);
+  // Releases all KV of g (finished), caching its prefix where the strategy does.
+  void release_group(uint32_t g);
+  // Ends g now with what it generated (KV exhausted: single_sequence), or rejects a waiting g
+  // whose KV can never fit. Both release its KV and queue it in finished_now.
+  void truncate(uint32_t g);
+  void reject(uint32_t g);
+  // Tells the KV manager every lazily grown token of the running groups.
+  void sync_all();
+  void sync(Sequence& s);
+
+ private:
+  bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix);
+  void release_seqs(Group& g);
+
+  KvCacheManager& kv_;
+  ServeOptions options_;
+  std::vector<Group>& groups_;
+  ServeCounters counters_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace memsim

@@ -1,0 +1,128 @@
+// KV-cache budget: exact byte figures for Llama-3.1-8B on an H200, eager mode, capture sizes,
+// and the out-of-memory outcomes (an error value with the shortfall, never a crash).
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "src/config/loaders.h"
+#include "src/serve/kv_budget.h"
+#include "tests/config_test_util.h"
+
+using namespace memsim;
+using namespace memsim::test;
+
+namespace {
+
+constexpr uint64_t kActivationPeak = 822312960;      // 784.2 MiB
+constexpr uint64_t kActivationReserved = 991952896;  // 946.0 MiB
+constexpr uint64_t kGraphMemory = 729808896;         // 696.0 MiB
+
+KvBudgetInput llama8b_h200() {
+  KvBudgetInput in;
+  in.model = load_model_shape(ConfigNode::load_file(model_file()));
+  in.gpu = load_gpu_spec(ConfigNode::load_file(gpu_file()));
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("kv budget: Llama-3.1-8B on an H200 at utilization 0.9, shared_pool", "[kv_budget]") {
+  const KvBudgetInput in = llama8b_h200();
+  const Result<KvBudget> r = compute_kv_budget(in);
+  REQUIRE(r.ok());
+  const KvBudget& b = *r;
+  CHECK(b.capacity == 146591680ull * 1024);
+  CHECK(b.usable == 135098892288ull);  // floor(0.9 x 150109880320)
+  CHECK(b.weights == in.model.weight_bytes());
+  CHECK(b.weights == 16060522496ull);
+  CHECK(b.activation_peak == kActivationPeak);
+  CHECK(b.activation_reserved_peak == kActivationReserved);
+  CHECK(b.graph_memory == kGraphMemory);
+  CHECK(b.kv_bytes == b.usable - b.weights - b.activation_peak - b.graph_memory);
+  CHECK(b.kv_bytes_per_token == 131072);
+  CHECK(b.kv_tokens == b.kv_bytes / 131072);
+  CHECK(b.kv_blocks == b.kv_bytes / (16 * 131072));
+  CHECK(b.capture_sizes.size() == 51);  // vLLM's list at max_num_seqs 256: 1..512
+  CHECK(b.capture_sizes.back() == 512);
+  CHECK(b.sampler_rows == 256);
+  CHECK(b.activation_reserved_peak >= b.activation_peak);
+
+  const std::string text = format_kv_budget(b);
+  CHECK_THAT(text, Catch::Contains("= kv cache"));
+  CHECK_THAT(text, Catch::Contains(std::to_string(b.kv_bytes)));
+}
+
+TEST_CASE("kv budget: enforce_eager has no graph memory", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  const Result<KvBudget> graphs = compute_kv_budget(in);
+  in.enforce_eager = true;
+  const Result<KvBudget> eager = compute_kv_budget(in);
+  REQUIRE(graphs.ok());
+  REQUIRE(eager.ok());
+  CHECK(eager->graph_memory == 0);
+  CHECK(eager->capture_sizes.empty());
+  CHECK(eager->activation_peak == graphs->activation_peak);
+  CHECK(eager->kv_bytes == graphs->kv_bytes + graphs->graph_memory);
+}
+
+TEST_CASE("kv budget: capture sizes follow vLLM's cap", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  in.max_num_seqs = 8;  // min(2 x 8, 512) = 16
+  CHECK(kv_budget_capture_sizes(in) == std::vector<uint32_t>{1, 2, 4, 8, 16});
+  in.max_num_batched_tokens = 6;  // and never above the token budget
+  CHECK(kv_budget_capture_sizes(in) == std::vector<uint32_t>{1, 2, 4});
+  in.capture_sizes = {64, 2, 2, 5};  // an explicit list: deduplicated, sorted, capped
+  CHECK(kv_budget_capture_sizes(in) == std::vector<uint32_t>{2, 5});
+  in.enforce_eager = true;
+  CHECK(kv_budget_capture_sizes(in).empty());
+}
+
+TEST_CASE("kv budget: too small a utilization is an out-of-memory outcome", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  in.gpu_memory_utilization = 0.1;  // 14 GB usable < 16 GB of weights
+  const Result<KvBudget> r = compute_kv_budget(in);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == ErrorCode::kOutOfMemory);
+  in.gpu_memory_utilization = 0.9;
+  const Result<KvBudget> ok = compute_kv_budget(in);
+  REQUIRE(ok.ok());
+  const uint64_t usable = static_cast<uint64_t>(0.1 * static_cast<double>(ok->capacity));
+  const uint64_t needed = ok->weights + ok->activation_peak + ok->graph_memory;
+  CHECK(r.error().bytes_short == needed + 16 * 131072 - usable);  // short of one KV block
+  CHECK_THAT(r.error().message, Catch::Contains("no memory for the KV cache"));
+}
+
+TEST_CASE("kv budget: weights larger than the device", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  in.gpu.capacity = 8ull << 30;
+  const Result<KvBudget> r = compute_kv_budget(in);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == ErrorCode::kOutOfMemory);
+  CHECK(r.error().bytes_short == in.model.weight_bytes() - (8ull << 30));
+  CHECK_THAT(r.error().message, Catch::Contains("do not fit"));
+}
+
+TEST_CASE("kv budget: Llama-3.1-70B fits an H200 but leaves no KV cache", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  in.model =
+      load_model_shape(ConfigNode::load_file(source_root() + "/configs/models/llama-3.1-70b.yaml"));
+  const Result<KvBudget> r = compute_kv_budget(in);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == ErrorCode::kOutOfMemory);
+  CHECK(r.error().bytes_short > in.model.weight_bytes() - 135098892288ull);
+}
+
+TEST_CASE("kv budget: invalid settings are error values", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  in.gpu_memory_utilization = 1.5;
+  CHECK(compute_kv_budget(in).error().code == ErrorCode::kInvalidArgument);
+  in = llama8b_h200();
+  in.graph_strategy = "shared_poool";
+  const Result<KvBudget> r = compute_kv_budget(in);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == ErrorCode::kInvalidArgument);
+  CHECK_THAT(r.error().message, Catch::Contains("unknown graph strategy 'shared_poool'"));
+  in = llama8b_h200();
+  in.max_num_batched_tokens = 0;
+  CHECK(compute_kv_budget(in).error().code == ErrorCode::kInvalidArgument);
+}
