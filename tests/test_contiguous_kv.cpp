@@ -491,5 +491,40 @@ TEST_CASE("random operations keep invariants and the backend in step") {
   random_ops("{impl: vmm_contiguous, reclaim: deferred}", q, 4, 1500);
 }
 
+TEST_CASE("seq_capacity: the whole static slab; vmm's needed groups, not a slot's excess") {
+  Rig st("{impl: static_contiguous}", qwen(2 * kSlab, 2));
+  CHECK(st.kv->seq_capacity(1) == 0);
+  REQUIRE(st.kv->grow(1, kChat, 10, 0).ok());
+  CHECK(st.kv->seq_capacity(1) == 8192);
+
+  Rig rig("{impl: vmm_contiguous, reclaim: deferred}", qwen(4 * kGroup, 4));
+  auto& vm = rig.as<VmmContiguous>();
+  REQUIRE(rig.kv->grow(1, kChat, 2048, 0).ok());  // slot 0, 2 groups
+  REQUIRE(rig.kv->grow(2, kChat, 2000, 0).ok());  // slot 1, 2 groups
+  CHECK(rig.kv->seq_capacity(2) == 2048);
+  rig.kv->release(1, kChat);
+  rig.kv->release(2, kChat);
+  REQUIRE(rig.kv->grow(3, kChat, 1, 0).ok());  // slot 1: needs 1 group, 1 more mapped
+  REQUIRE(rig.kv->grow(4, kChat, 1, 0).ok());  // slot 0 likewise
+  CHECK(vm.seq_mapped_groups(3) == 2);
+  CHECK(rig.kv->seq_capacity(3) == 1024);  // the excess group is reclaimable by others
+  // A grow within capacity changes only the token counters: no call, no block moves, and the
+  // slot keeps its place in the reclaim order (seq 3's slot became excess first).
+  const KvStats before = rig.kv->stats();
+  const uint64_t maps = rig.calls(P::kMap);
+  REQUIRE(rig.kv->grow(3, kChat, 1024, 0).ok());
+  KvStats want = before;
+  want.tokens_stored += 1023;
+  CHECK(same(rig.kv->stats(), want));
+  CHECK(rig.calls(P::kMap) == maps);
+  REQUIRE(rig.kv->grow(5, kChat, 1, 0).ok());  // an empty slot: reclaims one excess group
+  rig.check();
+  CHECK(vm.seq_mapped_groups(3) == 1);
+  CHECK(vm.seq_mapped_groups(4) == 2);
+  CHECK(rig.kv->seq_capacity(5) == 1024);
+  rig.kv->release(3, kChat);
+  CHECK(rig.kv->seq_capacity(3) == 0);
+}
+
 }  // namespace
 }  // namespace memsim::test

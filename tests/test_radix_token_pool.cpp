@@ -480,5 +480,28 @@ TEST_CASE("random workload: invariants every step, all free after release + evic
   random_run(1, "lfu", 4);
 }
 
+TEST_CASE("seq_capacity: the tree prefix plus private pages, capped at max_model_len") {
+  KvRig rig(yaml(4), toy_init(16, 4));
+  const TokenContent c(1, 100);
+  CHECK(rig.kv->seq_capacity(1) == 0);
+  admit(rig, 1, c, 6);  // 2 private pages
+  CHECK(rig.kv->seq_capacity(1) == 8);
+  finish(rig, 1, c);    // the tree keeps page [0, 4)
+  admit(rig, 2, c, 9);  // 4 tokens through the tree + 2 private pages
+  CHECK(pool(rig).seq_cached_tokens(2) == 4);
+  CHECK(rig.kv->seq_capacity(2) == 12);
+  KvStats want = rig.kv->stats();
+  REQUIRE(rig.kv->grow(2, c, 12, 0).ok());  // within capacity: only the token counters move
+  want.tokens_stored += 3;
+  CHECK(same_stats(rig.kv->stats(), want));
+  CHECK(rig.kv->stats().free_blocks == want.free_blocks);
+
+  KvInit short_init = toy_init(16, 4);
+  short_init.max_model_len = 6;
+  KvRig capped(yaml(4), short_init);
+  admit(capped, 1, c, 5);
+  CHECK(capped.kv->seq_capacity(1) == 6);
+}
+
 }  // namespace
 }  // namespace memsim::test

@@ -9,13 +9,39 @@
 #include "src/app/calibrate.h"
 #include "src/app/cuda_validation.h"
 #endif
+#include "src/app/serving_writers.h"
 #include "src/app/shapes_experiment.h"
 #include "src/app/writers.h"
+#include "src/serve/serving_experiment.h"
 
 namespace {
 
 constexpr int kExitConfigError = 2;
 constexpr int kExitRunFailure = 1;
+
+// experiments/kv_*.yaml: requests through KV-cache strategies and schedulers.
+int run_serving_main(const std::string& config_path, const std::vector<std::string>& overrides,
+                     const std::string& out_dir) {
+  memsim::ServingConfig config;
+  try {
+    config = memsim::load_serving_config(config_path, overrides);
+  } catch (const memsim::ConfigError& e) {
+    std::cerr << "memsim: config error: " << e.what() << "\n";
+    return kExitConfigError;
+  }
+  const memsim::ServingResults results = memsim::run_serving_experiment(config);
+  std::cout << memsim::format_serving_table(config, results);
+  const std::string dir = (std::filesystem::path(out_dir) / config.experiment).string();
+  if (std::string err = memsim::write_serving_outputs(config, results, dir); !err.empty()) {
+    std::cerr << "memsim: " << err << "\n";
+    return kExitRunFailure;
+  }
+  std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv\n", dir);
+  std::cout << memsim::plot_serving(config, dir) << "\n";
+  for (const auto& r : results.runs)
+    if (!r.result.error.empty()) return kExitRunFailure;
+  return 0;
+}
 
 }  // namespace
 
@@ -91,6 +117,16 @@ int main(int argc, char** argv) {
     }
   }
 #endif
+  if (memsim::is_serving_config(config_path)) {
+    if (backend == "cuda") {
+      std::cerr << "memsim: --backend cuda: serving experiments (KV-cache strategies and "
+                   "schedulers) run on the sim backend only; the CUDA backend validates the "
+                   "graph-memory experiments (experiments/shapes.yaml)\n";
+      return kExitConfigError;
+    }
+    if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
+    return run_serving_main(config_path, overrides, out_dir);
+  }
   memsim::ShapesConfig config;
   try {
     if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));

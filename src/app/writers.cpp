@@ -15,6 +15,7 @@ std::string human_bytes(uint64_t bytes) {
   if (bytes >= (1ull << 40)) return fmt::format("{:.2f} TiB", b / (1ull << 40));
   if (bytes >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / (1ull << 30));
   if (bytes >= (1ull << 20)) return fmt::format("{:.1f} MiB", b / (1ull << 20));
+  if (bytes >= (1ull << 10)) return fmt::format("{:.1f} KiB", b / (1ull << 10));
   return fmt::format("{} B", bytes);
 }
 
@@ -189,31 +190,41 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
   return {};
 }
 
-std::string plot_shapes(const ShapesConfig& c, const std::string& dir) {
+std::string run_plot_script(const std::string& config_source, const std::string& script_name,
+                            const std::string& dir, const std::vector<std::string>& args,
+                            const std::vector<std::string>& outputs) {
   // The script sits in tools/ of the source tree: next to the experiment's folder, or MEMSIM_ROOT.
   std::vector<fs::path> candidates;
   if (const char* root = std::getenv("MEMSIM_ROOT"))
-    candidates.push_back(fs::path(root) / "tools" / "plot_shapes.py");
-  candidates.push_back(fs::path(c.source).parent_path() / ".." / "tools" / "plot_shapes.py");
-  candidates.push_back(fs::path("tools") / "plot_shapes.py");
+    candidates.push_back(fs::path(root) / "tools" / script_name);
+  candidates.push_back(fs::path(config_source).parent_path() / ".." / "tools" / script_name);
+  candidates.push_back(fs::path("tools") / script_name);
   fs::path script;
   for (const auto& p : candidates)
     if (fs::is_regular_file(p)) {
       script = p;
       break;
     }
-  if (script.empty()) return "plots skipped: tools/plot_shapes.py not found";
+  if (script.empty()) return fmt::format("plots skipped: tools/{} not found", script_name);
   // The first python3 that has matplotlib (PATH's, then the system one).
   for (const char* py : {"python3", "/usr/bin/python3"}) {
     const std::string probe = fmt::format("{} -c 'import matplotlib' >/dev/null 2>&1", py);
     if (std::system(probe.c_str()) != 0) continue;
-    const std::string cmd = fmt::format("{} '{}' '{}' --variant '{}' >/dev/null", py,
-                                        script.string(), dir, c.table.name());
-    if (std::system(cmd.c_str()) == 0)
-      return fmt::format("plots: {}/footprint.png, {}/footprint.svg", dir, dir);
-    return "plots failed: " + cmd;
+    std::string cmd = fmt::format("{} '{}' '{}'", py, script.string(), dir);
+    for (const std::string& a : args) cmd += fmt::format(" '{}'", a);
+    cmd += " >/dev/null";
+    if (std::system(cmd.c_str()) != 0) return "plots failed: " + cmd;
+    std::string line = "plots:";
+    for (size_t i = 0; i < outputs.size(); ++i)
+      line += fmt::format("{} {}/{}", i ? "," : "", dir, outputs[i]);
+    return line;
   }
   return "plots skipped: no python3 with matplotlib (apt-get install python3-matplotlib)";
+}
+
+std::string plot_shapes(const ShapesConfig& c, const std::string& dir) {
+  return run_plot_script(c.source, "plot_shapes.py", dir, {"--variant", c.table.name()},
+                         {"footprint.png", "footprint.svg"});
 }
 
 }  // namespace memsim

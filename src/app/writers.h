@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "src/app/shapes_experiment.h"
 
@@ -20,5 +21,12 @@ std::string write_shapes_outputs(const ShapesConfig& config, const ShapesResults
 std::string plot_shapes(const ShapesConfig& config, const std::string& dir);
 
 std::string human_bytes(uint64_t bytes);
+
+// Runs tools/<script_name> (found beside the config's experiments/ folder, MEMSIM_ROOT or the
+// current folder) with python3 + matplotlib on `dir` and `args`; returns a status line naming
+// `outputs` on success.
+std::string run_plot_script(const std::string& config_source, const std::string& script_name,
+                            const std::string& dir, const std::vector<std::string>& args,
+                            const std::vector<std::string>& outputs);
 
 }  // namespace memsim

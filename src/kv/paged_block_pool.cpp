@@ -66,6 +66,7 @@ Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
   MEMSIM_ASSIGN_OR_RETURN(pool_, backend.device_malloc(units * unit_bytes_, "kv_cache"));
   backend_ = &backend;
   blocks_.assign(units, Block{});
+  cache_.reset(units);
   head_ = tail_ = kNone;
   queued_ = cached_ = used_ = stored_ = cow_copies_ = evicted_ = 0;
   for (uint32_t u = 0; u < units; ++u) queue_push_back(u);
@@ -80,7 +81,7 @@ Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
 Status PagedBlockPool::shutdown() {
   if (!backend_) return {};
   seqs_.clear();
-  cache_.clear();
+  cache_.reset(0);
   const Status s = backend_->device_free(pool_);
   backend_ = nullptr;
   pool_ = 0;
@@ -130,8 +131,7 @@ uint32_t PagedBlockPool::allocate_unit() {
   const uint32_t u = queue_pop_front();
   Block& blk = blocks_[u];
   if (blk.hash) {  // evict the LRU cached block (vLLM _maybe_evict_cached_block)
-    auto it = cache_.find(blk.hash);
-    if (it != cache_.end() && it->second == u) cache_.erase(it);
+    cache_.erase(blk.hash, u);
     blk.hash = 0;
     ++evicted_;
   }
@@ -181,7 +181,7 @@ void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content) {
                                             (b + 1) * block_size());
     Block& blk = blocks_[s.blocks[b]];
     // A block whose content is already cached elsewhere stays a private duplicate.
-    if (!blk.hash && cache_.emplace(h, s.blocks[b]).second) blk.hash = h;
+    if (!blk.hash && cache_.insert(h, s.blocks[b])) blk.hash = h;
     s.last_hash = h;
     ++s.hashed;
   }
@@ -194,7 +194,7 @@ uint32_t PagedBlockPool::lookup_prefix(const TokenContent& content) const {
   uint32_t hits = 0;
   for (; hits < max_blocks; ++hits) {
     h = content.chained_hash(h, hits * block_size(), (hits + 1) * block_size());
-    if (!cache_.count(h)) break;
+    if (cache_.find(h) == HashIndex::kNone) break;
   }
   return hits * block_size();
 }
@@ -217,13 +217,13 @@ Status PagedBlockPool::grow(SeqId seq, const TokenContent& content, uint32_t num
     uint64_t h = kRootHash;
     for (uint32_t b = 0; b < prefix_tokens / block_size(); ++b) {
       h = content.chained_hash(h, b * block_size(), (b + 1) * block_size());
-      auto c = cache_.find(h);
-      if (c == cache_.end())
+      const uint32_t c = cache_.find(h);
+      if (c == HashIndex::kNone)
         return make_error(
             ErrorCode::kInvalidArgument,
             "paged_block_pool: the prefix is no longer cached (lookup_prefix and grow "
             "must be called back to back)");
-      hits.push_back(c->second);
+      hits.push_back(c);
     }
     uint64_t evictable_hits = 0;
     for (uint32_t u : hits) evictable_hits += blocks_[u].ref == 0;
@@ -327,8 +327,8 @@ uint32_t PagedBlockPool::seq_capacity(SeqId seq) const {
   const Seq& s = it->second;
   // A shared partial last block must be copied before it is written.
   if (s.tokens % block_size() && blocks_[s.blocks.back()].ref > 1) return s.tokens;
-  return static_cast<uint32_t>(std::min<uint64_t>(s.blocks.size() * block_size(),
-                                                  init_.max_model_len));
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(s.blocks.size() * block_size(), init_.max_model_len));
 }
 
 uint64_t PagedBlockPool::free_token_capacity() const {
@@ -400,14 +400,18 @@ bool PagedBlockPool::check_invariants(std::string* why) const {
       ++cached;
     }
     if (b.hash) {
-      auto it = cache_.find(b.hash);
-      if (it == cache_.end() || it->second != u)
+      if (cache_.find(b.hash) != u)
         return fail(fmt::format("block {} hash not registered to it", u));
       if (b.filled != block_size()) return fail(fmt::format("cached block {} is not full", u));
     }
   }
-  for (const auto& [h, u] : cache_)
-    if (u >= n || blocks_[u].hash != h) return fail(fmt::format("cache entry -> block {}", u));
+  bool entries_ok = true;
+  uint64_t entries = 0;
+  cache_.for_each([&](uint64_t h, uint32_t u) {
+    ++entries;
+    if (u >= n || blocks_[u].hash != h) entries_ok = false;
+  });
+  if (!entries_ok || entries != cache_.size()) return fail("a prefix-cache entry is stale");
   uint64_t walked = 0;
   uint32_t prev = kNone;
   for (uint32_t u = head_; u != kNone; u = blocks_[u].next) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/config/config_node.h"
+#include "src/kv/hash_index.h"
 #include "src/kv/kv_cache_manager.h"
 
 namespace memsim {
@@ -88,13 +89,13 @@ class PagedBlockPool final : public KvCacheManager {
   uint64_t unit_bytes_ = 0;  // device bytes of one unit (one block, or one block per layer)
   std::vector<Block> blocks_;
   uint32_t head_ = kNone, tail_ = kNone;
-  uint64_t queued_ = 0;                           // units in the free queue (free + cached)
-  uint64_t cached_ = 0;                           // of those, units with a registered hash
-  uint64_t used_ = 0;                             // units with ref > 0 (including the null block)
-  uint64_t stored_ = 0;                           // sum of filled over used units
-  uint64_t cow_copies_ = 0;                       // in units
-  uint64_t evicted_ = 0;                          // in units
-  std::unordered_map<uint64_t, uint32_t> cache_;  // hash -> unit
+  uint64_t queued_ = 0;      // units in the free queue (free + cached)
+  uint64_t cached_ = 0;      // of those, units with a registered hash
+  uint64_t used_ = 0;        // units with ref > 0 (including the null block)
+  uint64_t stored_ = 0;      // sum of filled over used units
+  uint64_t cow_copies_ = 0;  // in units
+  uint64_t evicted_ = 0;     // in units
+  HashIndex cache_;          // hash -> unit
   std::unordered_map<SeqId, Seq> seqs_;
 };
 

@@ -293,6 +293,15 @@ uint64_t RadixTokenPool::seq_bytes(SeqId seq) const {
   return (it->second.cached / page_size() + it->second.pages.size()) * page_bytes_;
 }
 
+uint32_t RadixTokenPool::seq_capacity(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  // A grow up to here needs no page (grow's need is 0): only counters and the content change.
+  const Seq& s = it->second;
+  const uint64_t slots = s.cached + s.pages.size() * uint64_t{page_size()};
+  return static_cast<uint32_t>(std::min<uint64_t>(slots, init_.max_model_len));
+}
+
 uint64_t RadixTokenPool::free_token_capacity() const {
   return available_pages() * page_size();
 }

@@ -64,6 +64,8 @@ class RadixTokenPool final : public KvCacheManager {
   void release(SeqId seq, const TokenContent& content) override;
   uint32_t seq_tokens(SeqId seq) const override;
   uint64_t seq_bytes(SeqId seq) const override;
+  // Its tree prefix plus its private pages (page-rounded), capped at max_model_len.
+  uint32_t seq_capacity(SeqId seq) const override;
   uint64_t free_token_capacity() const override;
   KvStats stats() const override;
   bool check_invariants(std::string* why) const override;

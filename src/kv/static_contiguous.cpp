@@ -175,6 +175,10 @@ uint64_t StaticContiguous::seq_bytes(SeqId seq) const {
   return seqs_.count(seq) != 0 ? slab_bytes_ : 0;
 }
 
+uint32_t StaticContiguous::seq_capacity(SeqId seq) const {
+  return seqs_.count(seq) != 0 ? init_.max_model_len : 0;
+}
+
 uint64_t StaticContiguous::free_token_capacity() const {
   return uint64_t{free_slots_.size()} * init_.max_model_len;
 }

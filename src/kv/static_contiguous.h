@@ -41,6 +41,7 @@ class StaticContiguous final : public KvCacheManager {
 
   uint32_t seq_tokens(SeqId seq) const override;
   uint64_t seq_bytes(SeqId seq) const override;
+  uint32_t seq_capacity(SeqId seq) const override;  // the whole slab: max_model_len
   uint64_t free_token_capacity() const override;
 
   KvStats stats() const override;

@@ -361,7 +361,9 @@ Status VmmContiguous::grow(SeqId seq, const TokenContent& content, uint32_t num_
                         fmt::format("vmm_contiguous: grow of seq {} to {} tokens below its "
                                     "length {}",
                                     seq, num_tokens, q.tokens));
-    MEMSIM_TRY(extend(q.slot, target));
+    // Within its groups (seq_capacity) only the counters change: extend would re-file the slot
+    // in the excess list and so change which slot a later reclaim picks.
+    if (target != slots_[q.slot].needed) MEMSIM_TRY(extend(q.slot, target));
     tokens_stored_ += num_tokens - q.tokens;
     q.tokens = num_tokens;
     return {};
@@ -447,6 +449,11 @@ uint64_t VmmContiguous::seq_bytes(SeqId seq) const {
 int64_t VmmContiguous::seq_mapped_groups(SeqId seq) const {
   auto it = seqs_.find(seq);
   return it == seqs_.end() ? -1 : int64_t{slots_[it->second.slot].mapped};
+}
+
+uint32_t VmmContiguous::seq_capacity(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : static_cast<uint32_t>(tokens_in(slots_[it->second.slot].needed));
 }
 
 uint64_t VmmContiguous::free_token_capacity() const {

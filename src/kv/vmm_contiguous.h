@@ -60,6 +60,9 @@ class VmmContiguous final : public KvCacheManager {
 
   uint32_t seq_tokens(SeqId seq) const override;
   uint64_t seq_bytes(SeqId seq) const override;
+  // Tokens of the groups the request needs (its used_blocks), capped at max_model_len. Deferred
+  // excess groups mapped in its slot do not count: another request's grow may reclaim them.
+  uint32_t seq_capacity(SeqId seq) const override;
   uint64_t free_token_capacity() const override;
 
   KvStats stats() const override;

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <queue>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -19,8 +21,12 @@ namespace memsim {
 namespace {
 
 // Token streams: the shared prefix of a group, a request's own prompt, a sequence's output.
-uint64_t prefix_stream(int32_t group) { return (1ull << 62) | static_cast<uint32_t>(group); }
-uint64_t prompt_stream(uint64_t request) { return (2ull << 62) | request; }
+uint64_t prefix_stream(int32_t group) {
+  return (1ull << 62) | static_cast<uint32_t>(group);
+}
+uint64_t prompt_stream(uint64_t request) {
+  return (2ull << 62) | request;
+}
 uint64_t output_stream(uint64_t request, uint64_t fork) {
   return (3ull << 62) | (request << 24) | fork;
 }
@@ -63,6 +69,7 @@ class Engine {
   void finish(uint32_t g);
   void sample();
   StepShape shape_of(const StepPlan& plan);
+  uint64_t fast_decode(SimTime stop_at);
 
   const EngineConfig& c_;
   const std::vector<RequestSpec>& requests_;
@@ -76,6 +83,7 @@ class Engine {
   SeqId next_seq_ = 0;
   uint64_t forks_ = 0;
   uint64_t done_ = 0;
+  uint64_t length_capped_ = 0;
   SimTime t0_ = 0, last_sample_ = 0;
   double waste_integral_ = 0, waste_last_ = 0, running_integral_ = 0;
   ServingResult r_;
@@ -88,11 +96,17 @@ void Engine::build_groups() {
     Group& G = groups_[i];
     G.spec = q;
     G.width = std::max(q.n, q.beam_width);
+    // vLLM stops a sequence at max_model_len tokens (finish reason "length").
+    const uint32_t max_len = c_.serve.max_model_len;
+    if (q.prompt_tokens < max_len && q.prompt_tokens + q.output_tokens > max_len) {
+      G.spec.output_tokens = max_len - q.prompt_tokens;
+      ++length_capped_;
+    }
     Sequence s;
     s.id = next_seq_++;
     if (q.prefix_group >= 0) s.content.append(prefix_stream(q.prefix_group), q.prefix_tokens);
     s.content.append(prompt_stream(q.id), q.prompt_tokens - s.content.size());
-    s.content.append(output_stream(q.id, 0), q.output_tokens);
+    s.content.append(output_stream(q.id, 0), G.spec.output_tokens);
     G.seqs.push_back(std::move(s));
   }
 }
@@ -127,12 +141,13 @@ void Engine::reshuffle_beams(Group& G) {
   // Beam search keeps the best `width` continuations: a beam whose candidates lost is replaced
   // by a fork of a surviving sibling (vLLM V0 beam search forks and frees sequences per step).
   std::uniform_real_distribution<double> coin(0, 1);
-  std::vector<bool> replaced(G.width, false);
+  std::vector<bool> replaced(G.width, false), parent(G.width, false);
   for (uint32_t b = 0; b < G.width; ++b) {
     if (coin(state_->rng()) >= c_.serve.beam_fork_prob) continue;
     const uint32_t p = (b + 1 + static_cast<uint32_t>(state_->rng()() % (G.width - 1))) % G.width;
-    if (replaced[p]) continue;
+    if (replaced[p] || parent[b]) continue;  // a parent survives this step; forks never chain
     replaced[b] = true;
+    parent[p] = true;
     Sequence& s = G.seqs[b];
     state_->sync(s);
     kv_->release(s.id, s.content);
@@ -172,9 +187,10 @@ void Engine::complete_step(const StepPlan& plan) {
   }
   if (any_finished) {
     auto& run = state_->running;
-    run.erase(std::remove_if(run.begin(), run.end(),
-                             [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
-              run.end());
+    run.erase(
+        std::remove_if(run.begin(), run.end(),
+                       [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
+        run.end());
   }
 }
 
@@ -182,9 +198,9 @@ void Engine::sample() {
   state_->sync_all();
   const KvStats s = kv_->stats();
   const ServeCounters& k = state_->counters();
-  const double waste =
-      s.slots_allocated ? 100.0 * double(s.slots_allocated - s.tokens_stored) / s.slots_allocated
-                        : 0.0;
+  const double waste = s.slots_allocated
+                           ? 100.0 * double(s.slots_allocated - s.tokens_stored) / s.slots_allocated
+                           : 0.0;
   const SimTime now = clock_.now();
   waste_integral_ += waste_last_ * double(now - last_sample_);
   waste_last_ = waste;
@@ -207,6 +223,101 @@ void Engine::sample() {
   metrics_.set("waiting", double(state_->waiting.size()));
   metrics_.set("swapped", double(state_->swapped.size()));
   metrics_.set("finished", double(done_));
+}
+
+// Several pure-decode steps at once, exactly as the step-by-step path would run them: when every
+// running group is decoding (no prefill, fork, beam or swapped group; nothing admissible waits),
+// each step adds one token per sequence and only sequences crossing their KV capacity touch the
+// KV manager. Those grows run in the step and running order the scheduler would use; the run
+// stops before a step whose grow fails (the scheduler then preempts), after the step that passes
+// `stop_at` (next arrival or sample), or at the first completion. Returns the steps taken.
+uint64_t Engine::fast_decode(SimTime stop_at) {
+  ServeState& st = *state_;
+  const ServeOptions& o = c_.serve;
+  if (st.running.empty() || !st.swapped.empty() || st.running_seqs > o.max_num_batched_tokens ||
+      (!st.waiting.empty() && st.running_seqs < o.max_num_seqs))
+    return 0;
+  uint64_t kmax = UINT64_MAX;
+  for (uint32_t g : st.running) {
+    const Group& G = groups_[g];
+    if (G.outputs == 0 || G.computed + 1 != G.num_tokens() || G.spec.beam_width > 1 ||
+        (G.width > 1 && G.live() < G.width))
+      return 0;
+    kmax = std::min<uint64_t>(kmax, G.spec.output_tokens - G.outputs);
+  }
+  if (kmax < 2) return 0;
+  // (step, position in running, sequence): the next grow each sequence needs.
+  using Crossing = std::tuple<uint64_t, uint32_t, uint32_t>;
+  std::priority_queue<Crossing, std::vector<Crossing>, std::greater<>> due;
+  uint64_t kv_read = 0;
+  for (uint32_t i = 0; i < st.running.size(); ++i) {
+    const Group& G = groups_[st.running[i]];
+    for (uint32_t q = 0; q < G.live(); ++q) {
+      const Sequence& s = G.seqs[q];
+      if (s.fork_from >= 0) return 0;
+      if (s.capacity - G.computed < kmax) due.emplace(s.capacity - G.computed, i, q);
+    }
+    kv_read += uint64_t{G.computed + 1} * G.live();
+  }
+  const uint64_t seqs = st.running_seqs;
+  uint64_t k = 0;
+  bool blocked = false;
+  for (; k < kmax && !blocked; ++k) {
+    while (!due.empty() && std::get<0>(due.top()) == k) {
+      const auto [j, i, q] = due.top();
+      Group& G = groups_[st.running[i]];
+      Sequence& s = G.seqs[q];
+      const uint32_t target = G.computed + static_cast<uint32_t>(j) + 1;
+      const Status grown = kv_->grow(s.id, s.content, target, 0);
+      if (!grown.ok()) {
+        if (grown.error().code != ErrorCode::kOutOfMemory)
+          throw std::logic_error("KV manager rejected a grow: " + grown.error().message);
+        blocked = true;  // the scheduler redoes this step and preempts
+        break;
+      }
+      due.pop();
+      s.kv_tokens = s.synced = target;
+      s.capacity = kv_->seq_capacity(s.id);
+      if (s.capacity - G.computed < kmax) due.emplace(s.capacity - G.computed, i, q);
+    }
+    if (blocked) break;
+    StepShape shape;
+    shape.num_seqs = static_cast<uint32_t>(seqs);
+    shape.new_tokens = seqs;
+    shape.kv_read_tokens = kv_read + k * seqs;
+    shape.attn_pairs = double(shape.kv_read_tokens);
+    const SimTime step = model_.step_time(shape);
+    clock_.advance(step);
+    running_integral_ += double(seqs) * double(step);
+    if (clock_.now() >= stop_at) {
+      ++k;
+      break;
+    }
+  }
+  if (k == 0) return 0;
+  r_.steps += k;
+  r_.max_running_seqs = std::max(r_.max_running_seqs, st.running_seqs);
+  bool any_finished = false;
+  for (uint32_t g : st.running) {
+    Group& G = groups_[g];
+    G.computed += static_cast<uint32_t>(k);
+    G.outputs += static_cast<uint32_t>(k);
+    for (Sequence& s : G.seqs) s.kv_tokens = std::max(G.computed, s.synced);
+    if (G.outputs >= G.spec.output_tokens) {
+      st.release_group(g);
+      st.running_seqs -= G.live();
+      finish(g);
+      any_finished = true;
+    }
+  }
+  if (any_finished) {
+    auto& run = st.running;
+    run.erase(
+        std::remove_if(run.begin(), run.end(),
+                       [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
+        run.end());
+  }
+  return k;
 }
 
 ServingResult Engine::run() {
@@ -252,8 +363,22 @@ ServingResult Engine::run() {
   try {
     while (done_ < groups_.size()) {
       while (next < groups_.size() && t0_ + requests_[next].arrival <= clock_.now()) {
-        groups_[next].status = GroupStatus::kWaiting;
-        state_->waiting.push_back(static_cast<uint32_t>(next++));
+        const uint32_t g = static_cast<uint32_t>(next++);
+        if (groups_[g].spec.prompt_tokens >= c_.serve.max_model_len) {
+          state_->reject(g);  // vLLM refuses prompts that leave no room to generate
+          continue;
+        }
+        groups_[g].status = GroupStatus::kWaiting;
+        state_->waiting.push_back(g);
+      }
+      const SimTime stop_at =
+          std::min(next_sample, next < groups_.size() ? t0_ + requests_[next].arrival : INT64_MAX);
+      if (c_.fast_decode && fast_decode(stop_at) > 0) {
+        if (clock_.now() >= next_sample) {
+          sample();
+          next_sample = clock_.now() + c_.sample_interval;
+        }
+        continue;
       }
       plan.clear();
       state_->step_swap_bytes = 0;
@@ -322,6 +447,7 @@ ServingResult Engine::run() {
     }
   }
   r_.rejected = r_.counters.rejected;
+  r_.length_capped = length_capped_;
   r_.ttft_ms = percentiles(std::move(ttft));
   r_.tpot_ms = percentiles(std::move(tpot));
   r_.e2e_ms = percentiles(std::move(e2e));
@@ -336,13 +462,13 @@ ServingResult Engine::run() {
 
   // Everything must come back: live sequences are released, then the pool itself.
   if (r_.error.empty() && done_ == groups_.size() && (r_.kv.slots_allocated || r_.kv.tokens_stored))
-    r_.error = fmt::format("{} KV slots still allocated after the last request",
-                           r_.kv.slots_allocated);
+    r_.error =
+        fmt::format("{} KV slots still allocated after the last request", r_.kv.slots_allocated);
   if (Status s = kv_->shutdown(); !s.ok() && r_.error.empty()) r_.error = s.error().message;
   if (swap_space) (void)backend_.host_free_pinned(swap_space);
   if (r_.error.empty() && backend_.usage().physical_bytes != 0)
-    r_.error = fmt::format("{} device bytes still held after shutdown",
-                           backend_.usage().physical_bytes);
+    r_.error =
+        fmt::format("{} device bytes still held after shutdown", backend_.usage().physical_bytes);
   r_.samples = metrics_.samples();
   for (size_t i = 0; i < metrics_.series_count(); ++i)
     r_.series.push_back(metrics_.name(static_cast<MetricsRecorder::SeriesId>(i)));

@@ -26,6 +26,9 @@ struct EngineConfig {
   KvFactory kv_factory;  // built from the run's `kv:` map
   uint64_t kv_budget_bytes = 0;
   SimTime sample_interval = 100'000'000;  // gauges are sampled every 100 ms of simulated time
+  // Run stretches of pure-decode steps together (same results, fewer KV calls); off = the
+  // step-by-step reference path, which tests compare against.
+  bool fast_decode = true;
 };
 
 struct Percentiles {
@@ -36,6 +39,7 @@ struct ServingResult {
   std::string label, kv_impl, scheduler;
   std::string error;  // a broken invariant or internal error: the run failed (not an outcome)
   uint64_t requests = 0, finished = 0, truncated = 0, rejected = 0;
+  uint64_t length_capped = 0;  // outputs cut at max_model_len (vLLM finish reason "length")
   uint64_t steps = 0;
   SimTime sim_time = 0;  // first arrival to last completion
   double wall_seconds = 0;

@@ -30,7 +30,7 @@ void ServeState::sync_all() {
       if (s.fork_from < 0) sync(s);
 }
 
-bool ServeState::grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix) {
+bool ServeState::grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool count_oom) {
   if (tokens <= s.kv_tokens) return true;
   if (tokens <= s.capacity) {
     s.kv_tokens = tokens;
@@ -39,7 +39,7 @@ bool ServeState::grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix) {
   const Status st = kv_.grow(s.id, s.content, tokens, prefix);
   if (!st.ok()) {
     if (st.error().code != ErrorCode::kOutOfMemory) kv_bug("a grow", st.error());
-    ++counters_.oom_events;
+    if (count_oom) ++counters_.oom_events;
     return false;
   }
   s.kv_tokens = s.synced = tokens;
@@ -84,7 +84,8 @@ AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_t
     chunk = token_budget;
   }
   if (chunk == 0) return AdmitResult::kNoBudget;
-  if (!grow_seq(s, prefix + chunk, prefix)) return AdmitResult::kNoMemory;
+  // A request waiting for memory is not an out-of-memory event (it is retried every step).
+  if (!grow_seq(s, prefix + chunk, prefix, false)) return AdmitResult::kNoMemory;
   G.computed = prefix;
   G.prefix_hit = prefix;
   counters_.prefix_query_tokens += known;
@@ -156,7 +157,7 @@ void ServeState::preempt(uint32_t g) {
 bool ServeState::swap_in(uint32_t g) {
   Group& G = groups_[g];
   for (size_t i = 0; i < G.seqs.size(); ++i) {
-    if (!grow_seq(G.seqs[i], G.computed, 0)) {
+    if (!grow_seq(G.seqs[i], G.computed, 0, false)) {
       for (size_t j = 0; j < i; ++j) {
         kv_.release(G.seqs[j].id, G.seqs[j].content);
         G.seqs[j].kv_tokens = G.seqs[j].synced = G.seqs[j].capacity = 0;
@@ -175,7 +176,9 @@ bool ServeState::swap_in(uint32_t g) {
   return true;
 }
 
-void ServeState::release_group(uint32_t g) { release_seqs(groups_[g]); }
+void ServeState::release_group(uint32_t g) {
+  release_seqs(groups_[g]);
+}
 
 void ServeState::truncate(uint32_t g) {
   Group& G = groups_[g];

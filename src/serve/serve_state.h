@@ -28,11 +28,11 @@ enum class GroupStatus : uint8_t { kPending, kWaiting, kRunning, kSwapped, kFini
 // One sequence of a request: the prompt plus one sample's (or beam's) output tokens.
 struct Sequence {
   SeqId id = 0;
-  TokenContent content;   // every token it will hold (prompt + its full output stream)
-  uint32_t kv_tokens = 0; // tokens its KV holds (may run ahead of what the manager was told)
-  uint32_t synced = 0;    // tokens the KV manager was last told (grow)
-  uint32_t capacity = 0;  // tokens it can hold without an allocation (KvCacheManager)
-  int32_t fork_from = -1; // beam replaced: re-fork from this sibling (index in the group)
+  TokenContent content;    // every token it will hold (prompt + its full output stream)
+  uint32_t kv_tokens = 0;  // tokens its KV holds (may run ahead of what the manager was told)
+  uint32_t synced = 0;     // tokens the KV manager was last told (grow)
+  uint32_t capacity = 0;   // tokens it can hold without an allocation (KvCacheManager)
+  int32_t fork_from = -1;  // beam replaced: re-fork from this sibling (index in the group)
 };
 
 // One request: its sequences advance in lockstep (prefill once, then forked samples or beams).
@@ -65,7 +65,7 @@ struct ServeOptions {
   Preemption preemption = Preemption::kRecompute;
   Victim victim = Victim::kLastArrived;
   uint64_t swap_space = 4ull << 30;  // host bytes for swapped KV (vLLM V0 swap_space 4 GiB)
-  double beam_fork_prob = 0.1;        // per beam per step: replaced by a fork of a sibling
+  double beam_fork_prob = 0.1;       // per beam per step: replaced by a fork of a sibling
   uint64_t seed = 1;
 };
 
@@ -75,7 +75,8 @@ struct ServeCounters {
   uint64_t swap_outs = 0;
   uint64_t swap_ins = 0;
   uint64_t swapped_bytes = 0;  // total bytes moved out (and back in)
-  uint64_t oom_events = 0;     // KV allocations that failed
+  uint64_t oom_events = 0;     // KV allocations of running requests that failed (each led to
+                               // a preemption or truncation); waiting for memory is not one
   uint64_t truncations = 0;
   uint64_t prefix_query_tokens = 0;
   uint64_t prefix_hit_tokens = 0;
@@ -100,9 +101,9 @@ class ServeState {
   std::deque<uint32_t> waiting;
   std::vector<uint32_t> running;  // in scheduling order
   std::deque<uint32_t> swapped;
-  uint32_t running_seqs = 0;      // sequences of running groups
-  uint64_t swap_used = 0;         // host swap bytes in use
-  uint64_t step_swap_bytes = 0;   // PCIe bytes moved by this step (swap out + in)
+  uint32_t running_seqs = 0;           // sequences of running groups
+  uint64_t swap_used = 0;              // host swap bytes in use
+  uint64_t step_swap_bytes = 0;        // PCIe bytes moved by this step (swap out + in)
   std::vector<uint32_t> finished_now;  // ended by the scheduler (truncated / rejected)
 
   // Makes every sequence of g hold `tokens` tokens (forking pending samples/beams first).
@@ -131,7 +132,7 @@ class ServeState {
   void sync(Sequence& s);
 
  private:
-  bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix);
+  bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool count_oom = true);
   void release_seqs(Group& g);
 
   KvCacheManager& kv_;

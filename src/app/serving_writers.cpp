@@ -1,0 +1,210 @@
+// Serving experiment writers: terminal table, budget breakdowns, JSON/CSV files, plots.
+#include "src/app/serving_writers.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "src/app/writers.h"
+
+namespace memsim {
+namespace fs = std::filesystem;
+namespace {
+
+std::string outcome(const ServingRunResult& r) {
+  if (!r.budget_error.empty()) return "no KV memory";
+  if (!r.result.error.empty()) return "FAILED";
+  std::string s = "ok";
+  if (r.result.truncated) s = fmt::format("{} truncated", r.result.truncated);
+  if (r.result.rejected) s += fmt::format(", {} rejected", r.result.rejected);
+  return s;
+}
+
+// Scalar figures of a run, in a fixed order: the CSV columns and the JSON fields.
+std::vector<std::pair<std::string, double>> figures(const ServingRunResult& r) {
+  const ServingResult& x = r.result;
+  const KvStats& k = x.kv;
+  const ServeCounters& n = x.counters;
+  return {
+      {"kv_budget_bytes", double(r.budget.kv_bytes)},
+      {"kv_pool_bytes", double(k.pool_bytes)},
+      {"kv_total_blocks", double(k.total_blocks)},
+      {"kv_block_tokens", double(k.block_tokens)},
+      {"kv_block_bytes", double(k.block_bytes)},
+      {"kv_capacity_tokens", double(x.kv_capacity_tokens)},
+      {"block_table_bytes", double(k.metadata_bytes)},
+      {"requests", double(x.requests)},
+      {"finished", double(x.finished)},
+      {"truncated", double(x.truncated)},
+      {"rejected", double(x.rejected)},
+      {"steps", double(x.steps)},
+      {"sim_seconds", double(x.sim_time) / 1e9},
+      {"wall_seconds", x.wall_seconds},
+      {"output_tokens", double(x.output_tokens)},
+      {"output_tokens_per_s", x.output_tokens_per_s},
+      {"requests_per_s", x.requests_per_s},
+      {"ttft_p50_ms", x.ttft_ms.p50},
+      {"ttft_p90_ms", x.ttft_ms.p90},
+      {"ttft_p99_ms", x.ttft_ms.p99},
+      {"tpot_p50_ms", x.tpot_ms.p50},
+      {"tpot_p90_ms", x.tpot_ms.p90},
+      {"tpot_p99_ms", x.tpot_ms.p99},
+      {"e2e_p50_ms", x.e2e_ms.p50},
+      {"e2e_p90_ms", x.e2e_ms.p90},
+      {"e2e_p99_ms", x.e2e_ms.p99},
+      {"max_running_seqs", double(x.max_running_seqs)},
+      {"mean_running_seqs", x.mean_running_seqs},
+      {"kv_waste_pct", x.waste_pct},
+      {"peak_used_blocks", double(x.peak_used_blocks)},
+      {"peak_kv_bytes", double(x.peak_kv_bytes)},
+      {"prefix_hit_rate", x.prefix_hit_rate},
+      {"cow_copies", double(k.cow_copies)},
+      {"cow_bytes", double(k.cow_bytes)},
+      {"evicted_blocks", double(k.evicted_blocks)},
+      {"preemptions", double(n.preemptions)},
+      {"recomputes", double(n.recomputes)},
+      {"swap_outs", double(n.swap_outs)},
+      {"swapped_bytes", double(n.swapped_bytes)},
+      {"oom_events", double(n.oom_events)},
+      {"restarts", double(n.restarts)},
+  };
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') o += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) {
+      o += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
+      continue;
+    }
+    o += ch;
+  }
+  return o + "\"";
+}
+
+std::string num(double v) {
+  return fmt::format("{:.10g}", v);
+}
+
+}  // namespace
+
+std::string format_serving_table(const ServingConfig& c, const ServingResults& results) {
+  std::ostringstream o;
+  // Each distinct budget once.
+  std::set<std::string> shown;
+  for (const ServingRunResult& r : results.runs) {
+    if (!r.budget_error.empty()) {
+      o << fmt::format("{}: KV budget: {}\n", r.spec.label, r.budget_error);
+      continue;
+    }
+    if (r.spec.kv_budget_override) continue;
+    std::string text = format_kv_budget(r.budget);
+    if (shown.insert(text).second)
+      o << fmt::format("KV budget ({}, {}):\n{}", c.model.name, c.gpu.name, text);
+  }
+  for (const RequestSet& s : c.request_sets) o << "requests: " << s.summary.describe() << "\n";
+  o << fmt::format(
+      "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>9} {:>8} {:>8} {:>8}  "
+      "{}\n",
+      "run", "KV", "blocks", "blk-table", "max seq", "waste%", "hit%", "CoW", "preem", "swapGiB",
+      "OOM", "tok/s", "TTFT p50", "TPOT p50", "E2E p99", "outcome");
+  for (const ServingRunResult& r : results.runs) {
+    const ServingResult& x = r.result;
+    if (!r.budget_error.empty()) {
+      o << fmt::format("{:<30} {:>9}  {}\n", r.spec.label, "-", outcome(r));
+      continue;
+    }
+    o << fmt::format(
+        "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7.1f} {:>7.1f} {:>6} {:>6} {:>7.2f} {:>7} {:>9.0f} "
+        "{:>6.0f}ms "
+        "{:>6.1f}ms {:>7.1f}s  {}\n",
+        r.spec.label, human_bytes(r.budget.kv_bytes), x.kv.total_blocks,
+        human_bytes(x.kv.metadata_bytes), x.max_running_seqs, x.waste_pct, 100 * x.prefix_hit_rate,
+        x.kv.cow_copies, x.counters.preemptions, double(x.counters.swapped_bytes) / (1ull << 30),
+        x.counters.oom_events, x.output_tokens_per_s, x.ttft_ms.p50, x.tpot_ms.p50,
+        x.e2e_ms.p99 / 1000, outcome(r));
+    if (!x.error.empty()) o << "    error: " << x.error << "\n";
+  }
+  double sim = 0, wall = 0;
+  for (const ServingRunResult& r : results.runs) {
+    sim += double(r.result.sim_time) / 1e9;
+    wall += r.result.wall_seconds;
+  }
+  o << fmt::format(
+      "{} runs: {:.1f} s simulated in {:.2f} s of engine time ({:.0f}x), {:.2f} s wall\n",
+      results.runs.size(), sim, wall, wall > 0 ? sim / wall : 0.0, results.wall_seconds);
+  return o.str();
+}
+
+std::string write_serving_outputs(const ServingConfig& c, const ServingResults& results,
+                                  const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
+  {
+    std::ofstream f(fs::path(dir) / "summary.json");
+    f << "{\n  \"experiment\": " << json_string(c.experiment)
+      << ",\n  \"source\": " << json_string(c.source) << ",\n  \"gpu\": " << json_string(c.gpu.name)
+      << ",\n  \"model\": " << json_string(c.model.name) << ",\n  \"requests\": [";
+    for (size_t i = 0; i < c.request_sets.size(); ++i)
+      f << (i ? ", " : "") << json_string(c.request_sets[i].summary.describe());
+    f << "],\n  \"runs\": [\n";
+    for (size_t i = 0; i < results.runs.size(); ++i) {
+      const ServingRunResult& r = results.runs[i];
+      const KvBudget& b = r.budget;
+      f << "    {\"label\": " << json_string(r.spec.label)
+        << ", \"kv\": " << json_string(r.spec.kv_impl)
+        << ", \"kv_params\": " << json_string(r.spec.kv_params)
+        << ", \"scheduler\": " << json_string(r.spec.scheduler)
+        << ", \"outcome\": " << json_string(outcome(r))
+        << ", \"error\": " << json_string(r.result.error.empty() ? r.budget_error : r.result.error)
+        << ",\n     \"budget\": {\"capacity\": " << b.capacity << ", \"usable\": " << b.usable
+        << ", \"weights\": " << b.weights << ", \"activation_peak\": " << b.activation_peak
+        << ", \"graph_memory\": " << b.graph_memory << ", \"kv_bytes\": " << b.kv_bytes
+        << ", \"graph_strategy\": " << json_string(b.graph_strategy) << "},\n     ";
+      const auto figs = figures(r);
+      for (size_t j = 0; j < figs.size(); ++j)
+        f << (j ? ", " : "") << json_string(figs[j].first) << ": " << num(figs[j].second);
+      f << "}" << (i + 1 < results.runs.size() ? "," : "") << "\n";
+    }
+    f << "  ]\n}\n";
+    if (!f) return "cannot write summary.json";
+  }
+  {
+    std::ofstream f(fs::path(dir) / "curves.csv");
+    f << "run,kv,kv_params,scheduler,outcome";
+    if (!results.runs.empty())
+      for (const auto& [name, v] : figures(results.runs[0])) f << "," << name;
+    f << "\n";
+    for (const ServingRunResult& r : results.runs) {
+      f << fmt::format("\"{}\",{},\"{}\",{},\"{}\"", r.spec.label, r.spec.kv_impl, r.spec.kv_params,
+                       r.spec.scheduler, outcome(r));
+      for (const auto& [name, v] : figures(r)) f << "," << num(v);
+      f << "\n";
+    }
+    if (!f) return "cannot write curves.csv";
+  }
+  {
+    std::ofstream f(fs::path(dir) / "timeseries.csv");
+    f << "time_s,strategy,metric,value\n";
+    for (const ServingRunResult& r : results.runs)
+      for (const MetricsRecorder::Sample& s : r.result.samples)
+        f << num(double(s.time) / 1e9) << ",\"" << r.spec.label << "\","
+          << r.result.series[s.series] << "," << num(s.value) << "\n";
+    if (!f) return "cannot write timeseries.csv";
+  }
+  return {};
+}
+
+std::string plot_serving(const ServingConfig& c, const std::string& dir) {
+  return run_plot_script(
+      c.source, "plot_kv.py", dir, {},
+      {"kv_summary.png", "kv_summary.svg", "kv_timeseries.png", "kv_timeseries.svg"});
+}
+
+}  // namespace memsim

@@ -1,0 +1,252 @@
+// Serving experiments: YAML -> typed runs (base engine/scheduler/kv/requests + per-run
+// overrides), KV budgets (cached per distinct input), and runs executed in parallel.
+#include "src/serve/serving_experiment.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "src/config/loaders.h"
+#include "src/config/requests_loader.h"
+#include "src/graph/registry.h"
+#include "src/kv/registry.h"
+#include "src/serve/scheduler.h"
+
+namespace memsim {
+namespace {
+
+struct EngineSettings {
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
+  std::string graph_memory = "shared_pool";
+  uint64_t kv_budget = 0;
+  uint32_t max_model_len = 8192;
+};
+
+EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
+  node.expect_keys(
+      {"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget", "max_model_len"});
+  if (auto v = node.find("gpu_memory_utilization"))
+    e.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
+  if (auto v = node.find("enforce_eager")) e.enforce_eager = v->as_bool();
+  if (auto v = node.find("graph_memory")) {
+    std::vector<std::string> names = graph_strategy_names();
+    names.push_back("none");
+    e.graph_memory = v->as_choice(names);
+    if (e.graph_memory == "none") e.enforce_eager = true;
+  }
+  if (auto v = node.find("kv_budget")) {
+    e.kv_budget = v->as_bytes();
+    if (e.kv_budget == 0) v->fail("must be positive (omit it to size the pool like vLLM)");
+  }
+  if (auto v = node.find("max_model_len"))
+    e.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 24));
+  return e;
+}
+
+struct KvChoice {
+  std::string impl, params;
+  KvFactory factory;
+  uint32_t block_size = 16;
+};
+
+KvChoice parse_kv(const ConfigNode& node) {
+  const ConfigNode impl = node["impl"];
+  const KvStrategyInfo* info = find_kv_strategy(impl.as_string());
+  if (!info) impl.as_choice(kv_strategy_names());  // fails, naming the closest
+  std::vector<std::string> allowed = {"impl"};
+  allowed.insert(allowed.end(), info->params.begin(), info->params.end());
+  node.expect_keys(allowed);
+  KvChoice k;
+  k.impl = info->name;
+  k.factory = info->parse(node);
+  for (const std::string& key : node.keys()) {
+    if (key == "impl") continue;
+    const ConfigNode v = node[key];
+    k.params += fmt::format("{}{}={}", k.params.empty() ? "" : " ", key,
+                            v.is_scalar() ? v.as_string() : "...");
+    // Tokens per block, for the block-table input of the budget's captured graphs.
+    // (vLLM's [max_num_seqs, max_model_len / block_size] table; other strategies keep 16 so
+    // that every strategy of an experiment gets the same budget.)
+    if (key == "block_size") {
+      const uint64_t b = v.as_uint();
+      if (b >= 1 && b <= 256 && (b & (b - 1)) == 0) k.block_size = static_cast<uint32_t>(b);
+    }
+  }
+  return k;
+}
+
+struct SchedulerChoice {
+  const SchedulerInfo* info = nullptr;
+  ServeOptions options;
+};
+
+SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
+  if (auto impl = node.find("impl")) {
+    base.info = find_scheduler(impl->as_string());
+    if (!base.info) impl->as_choice(scheduler_names());
+  }
+  base.options = parse_scheduler_options(node, *base.info, base.options);
+  return base;
+}
+
+}  // namespace
+
+bool is_serving_config(const std::string& path) {
+  try {
+    const ConfigNode root = ConfigNode::load_file(path);
+    return root.is_map() && (root.has("requests") || root.has("runs"));
+  } catch (const ConfigError&) {
+    return false;  // the shapes loader reports the problem
+  }
+}
+
+ServingConfig load_serving_config(const std::string& path,
+                                  const std::vector<std::string>& overrides) {
+  ConfigNode root = ConfigNode::load_file(path);
+  for (const std::string& o : overrides) root.apply_override(o);
+  root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
+                    "sample_interval_ms", "seed"});
+  ServingConfig c;
+  c.source = path;
+  c.experiment = root["experiment"].as_string();
+  c.gpu = load_gpu_spec(
+      ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
+  c.model = load_model_shape(ConfigNode::load_file(
+      resolve_config_path(root["model"], root["model"].as_string(), "models")));
+  if (auto v = root.find("sample_interval_ms"))
+    c.sample_interval = static_cast<SimTime>(v->as_double_in(0.001, 3.6e6) * 1e6);
+
+  EngineSettings engine;
+  if (auto e = root.find("engine")) engine = parse_engine(*e, engine);
+  SchedulerChoice sched{find_scheduler("continuous_batching"), {}};
+  if (auto s = root.find("seed")) sched.options.seed = s->as_uint();
+  if (auto s = root.find("scheduler")) sched = parse_scheduler(*s, sched);
+  std::optional<KvChoice> kv;
+  if (auto k = root.find("kv")) kv = parse_kv(*k);
+  std::optional<size_t> requests;
+  auto add_requests = [&](const ConfigNode& node) {
+    c.request_sets.push_back(build_request_set(load_requests_config(node)));
+    return c.request_sets.size() - 1;
+  };
+  if (auto r = root.find("requests")) requests = add_requests(*r);
+
+  auto make_run = [&](const std::optional<ConfigNode>& node) {
+    ServingRunSpec run;
+    EngineSettings e = engine;
+    SchedulerChoice s = sched;
+    std::optional<KvChoice> k = kv;
+    std::optional<size_t> req = requests;
+    if (node) {
+      node->expect_keys({"label", "engine", "scheduler", "kv", "requests"});
+      if (auto v = node->find("engine")) e = parse_engine(*v, e);
+      if (auto v = node->find("scheduler")) s = parse_scheduler(*v, s);
+      if (auto v = node->find("kv")) k = parse_kv(*v);
+      if (auto v = node->find("requests")) req = add_requests(*v);
+      if (auto v = node->find("label")) run.label = v->as_string();
+    }
+    const ConfigNode& at = node ? *node : root;
+    if (!k) at.fail("no `kv:` strategy (give one at the top level or in this run)");
+    if (!req) at.fail("no `requests:` (give them at the top level or in this run)");
+    run.kv_impl = k->impl;
+    run.kv_params = k->params;
+    run.kv_factory = k->factory;
+    run.budget_block_size = k->block_size;
+    run.scheduler = s.info->name;
+    run.serve = s.options;
+    run.serve.max_model_len = e.max_model_len;
+    run.gpu_memory_utilization = e.gpu_memory_utilization;
+    run.enforce_eager = e.enforce_eager;
+    run.graph_memory = e.graph_memory;
+    run.kv_budget_override = e.kv_budget;
+    run.requests = *req;
+    if (run.label.empty()) run.label = k->params.empty() ? k->impl : k->impl + " " + k->params;
+    for (const ServingRunSpec& other : c.runs)
+      if (other.label == run.label)
+        at.fail(
+            fmt::format("two runs are labelled '{}' (give each a distinct `label:`)", run.label));
+    c.runs.push_back(std::move(run));
+  };
+  if (auto runs = root.find("runs")) {
+    if (!runs->is_sequence() || runs->items().empty())
+      runs->fail("must be a non-empty list of runs");
+    for (const ConfigNode& r : runs->items()) make_run(r);
+  } else {
+    make_run(std::nullopt);
+  }
+  return c;
+}
+
+ServingResults run_serving_experiment(const ServingConfig& c) {
+  ServingResults out;
+  out.runs.resize(c.runs.size());
+  const auto wall0 = std::chrono::steady_clock::now();
+
+  // Budgets first (serially, cached: most runs share one).
+  std::map<std::string, Result<KvBudget>> budgets;
+  for (size_t i = 0; i < c.runs.size(); ++i) {
+    const ServingRunSpec& r = c.runs[i];
+    ServingRunResult& o = out.runs[i];
+    o.spec = r;
+    KvBudgetInput in;
+    in.model = c.model;
+    in.gpu = c.gpu;
+    in.gpu_memory_utilization = r.gpu_memory_utilization;
+    in.max_num_batched_tokens = r.serve.max_num_batched_tokens;
+    in.max_num_seqs = r.serve.max_num_seqs;
+    in.enforce_eager = r.enforce_eager;
+    in.graph_strategy = r.enforce_eager ? "shared_pool" : r.graph_memory;
+    in.max_model_len = r.serve.max_model_len;
+    in.kv_block_size = r.budget_block_size;
+    const std::string key = fmt::format(
+        "{}/{}/{}/{}/{}/{}/{}", in.gpu_memory_utilization, in.max_num_batched_tokens,
+        in.max_num_seqs, in.enforce_eager, in.graph_strategy, in.max_model_len, in.kv_block_size);
+    auto it = budgets.find(key);
+    if (it == budgets.end()) it = budgets.emplace(key, compute_kv_budget(in)).first;
+    if (it->second.ok()) {
+      o.budget = *it->second;
+    } else {
+      o.budget_error = it->second.error().message;
+    }
+    if (r.kv_budget_override) {
+      o.budget.kv_bytes = r.kv_budget_override;
+      o.budget_error.clear();
+    }
+  }
+
+  // Runs in parallel: each has its own backend, clock, strategy and state.
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < c.runs.size(); i = next++) {
+      ServingRunResult& o = out.runs[i];
+      if (!o.budget_error.empty()) continue;
+      EngineConfig e;
+      e.label = o.spec.label;
+      e.model = c.model;
+      e.gpu = c.gpu;
+      e.scheduler = o.spec.scheduler;
+      e.serve = o.spec.serve;
+      e.kv_impl = o.spec.kv_impl;
+      e.kv_factory = o.spec.kv_factory;
+      e.kv_budget_bytes = o.budget.kv_bytes;
+      e.sample_interval = c.sample_interval;
+      o.result = run_serving(e, c.request_sets[o.spec.requests].requests);
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(c.runs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  out.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return out;
+}
+
+}  // namespace memsim

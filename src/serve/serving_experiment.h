@@ -1,0 +1,62 @@
+// Serving experiments (experiments/kv_*.yaml): requests replayed through KV-cache strategies
+// and schedulers on one GPU and model, one run per `runs:` entry, at a vLLM-style KV budget.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/sim/cost_model.h"
+#include "sim/workload/model_shape.h"
+#include "sim/workload/requests.h"
+#include "src/serve/engine.h"
+#include "src/serve/kv_budget.h"
+
+namespace memsim {
+
+// One run: a KV strategy, a scheduler with its options and the budget inputs.
+struct ServingRunSpec {
+  std::string label;
+  std::string kv_impl;
+  std::string kv_params;  // "block_size=16 layout=shared" for tables
+  KvFactory kv_factory;
+  std::string scheduler;
+  ServeOptions serve;
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
+  std::string graph_memory = "shared_pool";
+  uint64_t kv_budget_override = 0;  // engine.kv_budget: fixed bytes instead of the formula
+  uint32_t budget_block_size = 16;  // block-table input of the captured graphs
+  size_t requests = 0;              // index into ServingConfig::request_sets
+};
+
+struct ServingConfig {
+  std::string source;  // the YAML file
+  std::string experiment;
+  GpuSpec gpu;
+  ModelShape model;
+  SimTime sample_interval = 100'000'000;
+  std::vector<RequestSet> request_sets;  // one per distinct `requests:` block
+  std::vector<ServingRunSpec> runs;
+};
+
+struct ServingRunResult {
+  ServingRunSpec spec;
+  KvBudget budget;
+  std::string budget_error;  // the budget has no room for KV (an outcome)
+  ServingResult result;
+};
+
+struct ServingResults {
+  std::vector<ServingRunResult> runs;
+  double wall_seconds = 0;
+};
+
+// Throws ConfigError (file:line: key: message) for any bad input; `overrides` are --set
+// assignments applied before validation.
+bool is_serving_config(const std::string& path);
+ServingConfig load_serving_config(const std::string& path,
+                                  const std::vector<std::string>& overrides);
+ServingResults run_serving_experiment(const ServingConfig& config);
+
+}  // namespace memsim
