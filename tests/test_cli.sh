@@ -245,6 +245,35 @@ else
 fi
 expect_absent "$TMP/out_cuda" "--backend cuda: --out dir created"
 
+# --- serving experiments (experiments/kv_*.yaml) --------------------------------------------------
+KVCONF="$TMP/kv_small.yaml"
+cat > "$KVCONF" <<YAML
+experiment: kv_small
+gpu: $ROOT/configs/gpus/h200.yaml
+model: $ROOT/configs/models/llama-3.1-8b.yaml
+engine: {kv_budget: 2GiB, max_model_len: 4096}
+requests:
+  source: trace
+  trace: {path: $ROOT/data/azure-llm-2023/conv.csv, limit: 200, time_scale: 0.1}
+runs:
+  - kv: {impl: paged_block_pool, block_size: 16}
+  - kv: {impl: radix_token_pool}
+YAML
+run kv_small --config "$KVCONF" --out "$TMP/out_kv"
+expect_rc kv_small 0
+expect_in "$TMP/kv_small.out" "paged_block_pool block_size=16" "kv run: table row"
+for f in summary.json curves.csv timeseries.csv; do
+  check "kv run: $f written" test -s "$TMP/out_kv/kv_small/$f"
+done
+sed 's/block_size: 16/blok_size: 16/' "$KVCONF" > "$TMP/kv_typo.yaml"
+run kv_typo --config "$TMP/kv_typo.yaml" --out "$TMP/out_kv_typo"
+expect_rc kv_typo 2
+expect_in "$TMP/kv_typo.err" "kv_typo.yaml:9: runs[0].kv.blok_size" "kv typo: file, line and key"
+expect_in "$TMP/kv_typo.err" "block_size" "kv typo: closest key suggested"
+expect_absent "$TMP/out_kv_typo" "kv typo: --out dir created"
+run kv_cuda --config "$KVCONF" --out "$TMP/out_kv_cuda" --backend cuda
+expect_rc kv_cuda 2
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0
