@@ -127,7 +127,7 @@ class Runner {
   std::map<DevPtr, uint64_t> live_;        // every live tensor, for the overlap check
   std::vector<DevPtr> runner_owned_;       // inputs and workspace (default pool)
   std::map<uint32_t, bool> inputs_ready_;  // per shape (per_shape inputs)
-  std::map<uint32_t, std::vector<CheckedTensor>> inputs_of_;  // by inputs key (0 = persistent)
+  std::map<uint32_t, std::vector<CheckedTensor>> inputs_of_;      // by inputs key (0 = persistent)
   std::map<uint32_t, std::vector<CheckedTensor>> final_outputs_;  // per shape
   CapturedView view_;
   DevPtr workspace_ = 0;

@@ -67,6 +67,8 @@ class Engine {
   void fork_children(Group& G);
   void reshuffle_beams(Group& G);
   void finish(uint32_t g);
+  void complete_group(uint32_t g);  // generated its last token: release KV, leave the batch
+  void drop_finished();             // compacts the running queue
   void sample();
   StepShape shape_of(const StepPlan& plan);
   uint64_t fast_decode(SimTime stop_at);
@@ -166,6 +168,19 @@ void Engine::finish(uint32_t g) {
   ++done_;
 }
 
+void Engine::complete_group(uint32_t g) {
+  state_->release_group(g);
+  state_->running_seqs -= groups_[g].live();
+  finish(g);
+}
+
+void Engine::drop_finished() {
+  auto& run = state_->running;
+  run.erase(std::remove_if(run.begin(), run.end(),
+                           [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
+            run.end());
+}
+
 void Engine::complete_step(const StepPlan& plan) {
   bool any_finished = false;
   for (const ScheduledGroup& sg : plan.groups) {
@@ -175,9 +190,7 @@ void Engine::complete_step(const StepPlan& plan) {
     ++G.outputs;
     if (G.first_token < 0) G.first_token = clock_.now();
     if (G.outputs >= G.spec.output_tokens) {
-      state_->release_group(sg.group);
-      state_->running_seqs -= G.live();
-      finish(sg.group);
+      complete_group(sg.group);
       any_finished = true;
     } else if (G.outputs == 1 && G.width > 1 && G.live() == 1) {
       fork_children(G);
@@ -185,13 +198,7 @@ void Engine::complete_step(const StepPlan& plan) {
       reshuffle_beams(G);
     }
   }
-  if (any_finished) {
-    auto& run = state_->running;
-    run.erase(
-        std::remove_if(run.begin(), run.end(),
-                       [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
-        run.end());
-  }
+  if (any_finished) drop_finished();
 }
 
 void Engine::sample() {
@@ -304,19 +311,11 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
     G.outputs += static_cast<uint32_t>(k);
     for (Sequence& s : G.seqs) s.kv_tokens = std::max(G.computed, s.synced);
     if (G.outputs >= G.spec.output_tokens) {
-      st.release_group(g);
-      st.running_seqs -= G.live();
-      finish(g);
+      complete_group(g);
       any_finished = true;
     }
   }
-  if (any_finished) {
-    auto& run = st.running;
-    run.erase(
-        std::remove_if(run.begin(), run.end(),
-                       [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
-        run.end());
-  }
+  if (any_finished) drop_finished();
   return k;
 }
 
