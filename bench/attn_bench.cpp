@@ -1,0 +1,315 @@
+// memsim-attn-bench: decode attention bandwidth (paged and contiguous) against PyTorch SDPA over
+// contiguous K/V and a read-only bandwidth kernel, and causal prefill TFLOP/s, in one run on the
+// GPU. Exits 77 without a GPU.
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernels/attention.h"
+
+namespace {
+
+using namespace memsim::kernels;
+
+bool check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "memsim-attn-bench: %s: %s\n", what, cudaGetErrorString(e));
+  std::exit(1);
+}
+#define CK(expr) check((expr), #expr)
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(uint64_t bytes) { CK(cudaMalloc(&p, std::max<uint64_t>(bytes, 16))); }
+  ~Dev() { cudaFree(p); }
+  uint64_t a() const { return reinterpret_cast<uint64_t>(p); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// Median seconds per call of `fn` (enqueues one call on `st`): `reps` calls captured in one CUDA
+// graph, the graph replayed `trials` times after a warm-up, each replay timed with events.
+template <class F>
+double time_calls(cudaStream_t st, int reps, int trials, F&& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < reps; ++i) fn();
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphLaunch(ge, st));
+  CK(cudaStreamSynchronize(st));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < trials; ++i) {
+    CK(cudaEventRecord(e0, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms / 1e3 / reps);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct DecodeRow {
+  uint32_t batch = 0, ctx = 0, splits = 0;
+  double bytes = 0, paged_s = 0, contig_s = 0, ceiling_s = 0, sdpa_s = 0;
+  std::string sdpa_backend;
+};
+
+DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, uint32_t page,
+                       const DeviceLimits& lim, cudaStream_t st, std::mt19937& rng) {
+  DecodeRow r;
+  r.batch = batch;
+  r.ctx = ctx;
+  const uint64_t row = sh.row_elems(), D = sh.head_dim;
+  const uint32_t bps = (ctx + page - 1) / page;
+  const uint64_t blocks = uint64_t{batch} * bps;
+  const uint64_t block_elems = uint64_t{page} * row;
+  Dev pk(blocks * block_elems * 2), pv(blocks * block_elems * 2);
+  Dev ck(uint64_t{batch} * ctx * row * 2), cv(uint64_t{batch} * ctx * row * 2);
+  Dev q(uint64_t{batch} * sh.q_heads * D * 2), o(uint64_t{batch} * sh.q_heads * D * 2);
+  CK(random_half(sh.dtype, pk.a(), blocks * block_elems, 1, st));
+  CK(random_half(sh.dtype, pv.a(), blocks * block_elems, 2, st));
+  CK(random_half(sh.dtype, ck.a(), uint64_t{batch} * ctx * row, 3, st));
+  CK(random_half(sh.dtype, cv.a(), uint64_t{batch} * ctx * row, 4, st));
+  CK(random_half(sh.dtype, q.a(), uint64_t{batch} * sh.q_heads * D, 5, st));
+  // Block tables over a shuffled pool (as after hours of serving), slots in order.
+  std::vector<int32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> lens(batch, static_cast<int32_t>(ctx)), slots(batch);
+  std::iota(slots.begin(), slots.end(), 0);
+  Dev dt(ids.size() * 4), dl(batch * 4), ds(batch * 4);
+  CK(cudaMemcpy(dt.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dl.p, lens.data(), batch * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(ds.p, slots.data(), batch * 4, cudaMemcpyHostToDevice));
+  const DecodePlan plan = plan_decode(sh, batch, ctx, lim);
+  r.splits = plan.num_splits;
+  Dev ws(plan.workspace_bytes);
+  DecodeArgs a;
+  a.q = q.a();
+  a.o = o.a();
+  a.seqs = {dl.as<int32_t>(), dt.as<int32_t>(), bps, ds.as<int32_t>(), nullptr};
+  a.workspace = ws.a();
+  const uint64_t kv_bytes = uint64_t{batch} * ctx * row * 2 * 2;
+  r.bytes = double(kv_bytes + 2ull * batch * sh.q_heads * D * 2);
+  const int reps = static_cast<int>(std::clamp<uint64_t>((8ull << 30) / kv_bytes, 5, 200));
+  a.cache = {pk.a(), pv.a(), static_cast<int64_t>(block_elems), page, KvAddressing::kPaged};
+  r.paged_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh, plan, a, st)); });
+  a.cache = {ck.a(), cv.a(), static_cast<int64_t>(uint64_t{ctx} * row), 0,
+             KvAddressing::kContiguous};
+  r.contig_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh, plan, a, st)); });
+  Dev sink(4096 * 4);
+  CK(cudaMemset(sink.p, 0, 4096 * 4));
+  r.ceiling_s = time_calls(st, reps, 7, [&] {
+    CK(read_bandwidth(ck.a(), kv_bytes / 2, sink.as<uint32_t>(), st));
+    CK(read_bandwidth(cv.a(), kv_bytes / 2, sink.as<uint32_t>(), st));
+  });
+  return r;
+}
+
+struct PrefillRow {
+  uint32_t len = 0;
+  double flops = 0, paged_s = 0, sdpa_s = 0;
+  std::string sdpa_backend;
+};
+
+PrefillRow bench_prefill(const AttentionShape& sh, uint32_t len, uint32_t page, cudaStream_t st) {
+  PrefillRow r;
+  r.len = len;
+  const uint64_t row = sh.row_elems(), D = sh.head_dim;
+  const uint32_t blocks = (len + page - 1) / page;
+  Dev pk(uint64_t{blocks} * page * row * 2), pv(uint64_t{blocks} * page * row * 2);
+  Dev q(uint64_t{len} * sh.q_heads * D * 2), o(uint64_t{len} * sh.q_heads * D * 2);
+  CK(random_half(sh.dtype, pk.a(), uint64_t{blocks} * page * row, 11, st));
+  CK(random_half(sh.dtype, pv.a(), uint64_t{blocks} * page * row, 12, st));
+  CK(random_half(sh.dtype, q.a(), uint64_t{len} * sh.q_heads * D, 13, st));
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  const std::vector<int32_t> lens = {static_cast<int32_t>(len)}, indptr = {0, lens[0]};
+  const PrefillPlan plan = plan_prefill(sh, lens, lens);
+  Dev dt(blocks * 4), dl(4), di(8), dw(plan.work.size() * 4);
+  CK(cudaMemcpy(dt.p, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dl.p, lens.data(), 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(di.p, indptr.data(), 8, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw.p, plan.work.data(), plan.work.size() * 4, cudaMemcpyHostToDevice));
+  PrefillArgs a;
+  a.q = q.a();
+  a.o = o.a();
+  a.qo_indptr = di.as<int32_t>();
+  a.cache = {pk.a(), pv.a(), static_cast<int64_t>(uint64_t{page} * row), page,
+             KvAddressing::kPaged};
+  a.seqs = {dl.as<int32_t>(), dt.as<int32_t>(), blocks, nullptr, nullptr};
+  a.work = dw.as<int32_t>();
+  a.num_tiles = plan.num_tiles;
+  // Causal: each query row attends its position + 1 keys; two matmuls of 2 FLOP per MAC.
+  r.flops = 4.0 * sh.q_heads * D * (double(len) * (len + 1) / 2);
+  r.paged_s = time_calls(st, 10, 7, [&] { CK(paged_prefill(sh, a, st)); });
+  return r;
+}
+
+// Runs the SDPA side (tools/attn_sdpa.py) for the same shapes; lines "decode B L s backend" and
+// "prefill L s backend". Returns an explanation when it could not run.
+std::string run_sdpa(const std::string& script, const AttentionShape& sh,
+                     std::vector<DecodeRow>& dec, std::vector<PrefillRow>& pre) {
+  std::string cmd = fmt::format("python3 {} --q-heads {} --kv-heads {} --head-dim {} --dtype {}",
+                                script, sh.q_heads, sh.kv_heads, sh.head_dim, to_string(sh.dtype));
+  for (const DecodeRow& r : dec) cmd += fmt::format(" --decode {}x{}", r.batch, r.ctx);
+  for (const PrefillRow& r : pre) cmd += fmt::format(" --prefill {}", r.len);
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) return "could not start python3";
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  const int rc = pclose(f);
+  std::istringstream in(out);
+  std::string kind;
+  int parsed = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    ls >> kind;
+    if (kind == "decode") {
+      uint32_t b, l;
+      double s;
+      std::string be;
+      if (!(ls >> b >> l >> s >> be)) continue;
+      for (DecodeRow& r : dec)
+        if (r.batch == b && r.ctx == l) r.sdpa_s = s, r.sdpa_backend = be, ++parsed;
+    } else if (kind == "prefill") {
+      uint32_t l;
+      double s;
+      std::string be;
+      if (!(ls >> l >> s >> be)) continue;
+      for (PrefillRow& r : pre)
+        if (r.len == l) r.sdpa_s = s, r.sdpa_backend = be, ++parsed;
+    }
+  }
+  if (rc != 0 || parsed == 0) return fmt::format("`{}` failed (exit {}):\n{}", cmd, rc, out);
+  return {};
+}
+
+std::string pct(double x) {
+  return x > 0 ? fmt::format("{:.1f}%", 100 * x) : "-";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "memsim-attn-bench: paged decode/prefill attention vs PyTorch SDPA and the "
+      "read-bandwidth ceiling"};
+  uint32_t q_heads = 32, kv_heads = 8, head_dim = 128, page = 16, prefill_len = 4096;
+  std::string dtype = "bf16", sdpa = "tools/attn_sdpa.py", csv;
+  std::vector<std::string> shapes = {"1x32768", "32x4096", "64x8192", "256x1024", "256x4096"};
+  app.add_option("--q-heads", q_heads, "query heads (default Llama-3.1-8B: 32)");
+  app.add_option("--kv-heads", kv_heads, "KV heads (8)");
+  app.add_option("--head-dim", head_dim, "head dim (128)");
+  app.add_option("--dtype", dtype, "bf16 or fp16")->check(CLI::IsMember({"bf16", "fp16"}));
+  app.add_option("--page", page, "tokens per block (16)");
+  app.add_option("--decode", shapes, "decode shapes BATCHxCONTEXT");
+  app.add_option("--prefill", prefill_len, "causal prefill length (4096; 0 = skip)");
+  app.add_option("--sdpa", sdpa, "SDPA script (tools/attn_sdpa.py); 'none' skips it");
+  app.add_option("--csv", csv, "also write the figures to this CSV file");
+  CLI11_PARSE(app, argc, argv);
+
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "memsim-attn-bench: no CUDA device: skipped\n");
+    return 77;
+  }
+  const AttentionShape sh{q_heads, kv_heads, head_dim,
+                          dtype == "fp16" ? KvDtype::kFp16 : KvDtype::kBf16};
+  if (const std::string why = check_shape(sh); !why.empty()) {
+    std::fprintf(stderr, "memsim-attn-bench: %s\n", why.c_str());
+    return 2;
+  }
+  DeviceLimits lim;
+  CK(query_device(&lim));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::mt19937 rng(42);
+  std::vector<DecodeRow> dec;
+  for (const std::string& s : shapes) {
+    uint32_t b = 0, l = 0;
+    if (std::sscanf(s.c_str(), "%ux%u", &b, &l) != 2 || b == 0 || l == 0) {
+      std::fprintf(stderr, "memsim-attn-bench: --decode %s: expected BATCHxCONTEXT\n", s.c_str());
+      return 2;
+    }
+    dec.push_back(bench_decode(sh, b, l, page, lim, st, rng));
+  }
+  std::vector<PrefillRow> pre;
+  if (prefill_len > 0) pre.push_back(bench_prefill(sh, prefill_len, page, st));
+  const std::string sdpa_err =
+      sdpa == "none" ? "skipped (--sdpa none)" : run_sdpa(sdpa, sh, dec, pre);
+
+  std::printf(
+      "memsim-attn-bench on %s (%u SMs, %u decode CTAs/SM): q_heads %u, kv_heads %u, "
+      "head_dim %u, %s, page %u\n",
+      prop.name, lim.num_sms, lim.decode_ctas_per_sm, q_heads, kv_heads, head_dim, dtype.c_str(),
+      page);
+  std::printf(
+      "decode: GB/s = bytes of Q, K, V and O / time; ceiling = read-only kernel over the "
+      "same K/V bytes\n");
+  std::printf("%-12s %6s %10s %10s %10s %10s %9s %9s %9s  %s\n", "batch x ctx", "splits", "paged",
+              "contig", "SDPA", "ceiling", "p/SDPA", "p/ceil", "p vs c", "SDPA backend");
+  std::ofstream out;
+  if (!csv.empty()) {
+    out.open(csv);
+    out << "kind,batch,ctx,splits,bytes_or_flops,paged_s,contig_s,sdpa_s,ceiling_s,sdpa_backend\n";
+  }
+  for (const DecodeRow& r : dec) {
+    auto gbs = [&](double s) { return s > 0 ? r.bytes / s / 1e9 : 0.0; };
+    std::printf("%5ux%-6u %6u %10.0f %10.0f %10.0f %10.0f %9s %9s %+8.1f%%  %s\n", r.batch, r.ctx,
+                r.splits, gbs(r.paged_s), gbs(r.contig_s), gbs(r.sdpa_s), gbs(r.ceiling_s),
+                pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str(),
+                pct(r.ceiling_s / r.paged_s).c_str(), 100 * (r.paged_s / r.contig_s - 1),
+                r.sdpa_backend.c_str());
+    if (out)
+      out << fmt::format("decode,{},{},{},{},{},{},{},{},{}\n", r.batch, r.ctx, r.splits, r.bytes,
+                         r.paged_s, r.contig_s, r.sdpa_s, r.ceiling_s, r.sdpa_backend);
+  }
+  for (const PrefillRow& r : pre) {
+    std::printf(
+        "prefill %u x %u causal: paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
+        "%s\n",
+        r.len, r.len, r.flops / r.paged_s / 1e12, r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0,
+        r.sdpa_backend.c_str(), pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
+    if (out)
+      out << fmt::format("prefill,1,{},1,{},{},0,{},0,{}\n", r.len, r.flops, r.paged_s, r.sdpa_s,
+                         r.sdpa_backend);
+  }
+  std::printf(
+      "goals: decode paged >= 95%% of SDPA and >= 85%% of the ceiling, paged at most 3%% "
+      "slower than contiguous; prefill >= 50%% of SDPA\n");
+  if (!sdpa_err.empty()) std::printf("SDPA: %s\n", sdpa_err.c_str());
+  cudaStreamDestroy(st);
+  return 0;
+}

@@ -1,0 +1,33 @@
+// Host launchers of the KV-cache kernels: paged/contiguous decode and prefill attention, KV
+// write, block copies and swaps, and the read-bandwidth ceiling. Each enqueues on a stream and
+// returns cudaError_t (cudaErrorInvalidValue for arguments it rejects, launching nothing). Plans
+// and argument types are in attention_types.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention_types.h"
+
+namespace memsim::kernels {
+
+// SM count and decode occupancy of the current device.
+cudaError_t query_device(DeviceLimits* out);
+
+cudaError_t paged_kv_write(const AttentionShape& shape, const KvWriteArgs& args,
+                           cudaStream_t stream);
+cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
+                         const DecodeArgs& args, cudaStream_t stream);
+cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
+                          cudaStream_t stream);
+cudaError_t copy_blocks(const BlockCopyArgs& args, cudaStream_t stream);
+
+// The practical bandwidth ceiling: reads [p, p + bytes) with 16-byte loads and XORs what it read
+// into one word per CTA of `sink` (device memory, at least 4096 words). bytes a multiple of 16.
+cudaError_t read_bandwidth(uint64_t p, uint64_t bytes, uint32_t* sink, cudaStream_t stream);
+
+// Fills `count` elements at `ptr` with uniform values in [-1, 1) of `dtype`, a deterministic
+// function of (seed, index) (benchmark and test data: never zeros, never NaN).
+cudaError_t random_half(KvDtype dtype, uint64_t ptr, uint64_t count, uint64_t seed,
+                        cudaStream_t stream);
+
+}  // namespace memsim::kernels

@@ -1,0 +1,337 @@
+// Device core of the attention kernels: KV locators (paged block table or contiguous slot),
+// cp.async tile loads into swizzled shared memory, mma.sync m16n8k16 for S = QK^T and O += PV,
+// and the online softmax. Decode and prefill kernels instantiate it with different warp layouts;
+// paged and contiguous caches differ only in the locator, so they do identical arithmetic.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/fastdiv.h"
+
+namespace memsim::kernels::detail {
+
+// ---- element types -----------------------------------------------------------------------------
+
+template <typename T>
+struct Elem;
+
+template <>
+struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Elem<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// ---- memory primitives -------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; when !valid nothing is read and the destination is zeroed
+// (padding rows must be zeros, not garbage: 0 x NaN would poison P x V).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+// ---- KV locators: element offset of token `pos`'s row (head offset included) -------------------
+
+struct PagedLocator {
+  const int32_t* table;  // this sequence's block table
+  FastDiv block_size;
+  int64_t block_stride, row, head_off;
+  __device__ __forceinline__ int64_t operator()(uint32_t pos) const {
+    uint32_t blk, off;
+    block_size.divmod(pos, blk, off);
+    return static_cast<int64_t>(__ldg(table + blk)) * block_stride +
+           static_cast<int64_t>(off) * row + head_off;
+  }
+};
+
+struct ContiguousLocator {
+  int64_t base, row;  // base = slot * seq_stride + head offset
+  __device__ __forceinline__ int64_t operator()(uint32_t pos) const {
+    return base + static_cast<int64_t>(pos) * row;
+  }
+};
+
+// ---- tile geometry -----------------------------------------------------------------------------
+
+// WARPS_M warps stacked over query rows (16 each), WARPS_N warps side by side over each KV tile
+// of BN tokens. Shared memory: Q [16 WARPS_M][D], then kStages x (K [BN][D], V [BN][D]), every
+// row swizzled in 16-byte chunks (chunk ^ (row % 8)) so ldmatrix reads are conflict-free.
+template <typename T, int D, int WARPS_M, int WARPS_N, int BN>
+struct Tiles {
+  static constexpr int kThreads = 32 * WARPS_M * WARPS_N;
+  static constexpr int kWarpsM = WARPS_M;
+  static constexpr int kWarpsN = WARPS_N;
+  static constexpr int kBN = BN;
+  static constexpr int kD = D;
+  static constexpr int kRows = 16 * WARPS_M;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kWarpTokens = BN / WARPS_N;
+  static constexpr int kNT = kWarpTokens / 8;  // S n-tiles per warp
+  static constexpr int kKS = D / 16;           // k-steps over the head dimension
+  static constexpr int kDT = D / 8;            // O n-tiles
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  static constexpr int kLoadRows = BN / kRowsPerPass;  // KV rows each thread loads per tile
+  static constexpr int kStages = 2;
+  static constexpr int kQElems = kRows * D;
+  static constexpr int kTileElems = BN * D;
+  static constexpr size_t kSmemBytes = sizeof(T) * (kQElems + 2 * kStages * kTileElems);
+  static constexpr bool kQInRegs = D <= 128;  // else Q fragments are reloaded per tile
+  static_assert(kWarpTokens % 16 == 0, "a warp needs 16 tokens per P x V k-step");
+  static_assert(kThreads % kChunks == 0 && BN % kRowsPerPass == 0, "tile load shape");
+  static_assert(kChunks >= 8, "swizzle needs 8 chunks per row");
+
+  static __device__ __forceinline__ int swz(int row, int chunk) {  // element index
+    return row * D + ((chunk ^ (row & 7)) << 3);
+  }
+};
+
+// Per-thread softmax state for its two rows (g and g + 8 of its warp's 16) and their outputs.
+template <int DT>
+struct RowState {
+  float m[2], l[2];
+  float o[DT][4];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = -INFINITY;
+      l[r] = 0.f;
+    }
+#pragma unroll
+    for (int d = 0; d < DT; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[d][e] = 0.f;
+  }
+};
+
+// Issues cp.async for K and V tokens [tile_start, tile_start + BN) into one stage; tokens at or
+// past `load_end` are zero-filled without being read.
+template <class TL, typename T, class Loc>
+__device__ __forceinline__ void issue_kv_tile(T* ks, T* vs, const T* k, const T* v, const Loc& loc,
+                                              uint32_t tile_start, uint32_t load_end, int tid) {
+  const int chunk = tid % TL::kChunks;
+  const int r0 = tid / TL::kChunks;
+#pragma unroll
+  for (int i = 0; i < TL::kLoadRows; ++i) {
+    const int r = r0 + i * TL::kRowsPerPass;
+    const uint32_t pos = tile_start + r;
+    const bool ok = pos < load_end;
+    const int64_t off = ok ? loc(pos) + chunk * 8 : 0;
+    cp_async_16(ks + TL::swz(r, chunk), k + off, ok);
+    cp_async_16(vs + TL::swz(r, chunk), v + off, ok);
+  }
+}
+
+// Copies query rows into shared memory: row r comes from q_row(r) (element offset), or is zeroed
+// when q_row(r) < 0.
+template <class TL, typename T, class RowFn>
+__device__ __forceinline__ void issue_q(T* qs, const T* q, const RowFn& q_row, int tid) {
+  for (int i = tid; i < TL::kRows * TL::kChunks; i += TL::kThreads) {
+    const int r = i / TL::kChunks, chunk = i % TL::kChunks;
+    const int64_t off = q_row(r);
+    cp_async_16(qs + TL::swz(r, chunk), q + (off >= 0 ? off + chunk * 8 : 0), off >= 0);
+  }
+}
+
+// A fragments of Q for k-step kk of warp row-tile wm.
+template <class TL, typename T>
+__device__ __forceinline__ void load_q_frag(uint32_t a[4], const T* qs, int wm, int kk, int lane) {
+  const int mi = lane >> 3;
+  const int row = wm * 16 + (mi & 1) * 8 + (lane & 7);
+  ldmatrix_x4(a, qs + TL::swz(row, 2 * kk + (mi >> 1)));
+}
+
+// One KV tile for one warp: S = Q K^T over its kWarpTokens tokens, mask, online softmax update,
+// O += P V. `limit[r]` is the first KV position row r may not see; `masked` says whether any
+// token of the tile can reach a limit (skips the compare otherwise).
+template <class TL, typename T>
+__device__ __forceinline__ void attend_tile(RowState<TL::kDT>& st,
+                                            const uint32_t (&qf)[TL::kQInRegs ? TL::kKS : 1][4],
+                                            const T* qs, const T* ks, const T* vs, int wm, int wn,
+                                            int lane, uint32_t tile_start, const uint32_t limit[2],
+                                            bool masked, float scale_log2) {
+  float s[TL::kNT][4];
+#pragma unroll
+  for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+
+  const int mi = lane >> 3;
+  const int wtok = wn * TL::kWarpTokens;
+#pragma unroll
+  for (int kk = 0; kk < TL::kKS; ++kk) {
+    uint32_t a[4];
+    if constexpr (TL::kQInRegs) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
+    } else {
+      load_q_frag<TL>(a, qs, wm, kk, lane);
+    }
+#pragma unroll
+    for (int p = 0; p < TL::kNT / 2; ++p) {
+      uint32_t b[4];
+      const int row = wtok + 16 * p + (mi >> 1) * 8 + (lane & 7);
+      ldmatrix_x4(b, ks + TL::swz(row, 2 * kk + (mi & 1)));
+      Elem<T>::mma(s[2 * p], a, b[0], b[1]);
+      Elem<T>::mma(s[2 * p + 1], a, b[2], b[3]);
+    }
+  }
+
+  // Scale, mask and row max (rows g: e = 0, 1; g + 8: e = 2, 3).
+  const int t = lane & 3;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = s[j][e] * scale_log2;
+      if (masked) {
+        const uint32_t tok = tile_start + wtok + 8 * j + 2 * t + (e & 1);
+        if (tok >= limit[e >> 1]) v = -INFINITY;
+      }
+      s[j][e] = v;
+      mx[e >> 1] = fmaxf(mx[e >> 1], v);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(st.m[r], mx[r]);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep zeros
+    const float alpha = exp2f(st.m[r] - m_use);
+    st.m[r] = m_new;
+    st.l[r] *= alpha;
+#pragma unroll
+    for (int d = 0; d < TL::kDT; ++d) {
+      st.o[d][2 * r] *= alpha;
+      st.o[d][2 * r + 1] *= alpha;
+    }
+    mx[r] = m_use;
+  }
+#pragma unroll
+  for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[j][e] - mx[e >> 1]);
+      s[j][e] = p;
+      st.l[e >> 1] += p;
+    }
+
+    // O += P V, 16 tokens per k-step.
+#pragma unroll
+  for (int p = 0; p < TL::kNT / 2; ++p) {
+    uint32_t a[4];
+    a[0] = Elem<T>::pack(s[2 * p][0], s[2 * p][1]);
+    a[1] = Elem<T>::pack(s[2 * p][2], s[2 * p][3]);
+    a[2] = Elem<T>::pack(s[2 * p + 1][0], s[2 * p + 1][1]);
+    a[3] = Elem<T>::pack(s[2 * p + 1][2], s[2 * p + 1][3]);
+    const int row = wtok + 16 * p + (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int dp = 0; dp < TL::kDT / 2; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vs + TL::swz(row, 2 * dp + (mi >> 1)));
+      Elem<T>::mma(st.o[2 * dp], a, b[0], b[1]);
+      Elem<T>::mma(st.o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Runs the two-stage pipeline over KV tokens [kv_begin, kv_end) for every warp of the CTA; Q's
+// cp.async group must be committed (and nothing else pending). `mask_from`: tiles ending at or
+// before it cannot reach any row's limit and skip the mask. Leaves shared memory free (synced).
+template <class TL, typename T, class Loc>
+__device__ __forceinline__ void attend_range(RowState<TL::kDT>& st, T* smem, const T* k, const T* v,
+                                             const Loc& loc, uint32_t kv_begin, uint32_t kv_end,
+                                             uint32_t mask_from, const uint32_t limit[2],
+                                             float scale_log2) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / TL::kWarpsN, wn = warp % TL::kWarpsN;
+  T* qs = smem;
+  T* kv = smem + TL::kQElems;
+  auto ks = [&](int stage) { return kv + (2 * stage) * TL::kTileElems; };
+  auto vs = [&](int stage) { return kv + (2 * stage + 1) * TL::kTileElems; };
+
+  const uint32_t ntiles = kv_end > kv_begin ? (kv_end - kv_begin + TL::kBN - 1) / TL::kBN : 0;
+  if (ntiles > 0) issue_kv_tile<TL>(ks(0), vs(0), k, v, loc, kv_begin, kv_end, tid);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q has landed (tile 0 may still be in flight)
+  __syncthreads();
+  uint32_t qf[TL::kQInRegs ? TL::kKS : 1][4];
+  if constexpr (TL::kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < TL::kKS; ++kk) load_q_frag<TL>(qf[kk], qs, wm, kk, lane);
+  }
+  for (uint32_t i = 0; i < ntiles; ++i) {
+    const uint32_t start = kv_begin + i * TL::kBN;
+    if (i + 1 < ntiles)
+      issue_kv_tile<TL>(ks((i + 1) & 1), vs((i + 1) & 1), k, v, loc, start + TL::kBN, kv_end, tid);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    attend_tile<TL>(st, qf, qs, ks(i & 1), vs(i & 1), wm, wn, lane, start, limit,
+                    start + TL::kBN > mask_from, scale_log2);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
+// Sums the row's l over the four threads of its quad (each accumulated its own columns).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
+}  // namespace memsim::kernels::detail

@@ -1,0 +1,245 @@
+// PagedDecodeKernel (one query token per sequence, split-K over the KV range) and
+// DecodeCombineKernel (merges the splits by log-sum-exp), with their host launcher.
+#include <cuda_runtime.h>
+
+#include "kernels/attention.h"
+#include "kernels/attention_core.cuh"
+#include "kernels/attention_tiles.h"
+#include "kernels/dispatch.cuh"
+
+namespace memsim::kernels {
+namespace {
+
+using detail::Tiles;
+
+template <typename T>
+struct DecodeParams {
+  const T* q;
+  T* o;
+  const T* k;
+  const T* v;
+  const int32_t* kv_lens;
+  const int32_t* block_tables;
+  const int32_t* slots;
+  const int32_t* num_seqs;
+  uint32_t bt_stride;
+  FastDiv block_size;
+  int64_t block_stride;  // paged: elements between blocks; contiguous: between slots
+  int64_t row;           // kv_heads x head_dim
+  uint32_t q_heads, group, num_splits;
+  float* partial_o;    // [max_batch, splits, q_heads, D]
+  float* partial_lse;  // [max_batch, splits, q_heads] (log2 domain)
+  float scale_log2;
+};
+
+template <typename T, int D>
+using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
+
+// Grid (split, kv_head, sequence), 128 threads: the four warps take 16 tokens each of every
+// 64-token KV tile for the group's query rows, then merge their softmax states in shared memory.
+template <typename T, int D, bool PAGED>
+__global__ void __launch_bounds__(128)
+    PagedDecodeKernel(const __grid_constant__ DecodeParams<T> p) {
+  using TL = DecodeTiles<T, D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ float ml[4][16][2];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const uint32_t split = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+  if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
+  const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5;
+
+  const uint32_t kv_len = static_cast<uint32_t>(p.kv_lens[seq]);
+  const uint32_t tiles = (kv_len + TL::kBN - 1) / TL::kBN;
+  const uint32_t per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  const uint32_t b = min(split * per_split * TL::kBN, kv_len);
+  const uint32_t e = min(b + per_split * TL::kBN, kv_len);
+
+  const int64_t q_base = (static_cast<int64_t>(seq) * p.q_heads + h * p.group) * D;
+  detail::issue_q<TL>(
+      smem, p.q,
+      [&](int r) -> int64_t {
+        return r < static_cast<int>(p.group) ? q_base + static_cast<int64_t>(r) * D : -1;
+      },
+      tid);
+  detail::cp_async_commit();
+
+  detail::RowState<TL::kDT> st;
+  st.init();
+  const uint32_t limit[2] = {e, e};
+  if constexpr (PAGED) {
+    const detail::PagedLocator loc{p.block_tables + static_cast<int64_t>(seq) * p.bt_stride,
+                                   p.block_size, p.block_stride, p.row,
+                                   static_cast<int64_t>(h) * D};
+    detail::attend_range<TL>(st, smem, p.k, p.v, loc, b, e, e, limit, p.scale_log2);
+  } else {
+    const detail::ContiguousLocator loc{
+        static_cast<int64_t>(p.slots[seq]) * p.block_stride + static_cast<int64_t>(h) * D, p.row};
+    detail::attend_range<TL>(st, smem, p.k, p.v, loc, b, e, e, limit, p.scale_log2);
+  }
+
+  // Merge the four warps' states (shared memory is free after attend_range).
+  float* mo = reinterpret_cast<float*>(smem_raw);  // [4][16][D]
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = detail::quad_sum(st.l[r]);
+    if (t == 0) {
+      ml[wn][g + 8 * r][0] = st.m[r];
+      ml[wn][g + 8 * r][1] = l;
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < TL::kDT; ++d)
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+      mo[(wn * 16 + g + 8 * (x >> 1)) * D + 8 * d + 2 * t + (x & 1)] = st.o[d][x];
+  __syncthreads();
+
+  for (int i = tid; i < static_cast<int>(p.group) * (D / 4); i += TL::kThreads) {
+    const int row = i / (D / 4), c4 = i % (D / 4);
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) m = fmaxf(m, ml[w][row][0]);
+    float l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float sc = ml[w][row][0] == -INFINITY ? 0.f : exp2f(ml[w][row][0] - m);
+      l += ml[w][row][1] * sc;
+      const float4 x = *reinterpret_cast<const float4*>(mo + (w * 16 + row) * D + 4 * c4);
+      acc.x += x.x * sc;
+      acc.y += x.y * sc;
+      acc.z += x.z * sc;
+      acc.w += x.w * sc;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const uint32_t qh = h * p.group + row;
+    if (p.num_splits == 1) {
+      uint2 out;
+      out.x = detail::Elem<T>::pack(acc.x * inv, acc.y * inv);
+      out.y = detail::Elem<T>::pack(acc.z * inv, acc.w * inv);
+      *reinterpret_cast<uint2*>(p.o + (static_cast<int64_t>(seq) * p.q_heads + qh) * D + 4 * c4) =
+          out;
+    } else {
+      const int64_t idx = (static_cast<int64_t>(seq) * p.num_splits + split) * p.q_heads + qh;
+      *reinterpret_cast<float4*>(p.partial_o + idx * D + 4 * c4) =
+          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (c4 == 0) p.partial_lse[idx] = l > 0.f ? m + __log2f(l) : -INFINITY;
+    }
+  }
+}
+
+template <typename T>
+struct CombineParams {
+  const float* partial_o;
+  const float* partial_lse;
+  T* o;
+  const int32_t* num_seqs;
+  uint32_t q_heads, num_splits;
+};
+
+// Grid (q_head, sequence), D / 4 threads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+template <typename T, int D>
+__global__ void __launch_bounds__(64)
+    DecodeCombineKernel(const __grid_constant__ CombineParams<T> p) {
+  const uint32_t qh = blockIdx.x, seq = blockIdx.y;
+  if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
+  const int c4 = threadIdx.x;
+  const int64_t first = static_cast<int64_t>(seq) * p.num_splits * p.q_heads + qh;
+  float m = -INFINITY;
+  for (uint32_t s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.partial_lse[first + s * p.q_heads]);
+  float den = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (m != -INFINITY) {
+    for (uint32_t s = 0; s < p.num_splits; ++s) {
+      const int64_t idx = first + s * p.q_heads;
+      const float lse = p.partial_lse[idx];
+      if (lse == -INFINITY) continue;
+      const float w = exp2f(lse - m);
+      den += w;
+      const float4 x = *reinterpret_cast<const float4*>(p.partial_o + idx * D + 4 * c4);
+      acc.x += w * x.x;
+      acc.y += w * x.y;
+      acc.z += w * x.z;
+      acc.w += w * x.w;
+    }
+  }
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  uint2 out;
+  out.x = detail::Elem<T>::pack(acc.x * inv, acc.y * inv);
+  out.y = detail::Elem<T>::pack(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(p.o + (static_cast<int64_t>(seq) * p.q_heads + qh) * D + 4 * c4) = out;
+}
+
+template <typename T, int D, bool PAGED>
+cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
+                          cudaStream_t stream) {
+  using TL = DecodeTiles<T, D>;
+  constexpr auto kernel = PagedDecodeKernel<T, D, PAGED>;
+  if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
+  DecodeParams<T> p{};
+  p.q = reinterpret_cast<const T*>(a.q);
+  p.o = reinterpret_cast<T*>(a.o);
+  p.k = reinterpret_cast<const T*>(a.cache.k);
+  p.v = reinterpret_cast<const T*>(a.cache.v);
+  p.kv_lens = a.seqs.kv_lens;
+  p.block_tables = a.seqs.block_tables;
+  p.slots = a.seqs.slots;
+  p.num_seqs = a.seqs.num_seqs;
+  p.bt_stride = a.seqs.bt_stride;
+  p.block_size = FastDiv(PAGED ? a.cache.block_size : 1);
+  p.block_stride = a.cache.block_stride;
+  p.row = static_cast<int64_t>(shape.row_elems());
+  p.q_heads = shape.q_heads;
+  p.group = shape.group();
+  p.num_splits = plan.num_splits;
+  p.partial_o = reinterpret_cast<float*>(a.workspace);
+  p.partial_lse = p.partial_o + uint64_t{plan.max_batch} * plan.num_splits * shape.q_heads * D;
+  const float scale = a.scale > 0 ? a.scale : 1.f / sqrtf(static_cast<float>(D));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  const dim3 grid(plan.num_splits, shape.kv_heads, plan.max_batch);
+  kernel<<<grid, TL::kThreads, TL::kSmemBytes, stream>>>(p);
+  if (plan.num_splits > 1) {
+    CombineParams<T> c{p.partial_o, p.partial_lse, p.o, p.num_seqs, shape.q_heads, plan.num_splits};
+    DecodeCombineKernel<T, D><<<dim3(shape.q_heads, plan.max_batch), D / 4, 0, stream>>>(c);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
+                         const DecodeArgs& args, cudaStream_t stream) {
+  if (plan.max_batch == 0) return cudaSuccess;
+  if (plan.num_splits == 0 || plan.kv_tile != kDecodeTile || plan.max_batch > 65535 ||
+      (plan.num_splits > 1 && args.workspace == 0))
+    return cudaErrorInvalidValue;
+  if (args.cache.addressing == KvAddressing::kPaged &&
+      (args.cache.block_size == 0 || args.seqs.block_tables == nullptr))
+    return cudaErrorInvalidValue;
+  if (args.cache.addressing == KvAddressing::kContiguous && args.seqs.slots == nullptr)
+    return cudaErrorInvalidValue;
+  return detail::dispatch(shape, args.cache.addressing, [&]<typename T, int D, bool PAGED>() {
+    return launch_decode<T, D, PAGED>(shape, plan, args, stream);
+  });
+}
+
+cudaError_t query_device(DeviceLimits* out) {
+  int dev = 0, sms = 0, ctas = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      e != cudaSuccess)
+    return e;
+  using TL = DecodeTiles<__nv_bfloat16, 128>;
+  constexpr auto kernel = PagedDecodeKernel<__nv_bfloat16, 128, true>;
+  if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, TL::kThreads,
+                                                                    TL::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  out->num_sms = static_cast<uint32_t>(sms);
+  out->decode_ctas_per_sm = static_cast<uint32_t>(ctas > 0 ? ctas : 1);
+  return cudaSuccess;
+}
+
+}  // namespace memsim::kernels

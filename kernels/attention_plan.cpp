@@ -1,0 +1,95 @@
+// CPU planning of the attention kernels (split-K for decode, tile work lists for prefill) and
+// shape checks; no CUDA here, so the sim build and its tests use the same plans.
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "kernels/attention_tiles.h"
+#include "kernels/attention_types.h"
+
+namespace memsim::kernels {
+
+const char* to_string(KvDtype d) {
+  return d == KvDtype::kBf16 ? "bf16" : "fp16";
+}
+
+const char* to_string(KvAddressing a) {
+  return a == KvAddressing::kPaged ? "paged" : "contiguous";
+}
+
+std::string check_shape(const AttentionShape& s) {
+  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
+    return fmt::format("head_dim {} is not one of 64, 128, 256", s.head_dim);
+  if (s.kv_heads == 0 || s.q_heads == 0 || s.q_heads % s.kv_heads != 0)
+    return fmt::format("{} query heads are not a multiple of {} KV heads", s.q_heads, s.kv_heads);
+  if (s.group() > kMaxGroup)
+    return fmt::format("{} query heads per KV head (at most {})", s.group(), kMaxGroup);
+  return {};
+}
+
+DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
+                       const DeviceLimits& device, uint32_t force_splits) {
+  DecodePlan p;
+  p.max_batch = max_batch;
+  p.kv_tile = kDecodeTile;
+  const uint32_t tiles = (max_kv_len + p.kv_tile - 1) / p.kv_tile;
+  const uint64_t ctas = uint64_t{max_batch} * shape.kv_heads;
+  const uint64_t target = uint64_t{device.num_sms} * std::max(1u, device.decode_ctas_per_sm);
+  if (force_splits > 0) {
+    p.num_splits = std::clamp(force_splits, 1u, std::max(1u, tiles));
+  } else if (ctas == 0 || ctas >= target || tiles < 4) {
+    p.num_splits = 1;
+  } else {
+    // Enough splits to fill the machine, each at least two tiles long.
+    const uint64_t want = (target + ctas - 1) / ctas;
+    p.num_splits = static_cast<uint32_t>(std::min<uint64_t>(want, tiles / 2));
+  }
+  if (p.num_splits > 1)
+    p.workspace_bytes = uint64_t{max_batch} * p.num_splits * shape.q_heads *
+                        (uint64_t{shape.head_dim} + 1) * sizeof(float);
+  return p;
+}
+
+void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split, uint32_t* begin,
+                        uint32_t* end) {
+  const uint32_t tiles = (kv_len + plan.kv_tile - 1) / plan.kv_tile;
+  const uint32_t per_split = (tiles + plan.num_splits - 1) / plan.num_splits;
+  const uint64_t b = uint64_t{split} * per_split * plan.kv_tile;
+  const uint64_t e = b + uint64_t{per_split} * plan.kv_tile;
+  *begin = static_cast<uint32_t>(std::min<uint64_t>(b, kv_len));
+  *end = static_cast<uint32_t>(std::min<uint64_t>(e, kv_len));
+}
+
+uint32_t prefill_tokens_per_tile(const AttentionShape& shape) {
+  return kPrefillRows / std::max(1u, shape.group());
+}
+
+PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
+                         const std::vector<int32_t>& kv_lens) {
+  PrefillPlan p;
+  const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
+  struct Item {
+    int32_t seq, first, kv_end;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    const int32_t q = q_lens[i];
+    p.total_q += static_cast<uint64_t>(std::max(q, 0));
+    const int32_t prefix = kv_lens[i] - q;
+    for (int32_t t = 0; t < q; t += per_tile)
+      items.push_back({static_cast<int32_t>(i), t, prefix + std::min(q, t + per_tile)});
+  }
+  // Longest KV range first; ties in sequence and tile order (deterministic).
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.kv_end > b.kv_end; });
+  p.work.reserve(2 * items.size());
+  for (const Item& it : items) {
+    p.work.push_back(it.seq);
+    p.work.push_back(it.first);
+  }
+  p.num_tiles = static_cast<uint32_t>(items.size());
+  return p;
+}
+
+}  // namespace memsim::kernels

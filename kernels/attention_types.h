@@ -1,0 +1,155 @@
+// Types and CPU planning of the KV-cache kernels: shapes, cache views, per-sequence tables, plans
+// and launch arguments. Plain C++ (no CUDA headers): the sim build plans and checks with it too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memsim::kernels {
+
+enum class KvDtype : uint8_t { kBf16, kFp16 };
+inline constexpr uint32_t dtype_bytes(KvDtype) {
+  return 2;
+}
+const char* to_string(KvDtype d);
+
+// How the kernels find token `pos` of a sequence in one layer's K (or V) cache. A token row is
+// [kv_heads, head_dim] elements, rows of a block (or of a contiguous sequence) are adjacent.
+//   paged:      elem(pos) = block_table[pos / block_size] * block_stride + (pos % block_size) * row
+//               vLLM's [num_blocks, block_size, kv_heads, head_dim] has block_stride =
+//               block_size * row; a larger stride addresses blocks of a pool that interleaves
+//               other data between them. SGLang's token-slot pool is block_size 1 over
+//               req_to_token.
+//   contiguous: elem(pos) = slot * seq_stride + pos * row (vAttention's per-layer virtual
+//               tensors [max_batch, max_len, kv_heads, head_dim], FlashAttention's
+//               cache_batch_idx): no page table.
+enum class KvAddressing : uint8_t { kPaged, kContiguous };
+const char* to_string(KvAddressing a);
+
+struct AttentionShape {
+  uint32_t q_heads = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;  // 64, 128 or 256
+  KvDtype dtype = KvDtype::kBf16;
+  uint32_t group() const { return kv_heads ? q_heads / kv_heads : 0; }
+  uint64_t row_elems() const { return uint64_t{kv_heads} * head_dim; }  // one token of K or V
+};
+
+// Empty when the shape is supported, else why not (head_dim 64/128/256, 1..8 query heads per KV
+// head, q_heads a multiple of kv_heads).
+std::string check_shape(const AttentionShape& s);
+
+// One layer's cache as the kernels address it (element pointers of the storage dtype).
+struct KvLayerView {
+  uint64_t k = 0, v = 0;     // device addresses of element 0 of K and of V
+  int64_t block_stride = 0;  // paged: elements between blocks; contiguous: between slots
+  uint32_t block_size = 0;   // paged: tokens per block (any value >= 1); contiguous: unused
+  KvAddressing addressing = KvAddressing::kPaged;
+};
+
+// Where a batch's per-sequence metadata lives (device memory, read at run time so one captured
+// CUDA graph serves every batch up to its capture size).
+struct SeqTables {
+  const int32_t* kv_lens = nullptr;       // [max_batch] tokens of KV per sequence (incl. new ones)
+  const int32_t* block_tables = nullptr;  // paged: [max_batch, bt_stride] block ids
+  uint32_t bt_stride = 0;
+  const int32_t* slots = nullptr;     // contiguous: [max_batch] slot of each sequence
+  const int32_t* num_seqs = nullptr;  // optional device scalar: active batch <= max_batch
+};
+
+// ---- decode: one query token per sequence ------------------------------------------------------
+
+// Device facts the planners need (cudaGetDeviceProperties; see query_device()).
+struct DeviceLimits {
+  uint32_t num_sms = 132;
+  uint32_t decode_ctas_per_sm = 2;  // resident decode CTAs per SM (occupancy)
+};
+
+struct DecodePlan {
+  uint32_t max_batch = 0;        // grid rows; sequences >= *num_seqs exit early
+  uint32_t num_splits = 1;       // KV split across CTAs (flash-decoding); 1 = no combine pass
+  uint32_t kv_tile = 64;         // tokens per KV tile; splits are whole tiles
+  uint64_t workspace_bytes = 0;  // partial outputs + log-sum-exp when num_splits > 1
+};
+
+// Splits the KV dimension when max_batch x kv_heads CTAs would leave SMs idle: just enough
+// splits to fill every SM `decode_ctas_per_sm` deep, each split at least two tiles long.
+// `force_splits` (> 0) overrides the heuristic (tests compare split counts).
+DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
+                       const DeviceLimits& device, uint32_t force_splits = 0);
+
+// KV range [begin, end) of split `split` for a sequence of kv_len tokens: splits are contiguous,
+// tile-aligned and cover [0, kv_len); late splits may be empty. (The kernels use the same rule.)
+void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split, uint32_t* begin,
+                        uint32_t* end);
+
+struct DecodeArgs {
+  uint64_t q = 0;  // [max_batch, q_heads, head_dim]
+  uint64_t o = 0;  // [max_batch, q_heads, head_dim]
+  KvLayerView cache;
+  SeqTables seqs;
+  uint64_t workspace = 0;  // plan.workspace_bytes of device memory (unused when 1 split)
+  float scale = 0;         // softmax scale (0 = 1/sqrt(head_dim))
+};
+
+// ---- prefill: a chunk of new tokens per sequence, causal over its cached prefix and itself ------
+
+// Query rows of a CTA: (token, query head of the KV head) pairs, 64 rows, whole tokens per tile.
+uint32_t prefill_tokens_per_tile(const AttentionShape& shape);
+
+struct PrefillPlan {
+  // One work item per CTA row of the grid: {sequence, first query token of the tile}, longest KV
+  // range first (causal tiles late in a sequence do the most work).
+  std::vector<int32_t> work;  // 2 x num_tiles, upload to device memory for the launch
+  uint32_t num_tiles = 0;
+  uint64_t total_q = 0;
+};
+// q_lens: new tokens of each sequence (host copy of the indptr differences); kv_lens: KV tokens
+// after the chunk (prefix + q_len).
+PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
+                         const std::vector<int32_t>& kv_lens);
+
+struct PrefillArgs {
+  uint64_t q = 0;                      // [total_q, q_heads, head_dim], sequences back to back
+  uint64_t o = 0;                      // same shape
+  const int32_t* qo_indptr = nullptr;  // [batch + 1] device: first query token of each sequence
+  KvLayerView cache;
+  SeqTables seqs;                 // kv_lens include the chunk's tokens
+  const int32_t* work = nullptr;  // device copy of plan.work
+  uint32_t num_tiles = 0;
+  float scale = 0;
+};
+
+// ---- KV write, block copies, swaps -------------------------------------------------------------
+
+// vLLM reshape_and_cache: token i's K and V rows go to slot slot_mapping[i] of the layer cache
+// (slot = block * block_size + offset for paged views, slot * max_len + pos for contiguous ones,
+// i.e. slot = row index at block_size granularity); a negative slot skips a padding token.
+struct KvWriteArgs {
+  uint64_t k_new = 0, v_new = 0;  // [num_tokens, kv_heads, head_dim] with row stride new_stride
+  int64_t new_stride = 0;         // elements between tokens (0 = kv_heads x head_dim)
+  const int64_t* slot_mapping = nullptr;  // [num_tokens] device
+  uint32_t num_tokens = 0;
+  KvLayerView cache;
+  // Contiguous views: tokens per slot (slot_mapping holds slot * slot_tokens + pos). Paged views
+  // use cache.block_size.
+  uint32_t slot_tokens = 0;
+};
+
+// vLLM copy_blocks / swap_blocks over `regions` regions (e.g. K and V of every layer): for each
+// pair p, bytes [src_region + pairs[2p] * src_block_stride, +block_bytes) go to
+// [dst_region + pairs[2p+1] * dst_block_stride, ...), in every region. Either side may be pinned
+// host memory (swap): the copy kernel reads and writes it through unified addressing. All sizes
+// and strides must be multiples of 16 bytes.
+struct BlockCopyArgs {
+  uint64_t src = 0, dst = 0;  // region 0 base addresses
+  uint64_t src_region_stride = 0, dst_region_stride = 0;
+  uint64_t src_block_stride = 0, dst_block_stride = 0;
+  uint64_t block_bytes = 0;
+  uint32_t regions = 1;
+  const int64_t* pairs = nullptr;  // [num_pairs, 2] {src block, dst block}, device-readable
+  uint32_t num_pairs = 0;
+};
+
+}  // namespace memsim::kernels

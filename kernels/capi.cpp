@@ -1,0 +1,128 @@
+// C entry points of the kernels for tools/attention_check.py and tools/attn_sdpa.py (ctypes over
+// PyTorch tensors' device pointers): plain integers and pointers, cudaError_t as int.
+#include <cstdint>
+#include <vector>
+
+#include "kernels/attention.h"
+
+using namespace memsim::kernels;
+
+namespace {
+
+AttentionShape shape_of(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16) {
+  return {q_heads, kv_heads, head_dim, fp16 ? KvDtype::kFp16 : KvDtype::kBf16};
+}
+
+KvLayerView view_of(uint64_t k, uint64_t v, int64_t block_stride, uint32_t block_size,
+                    int contiguous) {
+  return {k, v, block_stride, block_size,
+          contiguous ? KvAddressing::kContiguous : KvAddressing::kPaged};
+}
+
+}  // namespace
+
+extern "C" {
+
+// Fills *num_splits and *workspace_bytes for a decode launch; force_splits 0 = heuristic.
+int memsim_plan_decode(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,
+                       uint32_t max_batch, uint32_t max_kv_len, uint32_t force_splits,
+                       uint32_t* num_splits, uint64_t* workspace_bytes) {
+  DeviceLimits lim;
+  if (cudaError_t e = query_device(&lim); e != cudaSuccess) return e;
+  const DecodePlan p = plan_decode(shape_of(q_heads, kv_heads, head_dim, fp16), max_batch,
+                                   max_kv_len, lim, force_splits);
+  *num_splits = p.num_splits;
+  *workspace_bytes = p.workspace_bytes;
+  return 0;
+}
+
+int memsim_decode(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16, int contiguous,
+                  uint64_t q, uint64_t o, uint64_t k, uint64_t v, int64_t block_stride,
+                  uint32_t block_size, const int32_t* kv_lens, const int32_t* block_tables,
+                  uint32_t bt_stride, const int32_t* slots, const int32_t* num_seqs,
+                  uint32_t max_batch, uint32_t num_splits, uint64_t workspace, float scale,
+                  uint64_t stream) {
+  const AttentionShape sh = shape_of(q_heads, kv_heads, head_dim, fp16);
+  DecodePlan plan;
+  plan.max_batch = max_batch;
+  plan.num_splits = num_splits;
+  DecodeArgs a;
+  a.q = q;
+  a.o = o;
+  a.cache = view_of(k, v, block_stride, block_size, contiguous);
+  a.seqs = {kv_lens, block_tables, bt_stride, slots, num_seqs};
+  a.workspace = workspace;
+  a.scale = scale;
+  return paged_decode(sh, plan, a, reinterpret_cast<cudaStream_t>(stream));
+}
+
+// Writes the prefill work list (2 ints per tile, at most `cap` tiles) and returns the number of
+// tiles, or -1 when cap is too small.
+int64_t memsim_plan_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,
+                            const int32_t* q_lens, const int32_t* kv_lens, uint32_t batch,
+                            int32_t* work, uint64_t cap) {
+  const PrefillPlan p = plan_prefill(shape_of(q_heads, kv_heads, head_dim, fp16),
+                                     std::vector<int32_t>(q_lens, q_lens + batch),
+                                     std::vector<int32_t>(kv_lens, kv_lens + batch));
+  if (p.num_tiles > cap) return -1;
+  for (size_t i = 0; i < p.work.size(); ++i) work[i] = p.work[i];
+  return p.num_tiles;
+}
+
+int memsim_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16, int contiguous,
+                   uint64_t q, uint64_t o, uint64_t k, uint64_t v, int64_t block_stride,
+                   uint32_t block_size, const int32_t* qo_indptr, const int32_t* kv_lens,
+                   const int32_t* block_tables, uint32_t bt_stride, const int32_t* slots,
+                   const int32_t* work, uint32_t num_tiles, float scale, uint64_t stream) {
+  PrefillArgs a;
+  a.q = q;
+  a.o = o;
+  a.qo_indptr = qo_indptr;
+  a.cache = view_of(k, v, block_stride, block_size, contiguous);
+  a.seqs = {kv_lens, block_tables, bt_stride, slots, nullptr};
+  a.work = work;
+  a.num_tiles = num_tiles;
+  a.scale = scale;
+  return paged_prefill(shape_of(q_heads, kv_heads, head_dim, fp16), a,
+                       reinterpret_cast<cudaStream_t>(stream));
+}
+
+int memsim_kv_write(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,
+                    uint64_t k_new, uint64_t v_new, int64_t new_stride, const int64_t* slot_mapping,
+                    uint32_t num_tokens, uint64_t k, uint64_t v, int64_t block_stride,
+                    uint32_t block_size, int contiguous, uint32_t slot_tokens, uint64_t stream) {
+  KvWriteArgs a;
+  a.k_new = k_new;
+  a.v_new = v_new;
+  a.new_stride = new_stride;
+  a.slot_mapping = slot_mapping;
+  a.num_tokens = num_tokens;
+  a.cache = view_of(k, v, block_stride, block_size, contiguous);
+  a.slot_tokens = slot_tokens;
+  return paged_kv_write(shape_of(q_heads, kv_heads, head_dim, fp16), a,
+                        reinterpret_cast<cudaStream_t>(stream));
+}
+
+int memsim_copy_blocks(uint64_t src, uint64_t dst, uint64_t src_region_stride,
+                       uint64_t dst_region_stride, uint64_t src_block_stride,
+                       uint64_t dst_block_stride, uint64_t block_bytes, uint32_t regions,
+                       const int64_t* pairs, uint32_t num_pairs, uint64_t stream) {
+  BlockCopyArgs a;
+  a.src = src;
+  a.dst = dst;
+  a.src_region_stride = src_region_stride;
+  a.dst_region_stride = dst_region_stride;
+  a.src_block_stride = src_block_stride;
+  a.dst_block_stride = dst_block_stride;
+  a.block_bytes = block_bytes;
+  a.regions = regions;
+  a.pairs = pairs;
+  a.num_pairs = num_pairs;
+  return copy_blocks(a, reinterpret_cast<cudaStream_t>(stream));
+}
+
+int memsim_read_bandwidth(uint64_t p, uint64_t bytes, uint32_t* sink, uint64_t stream) {
+  return read_bandwidth(p, bytes, sink, reinterpret_cast<cudaStream_t>(stream));
+}
+
+}  // extern "C"

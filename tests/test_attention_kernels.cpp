@@ -1,0 +1,581 @@
+// Attention and KV-cache kernels on a real GPU against a float64 CPU reference: decode (split-K,
+// graphs with a device-resident batch), prefill (chunks over cached prefixes), paged vs
+// contiguous bit-identity, KV write, block copies and swaps. Small shapes, so it also runs under
+// compute-sanitizer. Exits 77 (skipped) without a CUDA device.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+
+namespace memsim::kernels {
+namespace {
+
+#define CUDA_OK(expr)                              \
+  do {                                             \
+    const cudaError_t e_ = (expr);                 \
+    INFO(#expr << ": " << cudaGetErrorString(e_)); \
+    REQUIRE(e_ == cudaSuccess);                    \
+  } while (0)
+
+// ---- host half-precision conversions (round to nearest even) ----------------------------------
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t to_fp16(float f) {  // |f| < 65504, no NaN (test data)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const int exp = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = u & 0x7fffffu;
+  if (exp <= 0) {  // subnormal half
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    const int shift = 14 - exp;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+float from_fp16(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const int exp = (h >> 10) & 0x1f;
+  const uint32_t mant = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);
+  } else {
+    const uint32_t u = ((static_cast<uint32_t>(exp) - 15 + 127) << 23) | (mant << 13);
+    std::memcpy(&f, &u, 4);
+  }
+  return sign ? -f : f;
+}
+uint16_t to_half(KvDtype d, float f) {
+  return d == KvDtype::kBf16 ? to_bf16(f) : to_fp16(f);
+}
+float from_half(KvDtype d, uint16_t h) {
+  return d == KvDtype::kBf16 ? from_bf16(h) : from_fp16(h);
+}
+
+// ---- device buffers ----------------------------------------------------------------------------
+
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  DevBuf() = default;
+  explicit DevBuf(size_t count) : n(count) {
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, count) * sizeof(T)) ==
+            cudaSuccess);
+  }
+  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size()) { upload(v); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const std::vector<T>& v) {
+    REQUIRE(v.size() <= n);
+    CUDA_OK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n);
+    REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return v;
+  }
+  uint64_t addr() const { return reinterpret_cast<uint64_t>(p); }
+};
+
+// ---- a batch laid out both ways ----------------------------------------------------------------
+
+// K/V of every sequence in a paged cache (shuffled blocks, padded block stride) and in a
+// contiguous cache (shuffled slots), plus float copies for the reference.
+struct Batch {
+  AttentionShape shape;
+  uint32_t page = 16;
+  std::vector<int32_t> kv_lens;
+  uint32_t max_blocks = 0;
+  int64_t block_stride = 0, slot_stride = 0;  // elements
+  uint32_t max_len = 0;
+  std::vector<int32_t> tables, slots;
+  std::vector<std::vector<float>> k, v;  // [seq][pos * row + head * D + d] (rounded values)
+  std::vector<uint16_t> paged_k, paged_v, contig_k, contig_v;
+};
+
+// pad < 0: a random block-stride padding of 0, 8 or 16 elements.
+Batch make_batch(const AttentionShape& shape, uint32_t page, const std::vector<int32_t>& lens,
+                 std::mt19937& rng, int pad = -1) {
+  Batch b;
+  b.shape = shape;
+  b.page = page;
+  b.kv_lens = lens;
+  const uint64_t row = shape.row_elems();
+  uint32_t blocks = 0;
+  for (int32_t l : lens) {
+    b.max_blocks = std::max<uint32_t>(b.max_blocks, (l + page - 1) / page);
+    blocks += (l + page - 1) / page;
+    b.max_len = std::max<uint32_t>(b.max_len, l);
+  }
+  blocks += 3;  // blocks no sequence uses
+  b.block_stride = static_cast<int64_t>(page * row + (pad >= 0 ? pad : 8 * (rng() % 3)));
+  std::vector<int32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const uint32_t n = static_cast<uint32_t>(lens.size());
+  b.tables.assign(uint64_t{n} * std::max(1u, b.max_blocks), -1);
+  b.slot_stride = static_cast<int64_t>((b.max_len + 5) * row);
+  b.slots.resize(n);
+  std::iota(b.slots.begin(), b.slots.end(), 0);
+  std::shuffle(b.slots.begin(), b.slots.end(), rng);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  b.paged_k.assign(blocks * b.block_stride, to_half(shape.dtype, 7.f));  // poison: large
+  b.paged_v = b.paged_k;
+  b.contig_k.assign(n * b.slot_stride, to_half(shape.dtype, 7.f));
+  b.contig_v = b.contig_k;
+  b.k.resize(n);
+  b.v.resize(n);
+  uint32_t next = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    const uint32_t len = static_cast<uint32_t>(lens[s]);
+    for (uint32_t i = 0; i < (len + page - 1) / page; ++i)
+      b.tables[uint64_t{s} * std::max(1u, b.max_blocks) + i] = ids[next++];
+    b.k[s].resize(uint64_t{len} * row);
+    b.v[s].resize(uint64_t{len} * row);
+    for (uint32_t pos = 0; pos < len; ++pos)
+      for (uint64_t e = 0; e < row; ++e) {
+        const uint16_t kh = to_half(shape.dtype, u(rng)), vh = to_half(shape.dtype, u(rng));
+        b.k[s][pos * row + e] = from_half(shape.dtype, kh);
+        b.v[s][pos * row + e] = from_half(shape.dtype, vh);
+        const int64_t pe =
+            b.tables[uint64_t{s} * std::max(1u, b.max_blocks) + pos / page] * b.block_stride +
+            (pos % page) * row + e;
+        const int64_t ce = b.slots[s] * b.slot_stride + pos * row + e;
+        b.paged_k[pe] = kh;
+        b.paged_v[pe] = vh;
+        b.contig_k[ce] = kh;
+        b.contig_v[ce] = vh;
+      }
+  }
+  return b;
+}
+
+// Random values in [-1, 1) of dtype d; `out` receives them as floats (exactly representable).
+std::vector<uint16_t> random_half(KvDtype d, size_t n, std::mt19937& rng,
+                                  std::vector<float>* out = nullptr) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<uint16_t> h(n);
+  if (out) out->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = to_half(d, u(rng));
+    if (out) (*out)[i] = from_half(d, h[i]);
+  }
+  return h;
+}
+
+// float64 attention of one query row over KV positions [0, limit) of sequence s, KV head kh.
+void reference_row(const Batch& b, uint32_t s, uint32_t kh, const float* q, uint32_t limit,
+                   double scale, double* out) {
+  const uint32_t D = b.shape.head_dim;
+  const uint64_t row = b.shape.row_elems();
+  std::vector<double> w(limit);
+  double mx = -INFINITY;
+  for (uint32_t pos = 0; pos < limit; ++pos) {
+    double dot = 0;
+    for (uint32_t d = 0; d < D; ++d) dot += double(q[d]) * b.k[s][pos * row + kh * D + d];
+    w[pos] = dot * scale;
+    mx = std::max(mx, w[pos]);
+  }
+  double den = 0;
+  for (double& x : w) den += (x = std::exp(x - mx));
+  for (uint32_t d = 0; d < D; ++d) {
+    double acc = 0;
+    for (uint32_t pos = 0; pos < limit; ++pos) acc += w[pos] * b.v[s][pos * row + kh * D + d];
+    out[d] = acc / den;
+  }
+}
+
+// Relative L2 error and max abs error of `got` (half) against `ref`.
+struct Err {
+  double rel = 0, max_abs = 0;
+};
+Err compare(KvDtype d, const std::vector<uint16_t>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0, mx = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double x = from_half(d, got[i]);
+    num += (x - ref[i]) * (x - ref[i]);
+    den += ref[i] * ref[i];
+    mx = std::max(mx, std::abs(x - ref[i]));
+    if (std::isnan(x)) mx = INFINITY;
+  }
+  return {std::sqrt(num / std::max(den, 1e-30)), mx};
+}
+
+// Error bounds (float32 accumulation; P rounded to the storage type for P x V; output rounded).
+double rel_bound(KvDtype d) {
+  return d == KvDtype::kBf16 ? 1e-2 : 2e-3;
+}
+double abs_bound(KvDtype d) {
+  return d == KvDtype::kBf16 ? 2e-2 : 4e-3;
+}
+
+DeviceLimits device_limits() {
+  DeviceLimits lim;
+  REQUIRE(query_device(&lim) == cudaSuccess);
+  return lim;
+}
+
+struct DecodeOut {
+  std::vector<uint16_t> paged, contig;
+};
+
+// Runs decode both ways with `splits` (0 = planner's choice) and returns the outputs.
+DecodeOut run_decode(const Batch& b, const std::vector<uint16_t>& q, uint32_t splits,
+                     uint32_t* used_splits = nullptr) {
+  const AttentionShape& sh = b.shape;
+  const uint32_t n = static_cast<uint32_t>(b.kv_lens.size());
+  const DecodePlan plan = plan_decode(sh, n, b.max_len, device_limits(), splits);
+  if (used_splits) *used_splits = plan.num_splits;
+  DevBuf<uint16_t> dq(q), pk(b.paged_k), pv(b.paged_v), ck(b.contig_k), cv(b.contig_v);
+  DevBuf<int32_t> lens(b.kv_lens), tables(b.tables), slots(b.slots);
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  const size_t out_n = uint64_t{n} * sh.q_heads * sh.head_dim;
+  DevBuf<uint16_t> o1(std::vector<uint16_t>(out_n, 0x7fc0)),
+      o2(std::vector<uint16_t>(out_n, 0x7fc0));
+  DecodeArgs a;
+  a.q = dq.addr();
+  a.seqs.kv_lens = lens.p;
+  a.seqs.block_tables = tables.p;
+  a.seqs.bt_stride = std::max(1u, b.max_blocks);
+  a.seqs.slots = slots.p;
+  a.workspace = ws.addr();
+  a.o = o1.addr();
+  a.cache = {pk.addr(), pv.addr(), b.block_stride, b.page, KvAddressing::kPaged};
+  CUDA_OK(paged_decode(sh, plan, a, nullptr));
+  a.o = o2.addr();
+  a.cache = {ck.addr(), cv.addr(), b.slot_stride, 0, KvAddressing::kContiguous};
+  CUDA_OK(paged_decode(sh, plan, a, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  return {o1.download(), o2.download()};
+}
+
+std::vector<double> reference_decode(const Batch& b, const std::vector<float>& qf) {
+  const AttentionShape& sh = b.shape;
+  const uint32_t D = sh.head_dim, n = static_cast<uint32_t>(b.kv_lens.size());
+  std::vector<double> ref(uint64_t{n} * sh.q_heads * D);
+  for (uint32_t s = 0; s < n; ++s)
+    for (uint32_t h = 0; h < sh.q_heads; ++h)
+      reference_row(b, s, h / sh.group(), &qf[(uint64_t{s} * sh.q_heads + h) * D],
+                    static_cast<uint32_t>(b.kv_lens[s]), 1.0 / std::sqrt(double(D)),
+                    &ref[(uint64_t{s} * sh.q_heads + h) * D]);
+  return ref;
+}
+
+void check_decode_case(KvDtype dt, uint32_t D, uint32_t q_heads, uint32_t kv_heads, uint32_t page,
+                       std::vector<int32_t> lens, uint32_t splits, std::mt19937& rng) {
+  const AttentionShape sh{q_heads, kv_heads, D, dt};
+  CAPTURE(to_string(dt), D, q_heads, kv_heads, page, splits, lens.size(), lens[0]);
+  const Batch b = make_batch(sh, page, lens, rng);
+  std::vector<float> qf;
+  const auto q = random_half(dt, lens.size() * q_heads * D, rng, &qf);
+  uint32_t used = 0;
+  const DecodeOut out = run_decode(b, q, splits, &used);
+  CAPTURE(used);
+  CHECK(out.paged == out.contig);  // same data, same split: bit-identical
+  const Err e = compare(dt, out.paged, reference_decode(b, qf));
+  CAPTURE(e.rel, e.max_abs);
+  CHECK(e.rel < rel_bound(dt));
+  CHECK(e.max_abs < abs_bound(dt));
+}
+
+TEST_CASE("decode matches a float64 reference, paged and contiguous bit-identical") {
+  std::mt19937 rng(7);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16})
+    for (uint32_t D : {64u, 128u, 256u}) {
+      check_decode_case(dt, D, 8, 8, 16, {1, 15, 16, 17, 100}, 0, rng);  // MHA, page +- 1
+      check_decode_case(dt, D, 28, 4, 1, {33, 7, 64}, 0, rng);           // group 7, page 1
+      check_decode_case(dt, D, 32, 4, 256, {255, 256, 257}, 0, rng);     // group 8, page 256
+      check_decode_case(dt, D, 12, 4, 7, {300, 1, 129}, 3, rng);  // group 3, odd page, 3 splits
+    }
+}
+
+TEST_CASE("decode split-K agrees with one split and covers every split count") {
+  std::mt19937 rng(11);
+  for (uint32_t splits : {1u, 2u, 5u, 16u, 64u})
+    check_decode_case(KvDtype::kBf16, 128, 32, 8, 16, {2000, 63, 700}, splits, rng);
+  // The planner splits a single long sequence (idle SMs otherwise).
+  const DecodePlan p = plan_decode({32, 8, 128, KvDtype::kBf16}, 1, 32768, device_limits());
+  CHECK(p.num_splits > 1);
+}
+
+TEST_CASE("decode in a CUDA graph reads batch size, lengths and tables from device memory") {
+  std::mt19937 rng(5);
+  const AttentionShape sh{16, 4, 128, KvDtype::kBf16};
+  const uint32_t cap = 8;
+  Batch big = make_batch(sh, 16, {40, 41, 90, 7, 300, 16, 17, 200}, rng, 0);
+  const DecodePlan plan = plan_decode(sh, cap, 512, device_limits(), 4);
+  DevBuf<uint16_t> pk(big.paged_k), pv(big.paged_v);
+  DevBuf<int32_t> lens(big.kv_lens), tables(big.tables), num(std::vector<int32_t>{cap});
+  std::vector<float> qf;
+  const auto q = random_half(sh.dtype, cap * sh.q_heads * 128, rng, &qf);
+  DevBuf<uint16_t> dq(q), out(std::vector<uint16_t>(q.size(), 0x7fc0));
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  DecodeArgs a;
+  a.q = dq.addr();
+  a.o = out.addr();
+  a.cache = {pk.addr(), pv.addr(), big.block_stride, 16, KvAddressing::kPaged};
+  a.seqs = {lens.p, tables.p, big.max_blocks, nullptr, num.p};
+  a.workspace = ws.addr();
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  REQUIRE(paged_decode(sh, plan, a, st) == cudaSuccess);
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  // Replay 1: all 8 sequences.
+  CUDA_OK(cudaGraphLaunch(exec, st));
+  CUDA_OK(cudaStreamSynchronize(st));
+  const Err e1 = compare(sh.dtype, out.download(), reference_decode(big, qf));
+  CHECK(e1.rel < rel_bound(sh.dtype));
+
+  // Replay 2: 3 sequences, each one block longer (a new block crosses the page boundary: the
+  // seed's section 15 bug), tables rewritten between replays, the rest of the output untouched.
+  std::vector<int32_t> lens2 = {57, 33, 91};
+  Batch small = make_batch(sh, 16, lens2, rng, 0);
+  REQUIRE(small.max_blocks <= big.max_blocks);
+  std::vector<int32_t> tables2(big.tables.size(), -1), all_lens = lens2;
+  all_lens.resize(cap, 1);
+  for (uint32_t s = 0; s < 3; ++s)
+    for (uint32_t i = 0; i < small.max_blocks; ++i)
+      tables2[s * big.max_blocks + i] = small.tables[s * small.max_blocks + i];
+  DevBuf<uint16_t> pk2(small.paged_k), pv2(small.paged_v);
+  // The graph's pointers are fixed: copy the new cache contents into the captured buffers.
+  REQUIRE(small.paged_k.size() * 2 <= big.paged_k.size() * 2);
+  CUDA_OK(cudaMemcpy(pk.p, small.paged_k.data(), small.paged_k.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(pv.p, small.paged_v.data(), small.paged_v.size() * 2, cudaMemcpyHostToDevice));
+  REQUIRE(small.block_stride == big.block_stride);
+  lens.upload(all_lens);
+  tables.upload(tables2);
+  num.upload({3});
+  out.upload(std::vector<uint16_t>(q.size(), 0x7fc0));
+  CUDA_OK(cudaGraphLaunch(exec, st));
+  CUDA_OK(cudaStreamSynchronize(st));
+  const auto got = out.download();
+  const std::vector<double> ref = reference_decode(small, qf);
+  const size_t live = 3ull * sh.q_heads * 128;
+  const Err e2 = compare(sh.dtype, std::vector<uint16_t>(got.begin(), got.begin() + live), ref);
+  CAPTURE(e2.rel, e2.max_abs);
+  CHECK(e2.rel < rel_bound(sh.dtype));
+  CHECK(std::all_of(got.begin() + live, got.end(), [](uint16_t x) { return x == 0x7fc0; }));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+void check_prefill_case(KvDtype dt, uint32_t D, uint32_t q_heads, uint32_t kv_heads, uint32_t page,
+                        const std::vector<int32_t>& q_lens, const std::vector<int32_t>& prefixes,
+                        std::mt19937& rng) {
+  const AttentionShape sh{q_heads, kv_heads, D, dt};
+  CAPTURE(to_string(dt), D, q_heads, kv_heads, page, q_lens[0], prefixes[0]);
+  std::vector<int32_t> kv_lens(q_lens.size());
+  for (size_t i = 0; i < q_lens.size(); ++i) kv_lens[i] = q_lens[i] + prefixes[i];
+  const Batch b = make_batch(sh, page, kv_lens, rng);
+  const PrefillPlan plan = plan_prefill(sh, q_lens, kv_lens);
+  std::vector<int32_t> indptr(q_lens.size() + 1, 0);
+  for (size_t i = 0; i < q_lens.size(); ++i) indptr[i + 1] = indptr[i] + q_lens[i];
+  REQUIRE(plan.total_q == static_cast<uint64_t>(indptr.back()));
+  std::vector<float> qf;
+  const auto q = random_half(dt, plan.total_q * q_heads * D, rng, &qf);
+  DevBuf<uint16_t> dq(q), pk(b.paged_k), pv(b.paged_v), ck(b.contig_k), cv(b.contig_v);
+  DevBuf<int32_t> lens(kv_lens), tables(b.tables), slots(b.slots), ind(indptr), work(plan.work);
+  DevBuf<uint16_t> o1(std::vector<uint16_t>(q.size(), 0x7fc0)),
+      o2(std::vector<uint16_t>(q.size(), 0x7fc0));
+  PrefillArgs a;
+  a.q = dq.addr();
+  a.qo_indptr = ind.p;
+  a.seqs = {lens.p, tables.p, std::max(1u, b.max_blocks), slots.p, nullptr};
+  a.work = work.p;
+  a.num_tiles = plan.num_tiles;
+  a.o = o1.addr();
+  a.cache = {pk.addr(), pv.addr(), b.block_stride, page, KvAddressing::kPaged};
+  CUDA_OK(paged_prefill(sh, a, nullptr));
+  a.o = o2.addr();
+  a.cache = {ck.addr(), cv.addr(), b.slot_stride, 0, KvAddressing::kContiguous};
+  CUDA_OK(paged_prefill(sh, a, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = o1.download();
+  CHECK(got == o2.download());
+  std::vector<double> ref(q.size());
+  for (size_t s = 0; s < q_lens.size(); ++s)
+    for (int32_t i = 0; i < q_lens[s]; ++i)
+      for (uint32_t h = 0; h < q_heads; ++h) {
+        const uint64_t at = (uint64_t(indptr[s] + i) * q_heads + h) * D;
+        reference_row(b, static_cast<uint32_t>(s), h / sh.group(), &qf[at],
+                      static_cast<uint32_t>(prefixes[s] + i + 1), 1.0 / std::sqrt(double(D)),
+                      &ref[at]);
+      }
+  const Err e = compare(dt, got, ref);
+  CAPTURE(e.rel, e.max_abs);
+  CHECK(e.rel < rel_bound(dt));
+  CHECK(e.max_abs < abs_bound(dt));
+}
+
+TEST_CASE("prefill matches a float64 reference over cached prefixes, ragged batches") {
+  std::mt19937 rng(3);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16})
+    for (uint32_t D : {64u, 128u, 256u}) {
+      check_prefill_case(dt, D, 8, 8, 16, {1, 16, 17, 70}, {0, 0, 15, 33}, rng);
+      check_prefill_case(dt, D, 28, 4, 1, {9, 30}, {100, 0}, rng);       // group 7
+      check_prefill_case(dt, D, 32, 4, 256, {130, 5}, {257, 256}, rng);  // group 8
+      check_prefill_case(dt, D, 12, 4, 7, {64, 1}, {3, 200}, rng);       // group 3, odd page
+    }
+}
+
+TEST_CASE("paged_kv_write places rows by slot and skips negative slots") {
+  std::mt19937 rng(9);
+  const AttentionShape sh{16, 4, 128, KvDtype::kBf16};
+  const uint64_t row = sh.row_elems();
+  const uint32_t page = 16, blocks = 6;
+  const int64_t stride = page * row + 64;  // padded blocks
+  std::vector<uint16_t> cache(blocks * stride, 0x1234);
+  const std::vector<int64_t> slots = {5, -1, 17, 95, 0, -1, 40};
+  std::vector<uint16_t> kn = random_half(sh.dtype, slots.size() * (row + 8), rng);
+  std::vector<uint16_t> vn = random_half(sh.dtype, slots.size() * (row + 8), rng);
+  DevBuf<uint16_t> dk(cache), dv(cache), nk(kn), nv(vn);
+  DevBuf<int64_t> ds(slots);
+  KvWriteArgs a;
+  a.k_new = nk.addr();
+  a.v_new = nv.addr();
+  a.new_stride = static_cast<int64_t>(row + 8);  // strided input (a fused QKV tensor)
+  a.slot_mapping = ds.p;
+  a.num_tokens = static_cast<uint32_t>(slots.size());
+  a.cache = {dk.addr(), dv.addr(), stride, page, KvAddressing::kPaged};
+  CUDA_OK(paged_kv_write(sh, a, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> want_k = cache, want_v = cache;
+  for (size_t t = 0; t < slots.size(); ++t) {
+    if (slots[t] < 0) continue;
+    const int64_t at = (slots[t] / page) * stride + (slots[t] % page) * row;
+    std::copy_n(kn.begin() + t * (row + 8), row, want_k.begin() + at);
+    std::copy_n(vn.begin() + t * (row + 8), row, want_v.begin() + at);
+  }
+  CHECK(dk.download() == want_k);
+  CHECK(dv.download() == want_v);
+}
+
+TEST_CASE("copy_blocks copies blocks of every region; swap round-trips through pinned memory") {
+  std::mt19937 rng(13);
+  const uint64_t block = 4096, regions = 6, blocks = 10;
+  const uint64_t region_stride = blocks * block + 256;
+  std::vector<uint8_t> data(regions * region_stride);
+  for (auto& x : data) x = static_cast<uint8_t>(rng());
+  DevBuf<uint8_t> pool(data);
+  const std::vector<int64_t> pairs = {2, 7, 0, 9, 5, 1};
+  DevBuf<int64_t> dp(pairs);
+  BlockCopyArgs a;
+  a.src = a.dst = pool.addr();
+  a.src_region_stride = a.dst_region_stride = region_stride;
+  a.src_block_stride = a.dst_block_stride = block;
+  a.block_bytes = block;
+  a.regions = regions;
+  a.pairs = dp.p;
+  a.num_pairs = 3;
+  CUDA_OK(copy_blocks(a, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint8_t> want = data;
+  for (uint64_t r = 0; r < regions; ++r)
+    for (size_t p = 0; p < 3; ++p)
+      std::copy_n(data.begin() + r * region_stride + pairs[2 * p] * block, block,
+                  want.begin() + r * region_stride + pairs[2 * p + 1] * block);
+  CHECK(pool.download() == want);
+
+  // Swap out blocks 7 and 9 to host slots 0 and 1, scribble over them, swap back in.
+  uint8_t* host = nullptr;
+  CUDA_OK(
+      cudaHostAlloc(reinterpret_cast<void**>(&host), regions * 2 * block, cudaHostAllocDefault));
+  DevBuf<int64_t> out_pairs(std::vector<int64_t>{7, 0, 9, 1}),
+      in_pairs(std::vector<int64_t>{0, 7, 1, 9});
+  BlockCopyArgs out = a;
+  out.dst = reinterpret_cast<uint64_t>(host);
+  out.dst_region_stride = 2 * block;
+  out.pairs = out_pairs.p;
+  out.num_pairs = 2;
+  CUDA_OK(copy_blocks(out, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  for (uint64_t r = 0; r < regions; ++r)
+    CUDA_OK(cudaMemset(pool.p + r * region_stride + 7 * block, 0, 3 * block));
+  BlockCopyArgs in = a;
+  in.src = reinterpret_cast<uint64_t>(host);
+  in.src_region_stride = 2 * block;
+  in.pairs = in_pairs.p;
+  in.num_pairs = 2;
+  CUDA_OK(copy_blocks(in, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint8_t> got = pool.download();
+  for (uint64_t r = 0; r < regions; ++r) {
+    const uint64_t base = r * region_stride;
+    CHECK(std::equal(got.begin() + base + 7 * block, got.begin() + base + 8 * block,
+                     want.begin() + base + 7 * block));
+    CHECK(std::equal(got.begin() + base + 9 * block, got.begin() + base + 10 * block,
+                     want.begin() + base + 9 * block));
+    CHECK(std::all_of(got.begin() + base + 8 * block, got.begin() + base + 9 * block,
+                      [](uint8_t x) { return x == 0; }));  // block 8 was not swapped back
+  }
+  cudaFreeHost(host);
+}
+
+TEST_CASE("launchers reject bad arguments without launching") {
+  const AttentionShape bad{12, 5, 128, KvDtype::kBf16};
+  DecodePlan plan;
+  plan.max_batch = 1;
+  CHECK(paged_decode(bad, plan, DecodeArgs{}, nullptr) == cudaErrorInvalidValue);
+  const AttentionShape ok_shape{8, 8, 96, KvDtype::kBf16};  // head_dim 96 unsupported
+  CHECK(paged_decode(ok_shape, plan, DecodeArgs{}, nullptr) == cudaErrorInvalidValue);
+  BlockCopyArgs c;
+  c.num_pairs = 1;
+  c.block_bytes = 24;  // not a multiple of 16
+  int64_t* pairs = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&pairs), 16));
+  c.pairs = pairs;
+  CHECK(copy_blocks(c, nullptr) == cudaErrorInvalidValue);
+  cudaFree(pairs);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+}  // namespace
+}  // namespace memsim::kernels
+
+int main(int argc, char** argv) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "no CUDA device: skipped\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

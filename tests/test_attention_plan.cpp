@@ -1,0 +1,130 @@
+// CPU planning of the attention kernels: fast division, decode split-K plans and their ranges,
+// prefill work lists, shape checks. No GPU needed (the kernels use the same code and tables).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "kernels/attention_tiles.h"
+#include "kernels/attention_types.h"
+#include "kernels/fastdiv.h"
+
+namespace memsim::kernels {
+namespace {
+
+const AttentionShape kLlama8B{32, 8, 128, KvDtype::kBf16};
+const DeviceLimits kH200{132, 3};
+
+TEST_CASE("FastDiv is exact for every divisor a page size can be") {
+  std::mt19937 rng(1);
+  for (uint32_t d = 1; d <= 300; ++d) {
+    const FastDiv f(d);
+    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, 2 * d, 65535u, 1u << 20, (1u << 31) - 1}) {
+      uint32_t q, r;
+      f.divmod(n, q, r);
+      REQUIRE(q == n / d);
+      REQUIRE(r == n % d);
+    }
+    for (int i = 0; i < 2000; ++i) {
+      const uint32_t n = rng() & 0x7fffffffu;
+      REQUIRE(f.div(n) == n / d);
+    }
+  }
+  for (uint32_t d : {1000003u, 1u << 20, (1u << 31) - 1}) {  // large divisors (slot granules)
+    const FastDiv f(d);
+    for (int i = 0; i < 20000; ++i) {
+      const uint32_t n = rng() & 0x7fffffffu;
+      REQUIRE(f.div(n) == n / d);
+    }
+  }
+}
+
+TEST_CASE("check_shape accepts the kernels' shapes and names what is wrong otherwise") {
+  CHECK(check_shape(kLlama8B).empty());
+  CHECK(check_shape({28, 4, 128, KvDtype::kFp16}).empty());  // Qwen2.5-7B: group 7
+  CHECK(check_shape({8, 8, 64, KvDtype::kBf16}).empty());
+  CHECK(check_shape({64, 8, 256, KvDtype::kBf16}).empty());
+  CHECK(check_shape({8, 8, 96, KvDtype::kBf16}) == "head_dim 96 is not one of 64, 128, 256");
+  CHECK(check_shape({12, 5, 128, KvDtype::kBf16}) ==
+        "12 query heads are not a multiple of 5 KV heads");
+  CHECK(check_shape({64, 4, 128, KvDtype::kBf16}) == "16 query heads per KV head (at most 8)");
+  CHECK(check_shape({8, 0, 128, KvDtype::kBf16}) ==
+        "8 query heads are not a multiple of 0 KV heads");
+}
+
+TEST_CASE("decode splits only when batch x KV heads leaves SMs idle") {
+  // 256 x 8 CTAs fill 132 SMs three deep: no split, no workspace.
+  DecodePlan p = plan_decode(kLlama8B, 256, 4096, kH200);
+  CHECK(p.num_splits == 1);
+  CHECK(p.workspace_bytes == 0);
+  CHECK(p.kv_tile == kDecodeTile);
+  // One sequence of 32K: 8 CTAs; ceil(396 / 8) = 50 splits of 10 or 11 tiles.
+  p = plan_decode(kLlama8B, 1, 32768, kH200);
+  CHECK(p.num_splits == 50);
+  CHECK(p.workspace_bytes == 1ull * 50 * 32 * 129 * 4);
+  // 32 x 4K: 256 CTAs; ceil(396 / 256) = 2 splits.
+  CHECK(plan_decode(kLlama8B, 32, 4096, kH200).num_splits == 2);
+  // 64 x 8K: 512 CTAs >= 396: none.
+  CHECK(plan_decode(kLlama8B, 64, 8192, kH200).num_splits == 1);
+  // Short contexts never split below two tiles per split.
+  CHECK(plan_decode(kLlama8B, 1, 192, kH200).num_splits == 1);  // 3 tiles: no 2-tile splits
+  CHECK(plan_decode(kLlama8B, 1, 256, kH200).num_splits == 2);
+  // Forced split counts are clamped to the tiles there are.
+  CHECK(plan_decode(kLlama8B, 4, 100, kH200, 16).num_splits == 2);
+  CHECK(plan_decode(kLlama8B, 4, 100, kH200, 1).num_splits == 1);
+  CHECK(plan_decode(kLlama8B, 0, 100, kH200).num_splits == 1);
+}
+
+TEST_CASE("decode split ranges tile [0, kv_len) exactly, in order, tile-aligned") {
+  for (uint32_t splits : {1u, 2u, 3u, 7u, 50u, 64u}) {
+    DecodePlan p = plan_decode(kLlama8B, 1, 1u << 16, kH200, splits);
+    for (uint32_t len : {1u, 63u, 64u, 65u, 127u, 128u, 1000u, 4096u, 32768u, 65536u}) {
+      uint32_t next = 0;
+      for (uint32_t s = 0; s < p.num_splits; ++s) {
+        uint32_t b, e;
+        decode_split_range(p, len, s, &b, &e);
+        REQUIRE(b == next);
+        REQUIRE(e >= b);
+        REQUIRE(e <= len);
+        if (e < len) REQUIRE(e % p.kv_tile == 0);
+        if (b < len) REQUIRE(b % p.kv_tile == 0);  // empty late splits sit at len
+        next = e;
+      }
+      REQUIRE(next == len);
+    }
+  }
+}
+
+TEST_CASE("prefill work lists cover every query token once, longest KV range first") {
+  for (uint32_t group : {1u, 3u, 4u, 7u, 8u}) {
+    const AttentionShape sh{8 * group, 8, 128, KvDtype::kBf16};
+    const uint32_t per = prefill_tokens_per_tile(sh);
+    CHECK(per == kPrefillRows / group);
+    const std::vector<int32_t> q_lens = {1, 64, 65, 500, 0, 9};
+    const std::vector<int32_t> kv_lens = {1, 100, 65, 4596, 7, 9};
+    const PrefillPlan p = plan_prefill(sh, q_lens, kv_lens);
+    CHECK(p.total_q == 1 + 64 + 65 + 500 + 9);
+    REQUIRE(p.work.size() == 2 * p.num_tiles);
+    std::map<int32_t, std::set<int32_t>> seen;
+    int32_t last_end = INT32_MAX;
+    for (uint32_t i = 0; i < p.num_tiles; ++i) {
+      const int32_t s = p.work[2 * i], t0 = p.work[2 * i + 1];
+      REQUIRE(s >= 0);
+      REQUIRE(s < 6);
+      REQUIRE(t0 % static_cast<int32_t>(per) == 0);
+      REQUIRE(t0 < q_lens[s]);
+      REQUIRE(seen[s].insert(t0).second);
+      const int32_t end = kv_lens[s] - q_lens[s] + std::min<int32_t>(q_lens[s], t0 + per);
+      REQUIRE(end <= last_end);
+      last_end = end;
+    }
+    for (size_t s = 0; s < q_lens.size(); ++s)
+      CHECK(seen[static_cast<int32_t>(s)].size() == (q_lens[s] + per - 1) / per);
+  }
+}
+
+}  // namespace
+}  // namespace memsim::kernels
