@@ -80,10 +80,12 @@ struct DecodeRow {
   uint32_t batch = 0, ctx = 0, splits = 0;
   double bytes = 0, paged_s = 0, contig_s = 0, ceiling_s = 0, sdpa_s = 0;
   std::string sdpa_backend;
+  std::vector<std::pair<uint32_t, double>> sweep;  // (splits, paged seconds)
 };
 
 DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, uint32_t page,
-                       const DeviceLimits& lim, cudaStream_t st, std::mt19937& rng) {
+                       const DeviceLimits& lim, cudaStream_t st, std::mt19937& rng,
+                       const std::vector<uint32_t>& sweep) {
   DecodeRow r;
   r.batch = batch;
   r.ctx = ctx;
@@ -125,6 +127,16 @@ DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, u
   a.cache = {ck.a(), cv.a(), static_cast<int64_t>(uint64_t{ctx} * row), 0,
              KvAddressing::kContiguous};
   r.contig_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh, plan, a, st)); });
+  for (uint32_t force : sweep) {  // paged decode at other split counts (same data)
+    DecodePlan other = plan_decode(sh, batch, ctx, lim, force);
+    if (other.num_splits != force) continue;
+    Dev ws2(other.workspace_bytes);
+    DecodeArgs b = a;
+    b.workspace = ws2.a();
+    b.cache = {pk.a(), pv.a(), static_cast<int64_t>(block_elems), page, KvAddressing::kPaged};
+    r.sweep.emplace_back(force,
+                         time_calls(st, reps, 7, [&] { CK(paged_decode(sh, other, b, st)); }));
+  }
   Dev sink(4096 * 4);
   CK(cudaMemset(sink.p, 0, 4096 * 4));
   r.ceiling_s = time_calls(st, reps, 7, [&] {
@@ -226,16 +238,19 @@ int main(int argc, char** argv) {
       "read-bandwidth ceiling"};
   uint32_t q_heads = 32, kv_heads = 8, head_dim = 128, page = 16, prefill_len = 4096;
   std::string dtype = "bf16", sdpa = "tools/attn_sdpa.py", csv;
+  std::vector<uint32_t> sweep;
   std::vector<std::string> shapes = {"1x32768", "32x4096", "64x8192", "256x1024", "256x4096"};
   app.add_option("--q-heads", q_heads, "query heads (default Llama-3.1-8B: 32)");
   app.add_option("--kv-heads", kv_heads, "KV heads (8)");
   app.add_option("--head-dim", head_dim, "head dim (128)");
   app.add_option("--dtype", dtype, "bf16 or fp16")->check(CLI::IsMember({"bf16", "fp16"}));
   app.add_option("--page", page, "tokens per block (16)");
-  app.add_option("--decode", shapes, "decode shapes BATCHxCONTEXT");
+  app.add_option("--decode", shapes, "decode shapes BATCHxCONTEXT")->delimiter(',');
   app.add_option("--prefill", prefill_len, "causal prefill length (4096; 0 = skip)");
   app.add_option("--sdpa", sdpa, "SDPA script (tools/attn_sdpa.py); 'none' skips it");
   app.add_option("--csv", csv, "also write the figures to this CSV file");
+  app.add_option("--sweep-splits", sweep, "also time paged decode at these split counts")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 
   int n = 0;
@@ -263,7 +278,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "memsim-attn-bench: --decode %s: expected BATCHxCONTEXT\n", s.c_str());
       return 2;
     }
-    dec.push_back(bench_decode(sh, b, l, page, lim, st, rng));
+    dec.push_back(bench_decode(sh, b, l, page, lim, st, rng, sweep));
   }
   std::vector<PrefillRow> pre;
   if (prefill_len > 0) pre.push_back(bench_prefill(sh, prefill_len, page, st));
@@ -295,6 +310,13 @@ int main(int argc, char** argv) {
     if (out)
       out << fmt::format("decode,{},{},{},{},{},{},{},{},{}\n", r.batch, r.ctx, r.splits, r.bytes,
                          r.paged_s, r.contig_s, r.sdpa_s, r.ceiling_s, r.sdpa_backend);
+  }
+  for (const DecodeRow& r : dec) {
+    if (r.sweep.empty()) continue;
+    std::printf("splits sweep %ux%u (paged GB/s):", r.batch, r.ctx);
+    for (const auto& [splits, secs] : r.sweep)
+      std::printf(" %u:%.0f", splits, r.bytes / secs / 1e9);
+    std::printf("\n");
   }
   for (const PrefillRow& r : pre) {
     std::printf(

@@ -82,40 +82,51 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
                : "r"(smem_addr(smem)));
 }
 
-// ---- KV locators: element offset of token `pos`'s row (head offset included) -------------------
+// ---- KV locators ---------------------------------------------------------------------------
+// fetch(pos) returns what the row address needs (a paged block id is loaded here), offset() turns
+// it into the element offset of the token's row (head offset included). The loader fetches a
+// tile ahead, so the block-table load latency hides behind the current tile.
 
 struct PagedLocator {
   const int32_t* table;  // this sequence's block table
   FastDiv block_size;
   int64_t block_stride, row, head_off;
-  __device__ __forceinline__ int64_t operator()(uint32_t pos) const {
-    uint32_t blk, off;
-    block_size.divmod(pos, blk, off);
-    return static_cast<int64_t>(__ldg(table + blk)) * block_stride +
-           static_cast<int64_t>(off) * row + head_off;
+  __device__ __forceinline__ void fetch(uint32_t pos, uint32_t& a, uint32_t& b) const {
+    uint32_t blk;
+    block_size.divmod(pos, blk, b);
+    a = static_cast<uint32_t>(__ldg(table + blk));
+  }
+  __device__ __forceinline__ int64_t offset(uint32_t a, uint32_t b) const {
+    return static_cast<int64_t>(a) * block_stride + static_cast<int64_t>(b) * row + head_off;
   }
 };
 
 struct ContiguousLocator {
   int64_t base, row;  // base = slot * seq_stride + head offset
-  __device__ __forceinline__ int64_t operator()(uint32_t pos) const {
-    return base + static_cast<int64_t>(pos) * row;
+  __device__ __forceinline__ void fetch(uint32_t pos, uint32_t& a, uint32_t& b) const {
+    a = pos;
+    b = 0;
+  }
+  __device__ __forceinline__ int64_t offset(uint32_t a, uint32_t) const {
+    return base + static_cast<int64_t>(a) * row;
   }
 };
 
 // ---- tile geometry -----------------------------------------------------------------------------
 
-// WARPS_M warps stacked over query rows (16 each), WARPS_N warps side by side over each KV tile
-// of BN tokens. Shared memory: Q [16 WARPS_M][D], then kStages x (K [BN][D], V [BN][D]), every
-// row swizzled in 16-byte chunks (chunk ^ (row % 8)) so ldmatrix reads are conflict-free.
-template <typename T, int D, int WARPS_M, int WARPS_N, int BN>
+// WARPS_M warps stacked over query rows (16 x MT each: MT m-tiles share every K/V fragment a warp
+// loads from shared memory), WARPS_N warps side by side over each KV tile of BN tokens. Shared
+// memory: Q [16 MT WARPS_M][D], then kStages x (K [BN][D], V [BN][D]), every row swizzled in
+// 16-byte chunks (chunk ^ (row % 8)) so ldmatrix reads are conflict-free.
+template <typename T, int D, int WARPS_M, int WARPS_N, int BN, int MT = 1>
 struct Tiles {
   static constexpr int kThreads = 32 * WARPS_M * WARPS_N;
   static constexpr int kWarpsM = WARPS_M;
   static constexpr int kWarpsN = WARPS_N;
   static constexpr int kBN = BN;
   static constexpr int kD = D;
-  static constexpr int kRows = 16 * WARPS_M;
+  static constexpr int kMT = MT;
+  static constexpr int kRows = 16 * MT * WARPS_M;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kWarpTokens = BN / WARPS_N;
   static constexpr int kNT = kWarpTokens / 8;  // S n-tiles per warp
@@ -127,7 +138,12 @@ struct Tiles {
   static constexpr int kQElems = kRows * D;
   static constexpr int kTileElems = BN * D;
   static constexpr size_t kSmemBytes = sizeof(T) * (kQElems + 2 * kStages * kTileElems);
-  static constexpr bool kQInRegs = D <= 128;  // else Q fragments are reloaded per tile
+  // Q fragments stay in registers for compute-bound prefill tiles when they fit; memory-bound
+  // decode (WARPS_N > 1) reloads them from shared memory and spends the registers on occupancy.
+  static constexpr bool kQInRegs = D <= 128 && MT == 1 && WARPS_N == 1;
+  // Memory-bound decode fetches KV row addresses (block-table loads) a tile ahead; compute-bound
+  // prefill fetches them just before the copy and keeps the registers for its tiles.
+  static constexpr bool kPrefetchRows = WARPS_N > 1;
   static_assert(kWarpTokens % 16 == 0, "a warp needs 16 tokens per P x V k-step");
   static_assert(kThreads % kChunks == 0 && BN % kRowsPerPass == 0, "tile load shape");
   static_assert(kChunks >= 8, "swizzle needs 8 chunks per row");
@@ -155,19 +171,41 @@ struct RowState {
   }
 };
 
-// Issues cp.async for K and V tokens [tile_start, tile_start + BN) into one stage; tokens at or
-// past `load_end` are zero-filled without being read.
+// The KV rows one thread loads for a tile, fetched ahead (see the locators).
+template <class TL>
+struct RowFetch {
+  uint32_t a[TL::kLoadRows], b[TL::kLoadRows];
+  uint32_t valid;  // bit i: row i is below load_end
+};
+
+template <class TL, class Loc>
+__device__ __forceinline__ void fetch_rows(RowFetch<TL>& f, const Loc& loc, uint32_t tile_start,
+                                           uint32_t load_end, int tid) {
+  const int r0 = tid / TL::kChunks;
+  f.valid = 0;
+#pragma unroll
+  for (int i = 0; i < TL::kLoadRows; ++i) {
+    const uint32_t pos = tile_start + r0 + i * TL::kRowsPerPass;
+    f.a[i] = f.b[i] = 0;
+    if (pos < load_end) {
+      loc.fetch(pos, f.a[i], f.b[i]);
+      f.valid |= 1u << i;
+    }
+  }
+}
+
+// Issues cp.async for the fetched K and V rows into one stage; rows at or past load_end are
+// zero-filled without being read.
 template <class TL, typename T, class Loc>
-__device__ __forceinline__ void issue_kv_tile(T* ks, T* vs, const T* k, const T* v, const Loc& loc,
-                                              uint32_t tile_start, uint32_t load_end, int tid) {
+__device__ __forceinline__ void issue_rows(T* ks, T* vs, const T* k, const T* v, const Loc& loc,
+                                           const RowFetch<TL>& f, int tid) {
   const int chunk = tid % TL::kChunks;
   const int r0 = tid / TL::kChunks;
 #pragma unroll
   for (int i = 0; i < TL::kLoadRows; ++i) {
     const int r = r0 + i * TL::kRowsPerPass;
-    const uint32_t pos = tile_start + r;
-    const bool ok = pos < load_end;
-    const int64_t off = ok ? loc(pos) + chunk * 8 : 0;
+    const bool ok = (f.valid >> i) & 1u;
+    const int64_t off = ok ? loc.offset(f.a[i], f.b[i]) + chunk * 8 : 0;
     cp_async_16(ks + TL::swz(r, chunk), k + off, ok);
     cp_async_16(vs + TL::swz(r, chunk), v + off, ok);
   }
@@ -184,105 +222,133 @@ __device__ __forceinline__ void issue_q(T* qs, const T* q, const RowFn& q_row, i
   }
 }
 
-// A fragments of Q for k-step kk of warp row-tile wm.
+// A fragments of Q for k-step kk of the m-tile starting at row `row0`.
 template <class TL, typename T>
-__device__ __forceinline__ void load_q_frag(uint32_t a[4], const T* qs, int wm, int kk, int lane) {
+__device__ __forceinline__ void load_q_frag(uint32_t a[4], const T* qs, int row0, int kk,
+                                            int lane) {
   const int mi = lane >> 3;
-  const int row = wm * 16 + (mi & 1) * 8 + (lane & 7);
+  const int row = row0 + (mi & 1) * 8 + (lane & 7);
   ldmatrix_x4(a, qs + TL::swz(row, 2 * kk + (mi >> 1)));
 }
 
-// One KV tile for one warp: S = Q K^T over its kWarpTokens tokens, mask, online softmax update,
-// O += P V. `limit[r]` is the first KV position row r may not see; `masked` says whether any
-// token of the tile can reach a limit (skips the compare otherwise).
+// One KV tile for one warp: S = Q K^T over its kWarpTokens tokens for each of its MT m-tiles,
+// mask, online softmax update, O += P V. `limit[mt][r]` is the first KV position that row r of
+// m-tile mt may not see; `masked` says whether any token of the tile can reach a limit (skips the
+// compare otherwise).
 template <class TL, typename T>
-__device__ __forceinline__ void attend_tile(RowState<TL::kDT>& st,
+__device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
                                             const uint32_t (&qf)[TL::kQInRegs ? TL::kKS : 1][4],
                                             const T* qs, const T* ks, const T* vs, int wm, int wn,
-                                            int lane, uint32_t tile_start, const uint32_t limit[2],
-                                            bool masked, float scale_log2) {
-  float s[TL::kNT][4];
+                                            int lane, uint32_t tile_start,
+                                            const uint32_t (&limit)[TL::kMT][2], bool masked,
+                                            float scale_log2) {
+  constexpr int MT = TL::kMT;
+  float s[MT][TL::kNT][4];
 #pragma unroll
-  for (int j = 0; j < TL::kNT; ++j)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
 
   const int mi = lane >> 3;
   const int wtok = wn * TL::kWarpTokens;
 #pragma unroll
   for (int kk = 0; kk < TL::kKS; ++kk) {
-    uint32_t a[4];
-    if constexpr (TL::kQInRegs) {
+    uint32_t a[MT][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
-    } else {
-      load_q_frag<TL>(a, qs, wm, kk, lane);
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (TL::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[mt][e] = qf[kk][e];
+      } else {
+        load_q_frag<TL>(a[mt], qs, (wm * MT + mt) * 16, kk, lane);
+      }
     }
 #pragma unroll
     for (int p = 0; p < TL::kNT / 2; ++p) {
       uint32_t b[4];
       const int row = wtok + 16 * p + (mi >> 1) * 8 + (lane & 7);
       ldmatrix_x4(b, ks + TL::swz(row, 2 * kk + (mi & 1)));
-      Elem<T>::mma(s[2 * p], a, b[0], b[1]);
-      Elem<T>::mma(s[2 * p + 1], a, b[2], b[3]);
-    }
-  }
-
-  // Scale, mask and row max (rows g: e = 0, 1; g + 8: e = 2, 3).
-  const int t = lane & 3;
-  float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int j = 0; j < TL::kNT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float v = s[j][e] * scale_log2;
-      if (masked) {
-        const uint32_t tok = tile_start + wtok + 8 * j + 2 * t + (e & 1);
-        if (tok >= limit[e >> 1]) v = -INFINITY;
+      for (int mt = 0; mt < MT; ++mt) {
+        Elem<T>::mma(s[mt][2 * p], a[mt], b[0], b[1]);
+        Elem<T>::mma(s[mt][2 * p + 1], a[mt], b[2], b[3]);
       }
-      s[j][e] = v;
-      mx[e >> 1] = fmaxf(mx[e >> 1], v);
     }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(st.m[r], mx[r]);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep zeros
-    const float alpha = exp2f(st.m[r] - m_use);
-    st.m[r] = m_new;
-    st.l[r] *= alpha;
-#pragma unroll
-    for (int d = 0; d < TL::kDT; ++d) {
-      st.o[d][2 * r] *= alpha;
-      st.o[d][2 * r + 1] *= alpha;
-    }
-    mx[r] = m_use;
   }
-#pragma unroll
-  for (int j = 0; j < TL::kNT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float p = exp2f(s[j][e] - mx[e >> 1]);
-      s[j][e] = p;
-      st.l[e >> 1] += p;
-    }
 
-    // O += P V, 16 tokens per k-step.
+  // Scale, mask, row max and the online softmax update (rows g: e = 0, 1; g + 8: e = 2, 3).
+  const int t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[mt][j][e] * scale_log2;
+        if (masked) {
+          const uint32_t tok = tile_start + wtok + 8 * j + 2 * t + (e & 1);
+          if (tok >= limit[mt][e >> 1]) v = -INFINITY;
+        }
+        s[mt][j][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(st[mt].m[r], mx[r]);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep zeros
+      alpha[r] = exp2f(st[mt].m[r] - m_use);
+      st[mt].m[r] = m_new;
+      st[mt].l[r] *= alpha[r];
+      mx[r] = m_use;
+    }
+    // Rescale O only when some row's max moved (rare after the first tiles): the multiplies
+    // cost as much as the P x V MMAs of a short tile.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int d = 0; d < TL::kDT; ++d) {
+        st[mt].o[d][0] *= alpha[0];
+        st[mt].o[d][1] *= alpha[0];
+        st[mt].o[d][2] *= alpha[1];
+        st[mt].o[d][3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[mt][j][e] - mx[e >> 1]);
+        s[mt][j][e] = p;
+        st[mt].l[e >> 1] += p;
+      }
+  }
+
+  // O += P V, 16 tokens per k-step; each V fragment serves every m-tile.
 #pragma unroll
   for (int p = 0; p < TL::kNT / 2; ++p) {
-    uint32_t a[4];
-    a[0] = Elem<T>::pack(s[2 * p][0], s[2 * p][1]);
-    a[1] = Elem<T>::pack(s[2 * p][2], s[2 * p][3]);
-    a[2] = Elem<T>::pack(s[2 * p + 1][0], s[2 * p + 1][1]);
-    a[3] = Elem<T>::pack(s[2 * p + 1][2], s[2 * p + 1][3]);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = Elem<T>::pack(s[mt][2 * p][0], s[mt][2 * p][1]);
+      a[mt][1] = Elem<T>::pack(s[mt][2 * p][2], s[mt][2 * p][3]);
+      a[mt][2] = Elem<T>::pack(s[mt][2 * p + 1][0], s[mt][2 * p + 1][1]);
+      a[mt][3] = Elem<T>::pack(s[mt][2 * p + 1][2], s[mt][2 * p + 1][3]);
+    }
     const int row = wtok + 16 * p + (mi & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int dp = 0; dp < TL::kDT / 2; ++dp) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, vs + TL::swz(row, 2 * dp + (mi >> 1)));
-      Elem<T>::mma(st.o[2 * dp], a, b[0], b[1]);
-      Elem<T>::mma(st.o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Elem<T>::mma(st[mt].o[2 * dp], a[mt], b[0], b[1]);
+        Elem<T>::mma(st[mt].o[2 * dp + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
@@ -291,9 +357,10 @@ __device__ __forceinline__ void attend_tile(RowState<TL::kDT>& st,
 // cp.async group must be committed (and nothing else pending). `mask_from`: tiles ending at or
 // before it cannot reach any row's limit and skip the mask. Leaves shared memory free (synced).
 template <class TL, typename T, class Loc>
-__device__ __forceinline__ void attend_range(RowState<TL::kDT>& st, T* smem, const T* k, const T* v,
-                                             const Loc& loc, uint32_t kv_begin, uint32_t kv_end,
-                                             uint32_t mask_from, const uint32_t limit[2],
+__device__ __forceinline__ void attend_range(RowState<TL::kDT> (&st)[TL::kMT], T* smem, const T* k,
+                                             const T* v, const Loc& loc, uint32_t kv_begin,
+                                             uint32_t kv_end, uint32_t mask_from,
+                                             const uint32_t (&limit)[TL::kMT][2],
                                              float scale_log2) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / TL::kWarpsN, wn = warp % TL::kWarpsN;
@@ -303,20 +370,30 @@ __device__ __forceinline__ void attend_range(RowState<TL::kDT>& st, T* smem, con
   auto vs = [&](int stage) { return kv + (2 * stage + 1) * TL::kTileElems; };
 
   const uint32_t ntiles = kv_end > kv_begin ? (kv_end - kv_begin + TL::kBN - 1) / TL::kBN : 0;
-  if (ntiles > 0) issue_kv_tile<TL>(ks(0), vs(0), k, v, loc, kv_begin, kv_end, tid);
+  RowFetch<TL> f;
+  if (ntiles > 0) {
+    fetch_rows<TL>(f, loc, kv_begin, kv_end, tid);
+    issue_rows<TL>(ks(0), vs(0), k, v, loc, f, tid);
+  }
   cp_async_commit();
+  if (TL::kPrefetchRows && ntiles > 1) fetch_rows<TL>(f, loc, kv_begin + TL::kBN, kv_end, tid);
   cp_async_wait<1>();  // Q has landed (tile 0 may still be in flight)
   __syncthreads();
   uint32_t qf[TL::kQInRegs ? TL::kKS : 1][4];
   if constexpr (TL::kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < TL::kKS; ++kk) load_q_frag<TL>(qf[kk], qs, wm, kk, lane);
+    for (int kk = 0; kk < TL::kKS; ++kk) load_q_frag<TL>(qf[kk], qs, wm * 16, kk, lane);
   }
   for (uint32_t i = 0; i < ntiles; ++i) {
     const uint32_t start = kv_begin + i * TL::kBN;
-    if (i + 1 < ntiles)
-      issue_kv_tile<TL>(ks((i + 1) & 1), vs((i + 1) & 1), k, v, loc, start + TL::kBN, kv_end, tid);
+    if (i + 1 < ntiles) {
+      if constexpr (!TL::kPrefetchRows) fetch_rows<TL>(f, loc, start + TL::kBN, kv_end, tid);
+      issue_rows<TL>(ks((i + 1) & 1), vs((i + 1) & 1), k, v, loc, f, tid);
+    }
     cp_async_commit();
+    // The table loads of tile i + 2 fly while tile i is waited for and computed.
+    if (TL::kPrefetchRows && i + 2 < ntiles)
+      fetch_rows<TL>(f, loc, start + 2 * TL::kBN, kv_end, tid);
     cp_async_wait<1>();
     __syncthreads();
     attend_tile<TL>(st, qf, qs, ks(i & 1), vs(i & 1), wm, wn, lane, start, limit,

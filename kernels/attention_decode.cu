@@ -37,8 +37,9 @@ using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
 
 // Grid (split, kv_head, sequence), 128 threads: the four warps take 16 tokens each of every
 // 64-token KV tile for the group's query rows, then merge their softmax states in shared memory.
+// Three CTAs per SM (shared memory allows one at head_dim 256).
 template <typename T, int D, bool PAGED>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T> p) {
   using TL = DecodeTiles<T, D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -63,9 +64,9 @@ __global__ void __launch_bounds__(128)
       tid);
   detail::cp_async_commit();
 
-  detail::RowState<TL::kDT> st;
-  st.init();
-  const uint32_t limit[2] = {e, e};
+  detail::RowState<TL::kDT> st[1];
+  st[0].init();
+  const uint32_t limit[1][2] = {{e, e}};
   if constexpr (PAGED) {
     const detail::PagedLocator loc{p.block_tables + static_cast<int64_t>(seq) * p.bt_stride,
                                    p.block_size, p.block_stride, p.row,
@@ -82,9 +83,9 @@ __global__ void __launch_bounds__(128)
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = detail::quad_sum(st.l[r]);
+    const float l = detail::quad_sum(st[0].l[r]);
     if (t == 0) {
-      ml[wn][g + 8 * r][0] = st.m[r];
+      ml[wn][g + 8 * r][0] = st[0].m[r];
       ml[wn][g + 8 * r][1] = l;
     }
   }
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(128)
   for (int d = 0; d < TL::kDT; ++d)
 #pragma unroll
     for (int x = 0; x < 4; ++x)
-      mo[(wn * 16 + g + 8 * (x >> 1)) * D + 8 * d + 2 * t + (x & 1)] = st.o[d][x];
+      mo[(wn * 16 + g + 8 * (x >> 1)) * D + 8 * d + 2 * t + (x & 1)] = st[0].o[d][x];
   __syncthreads();
 
   for (int i = tid; i < static_cast<int>(p.group) * (D / 4); i += TL::kThreads) {
@@ -138,37 +139,80 @@ struct CombineParams {
   uint32_t q_heads, num_splits;
 };
 
-// Grid (q_head, sequence), D / 4 threads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+constexpr int kCombineThreads = 128;
+
+// Grid (q_head, sequence), 128 threads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+// The split weights are computed once into shared memory (block reductions over the splits),
+// then every thread sums its float4 of the output over a quarter of the splits (independent
+// loads in flight) and the four quarters are added in shared memory.
 template <typename T, int D>
-__global__ void __launch_bounds__(64)
+__global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const __grid_constant__ CombineParams<T> p) {
+  extern __shared__ __align__(16) float w[];  // [splits] weights (padded), then group sums
+  __shared__ float red[kCombineThreads / 32];
   const uint32_t qh = blockIdx.x, seq = blockIdx.y;
   if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
-  const int c4 = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t first = static_cast<int64_t>(seq) * p.num_splits * p.q_heads + qh;
+
   float m = -INFINITY;
-  for (uint32_t s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.partial_lse[first + s * p.q_heads]);
+  for (uint32_t s = tid; s < p.num_splits; s += kCombineThreads) {
+    w[s] = p.partial_lse[first + static_cast<int64_t>(s) * p.q_heads];
+    m = fmaxf(m, w[s]);
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+  __syncthreads();
   float den = 0.f;
+  for (uint32_t s = tid; s < p.num_splits; s += kCombineThreads) {
+    const float x = m == -INFINITY || w[s] == -INFINITY ? 0.f : exp2f(w[s] - m);
+    w[s] = x;
+    den += x;
+  }
+  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+  if (lane == 0) red[warp] = den;
+  __syncthreads();
+  den = red[0] + red[1] + red[2] + red[3];
+
+  constexpr int kChunks = D / 4;                      // float4s per output row
+  constexpr int kGroups = kCombineThreads / kChunks;  // split groups (2, 4 or 8)
+  const int c4 = tid % kChunks, grp = tid / kChunks;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (m != -INFINITY) {
-    for (uint32_t s = 0; s < p.num_splits; ++s) {
-      const int64_t idx = first + s * p.q_heads;
-      const float lse = p.partial_lse[idx];
-      if (lse == -INFINITY) continue;
-      const float w = exp2f(lse - m);
-      den += w;
-      const float4 x = *reinterpret_cast<const float4*>(p.partial_o + idx * D + 4 * c4);
-      acc.x += w * x.x;
-      acc.y += w * x.y;
-      acc.z += w * x.z;
-      acc.w += w * x.w;
-    }
+#pragma unroll 4
+  for (uint32_t s = grp; s < p.num_splits; s += kGroups) {
+    const float x = w[s];
+    if (x == 0.f) continue;
+    const float4 v = *reinterpret_cast<const float4*>(
+        p.partial_o + (first + static_cast<int64_t>(s) * p.q_heads) * D + 4 * c4);
+    acc.x += x * v.x;
+    acc.y += x * v.y;
+    acc.z += x * v.z;
+    acc.w += x * v.w;
+  }
+  float4* part =
+      reinterpret_cast<float4*>(w + p.num_splits + (p.num_splits & 3 ? 4 - (p.num_splits & 3) : 0));
+  part[grp * kChunks + c4] = acc;
+  __syncthreads();
+  if (grp != 0) return;
+  for (int g = 1; g < kGroups; ++g) {
+    const float4 v = part[g * kChunks + c4];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
   }
   const float inv = den > 0.f ? 1.f / den : 0.f;
   uint2 out;
   out.x = detail::Elem<T>::pack(acc.x * inv, acc.y * inv);
   out.y = detail::Elem<T>::pack(acc.z * inv, acc.w * inv);
   *reinterpret_cast<uint2*>(p.o + (static_cast<int64_t>(seq) * p.q_heads + qh) * D + 4 * c4) = out;
+}
+
+// Shared memory of the combine: the split weights (padded to 16 bytes) and the group sums.
+size_t combine_smem(uint32_t splits, uint32_t head_dim) {
+  return sizeof(float) * ((splits + 3) / 4 * 4 + kCombineThreads / (head_dim / 4) * head_dim);
 }
 
 template <typename T, int D, bool PAGED>
@@ -201,7 +245,15 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
   kernel<<<grid, TL::kThreads, TL::kSmemBytes, stream>>>(p);
   if (plan.num_splits > 1) {
     CombineParams<T> c{p.partial_o, p.partial_lse, p.o, p.num_seqs, shape.q_heads, plan.num_splits};
-    DecodeCombineKernel<T, D><<<dim3(shape.q_heads, plan.max_batch), D / 4, 0, stream>>>(c);
+    constexpr auto combine = DecodeCombineKernel<T, D>;
+    const size_t smem = combine_smem(plan.num_splits, D);
+    if (smem > 48 * 1024) {
+      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+          e != cudaSuccess)
+        return e;
+    }
+    combine<<<dim3(shape.q_heads, plan.max_batch), kCombineThreads, smem, stream>>>(c);
   }
   return cudaGetLastError();
 }

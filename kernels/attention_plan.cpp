@@ -28,6 +28,16 @@ std::string check_shape(const AttentionShape& s) {
   return {};
 }
 
+namespace {
+
+// Fraction of the CTA slots busy over the waves `ctas` CTAs take (1 = the last wave is full).
+double wave_efficiency(uint64_t ctas, uint64_t slots) {
+  const uint64_t waves = (ctas + slots - 1) / slots;
+  return double(ctas) / double(waves * slots);
+}
+
+}  // namespace
+
 DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
                        const DeviceLimits& device, uint32_t force_splits) {
   DecodePlan p;
@@ -35,15 +45,28 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
   p.kv_tile = kDecodeTile;
   const uint32_t tiles = (max_kv_len + p.kv_tile - 1) / p.kv_tile;
   const uint64_t ctas = uint64_t{max_batch} * shape.kv_heads;
-  const uint64_t target = uint64_t{device.num_sms} * std::max(1u, device.decode_ctas_per_sm);
+  const uint64_t slots = uint64_t{device.num_sms} * std::max(1u, device.decode_ctas_per_sm);
+  const uint32_t max_splits = tiles / 2;  // every split at least two tiles long
   if (force_splits > 0) {
     p.num_splits = std::clamp(force_splits, 1u, std::max(1u, tiles));
-  } else if (ctas == 0 || ctas >= target || tiles < 4) {
-    p.num_splits = 1;
+  } else if (ctas == 0 || max_splits < 2 || ctas >= 4 * slots) {
+    p.num_splits = 1;  // nothing to split, or enough waves that the last one hardly matters
+  } else if (ctas < slots) {
+    // Under one wave: splits up to two CTAs per SM, never into a second wave. Measured on the
+    // H200 (memsim-attn-bench --sweep-splits, 1 x 32K): 2 per SM beats filling the third slot,
+    // which shares the SM's bandwidth but adds partial outputs to combine.
+    const uint64_t per_sm = std::min<uint64_t>(2, std::max(1u, device.decode_ctas_per_sm));
+    p.num_splits =
+        static_cast<uint32_t>(std::clamp<uint64_t>(device.num_sms * per_sm / ctas, 1, max_splits));
   } else {
-    // Enough splits to fill the machine, each at least two tiles long.
-    const uint64_t want = (target + ctas - 1) / ctas;
-    p.num_splits = static_cast<uint32_t>(std::min<uint64_t>(want, tiles / 2));
+    // A few waves: the split count (up to 4) whose last wave is fullest; fewer splits on ties.
+    p.num_splits = 1;
+    double best = wave_efficiency(ctas, slots);
+    for (uint32_t s = 2; s <= std::min(4u, max_splits); ++s)
+      if (const double e = wave_efficiency(ctas * s, slots); e > best + 1e-9) {
+        best = e;
+        p.num_splits = s;
+      }
   }
   if (p.num_splits > 1)
     p.workspace_bytes = uint64_t{max_batch} * p.num_splits * shape.q_heads *
@@ -62,7 +85,7 @@ void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split,
 }
 
 uint32_t prefill_tokens_per_tile(const AttentionShape& shape) {
-  return kPrefillRows / std::max(1u, shape.group());
+  return prefill_rows(shape.head_dim) / std::max(1u, shape.group());
 }
 
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,

@@ -32,11 +32,12 @@ struct PrefillParams {
 };
 
 template <typename T, int D>
-using PrefillTiles = Tiles<T, D, 4, 1, static_cast<int>(prefill_kv_tile(D))>;
+using PrefillTiles =
+    Tiles<T, D, 4, 1, static_cast<int>(prefill_kv_tile(D)), static_cast<int>(prefill_rows(D) / 64)>;
 
 // Grid (work item, kv_head), 128 threads. Query rows are (token, head of the group) pairs, row
-// r = token * group + head, so the group's heads share every K/V tile; each warp owns 16 rows
-// and walks the whole causal KV range [0, last token's position].
+// r = token * group + head, so the group's heads share every K/V tile; each warp owns 16 x MT
+// rows and walks the whole causal KV range [0, last token's position].
 template <typename T, int D, bool PAGED>
 __global__ void __launch_bounds__(128)
     PagedPrefillKernel(const __grid_constant__ PrefillParams<T> p) {
@@ -63,14 +64,21 @@ __global__ void __launch_bounds__(128)
   detail::cp_async_commit();
 
   const int g = lane >> 2, t = lane & 3;
-  uint32_t limit[2];
+  constexpr int MT = TL::kMT;
+  auto row_of = [&](int mt, int r) {
+    return static_cast<uint32_t>((wm * MT + mt) * 16 + g + 8 * r);
+  };
+  uint32_t limit[MT][2];
+  detail::RowState<TL::kDT> st[MT];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t row = wm * 16 + g + 8 * r;
-    limit[r] = row < rows ? prefix + t0 + row / p.group + 1 : 0;
+  for (int mt = 0; mt < MT; ++mt) {
+    st[mt].init();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t row = row_of(mt, r);
+      limit[mt][r] = row < rows ? prefix + t0 + row / p.group + 1 : 0;
+    }
   }
-  detail::RowState<TL::kDT> st;
-  st.init();
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
   if constexpr (PAGED) {
@@ -85,18 +93,20 @@ __global__ void __launch_bounds__(128)
   }
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = detail::quad_sum(st.l[r]);
-    const uint32_t row = wm * 16 + g + 8 * r;
-    if (row >= rows) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const uint32_t tok = row / p.group, head = row % p.group;
-    T* out = p.o + (static_cast<int64_t>(q0 + t0 + tok) * p.q_heads + h * p.group + head) * D;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int d = 0; d < TL::kDT; ++d)
-      *reinterpret_cast<uint32_t*>(out + 8 * d + 2 * t) =
-          detail::Elem<T>::pack(st.o[d][2 * r] * inv, st.o[d][2 * r + 1] * inv);
-  }
+    for (int r = 0; r < 2; ++r) {
+      const float l = detail::quad_sum(st[mt].l[r]);
+      const uint32_t row = row_of(mt, r);
+      if (row >= rows) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const uint32_t tok = row / p.group, head = row % p.group;
+      T* out = p.o + (static_cast<int64_t>(q0 + t0 + tok) * p.q_heads + h * p.group + head) * D;
+#pragma unroll
+      for (int d = 0; d < TL::kDT; ++d)
+        *reinterpret_cast<uint32_t*>(out + 8 * d + 2 * t) =
+            detail::Elem<T>::pack(st[mt].o[d][2 * r] * inv, st[mt].o[d][2 * r + 1] * inv);
+    }
 }
 
 template <typename T, int D, bool PAGED>
@@ -120,7 +130,7 @@ cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cu
   p.row = static_cast<int64_t>(shape.row_elems());
   p.q_heads = shape.q_heads;
   p.group = shape.group();
-  p.tokens_per_tile = prefill_tokens_per_tile(shape);
+  p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
   const float scale = a.scale > 0 ? a.scale : 1.f / sqrtf(static_cast<float>(D));
   p.scale_log2 = scale * 1.4426950408889634f;
   kernel<<<dim3(a.num_tiles, shape.kv_heads), TL::kThreads, TL::kSmemBytes, stream>>>(p);

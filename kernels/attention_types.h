@@ -73,9 +73,10 @@ struct DecodePlan {
   uint64_t workspace_bytes = 0;  // partial outputs + log-sum-exp when num_splits > 1
 };
 
-// Splits the KV dimension when max_batch x kv_heads CTAs would leave SMs idle: just enough
-// splits to fill every SM `decode_ctas_per_sm` deep, each split at least two tiles long.
-// `force_splits` (> 0) overrides the heuristic (tests compare split counts).
+// Splits the KV dimension (flash-decoding) when max_batch x kv_heads CTAs leave CTA slots
+// (num_sms x decode_ctas_per_sm) idle: under one wave, splits up to two CTAs per SM; between one
+// and four waves, the split count up to 4 with the fullest last wave; each split at least two
+// tiles long. `force_splits` (> 0) overrides the heuristic (tests, benchmarks).
 DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
                        const DeviceLimits& device, uint32_t force_splits = 0);
 
@@ -95,7 +96,8 @@ struct DecodeArgs {
 
 // ---- prefill: a chunk of new tokens per sequence, causal over its cached prefix and itself ------
 
-// Query rows of a CTA: (token, query head of the KV head) pairs, 64 rows, whole tokens per tile.
+// Query rows of a CTA are (token, query head of the KV head) pairs, whole tokens per tile:
+// prefill_rows(head_dim) / group tokens (attention_tiles.h).
 uint32_t prefill_tokens_per_tile(const AttentionShape& shape);
 
 struct PrefillPlan {

@@ -55,23 +55,26 @@ TEST_CASE("check_shape accepts the kernels' shapes and names what is wrong other
         "8 query heads are not a multiple of 0 KV heads");
 }
 
-TEST_CASE("decode splits only when batch x KV heads leaves SMs idle") {
-  // 256 x 8 CTAs fill 132 SMs three deep: no split, no workspace.
+TEST_CASE("decode splits to fill whole waves of CTA slots") {
+  // 256 x 8 = 2048 CTAs are over four waves of 396 slots: no split, no workspace.
   DecodePlan p = plan_decode(kLlama8B, 256, 4096, kH200);
   CHECK(p.num_splits == 1);
   CHECK(p.workspace_bytes == 0);
   CHECK(p.kv_tile == kDecodeTile);
-  // One sequence of 32K: 8 CTAs; ceil(396 / 8) = 50 splits of 10 or 11 tiles.
+  // One sequence of 32K: 8 CTAs; up to two per SM: 264 / 8 = 33 splits.
   p = plan_decode(kLlama8B, 1, 32768, kH200);
-  CHECK(p.num_splits == 50);
-  CHECK(p.workspace_bytes == 1ull * 50 * 32 * 129 * 4);
-  // 32 x 4K: 256 CTAs; ceil(396 / 256) = 2 splits.
-  CHECK(plan_decode(kLlama8B, 32, 4096, kH200).num_splits == 2);
-  // 64 x 8K: 512 CTAs >= 396: none.
-  CHECK(plan_decode(kLlama8B, 64, 8192, kH200).num_splits == 1);
+  CHECK(p.num_splits == 33);
+  CHECK(p.workspace_bytes == 1ull * 33 * 32 * 129 * 4);
+  CHECK(plan_decode(kLlama8B, 1, 32768, {132, 1}).num_splits == 16);  // one CTA per SM fits
+  // 32 x 4K: 256 CTAs already give two per SM: unsplit.
+  CHECK(plan_decode(kLlama8B, 32, 4096, kH200).num_splits == 1);
+  // 64 x 8K: 512 CTAs are 1.29 waves; 3 splits make 1536 CTAs = 3.88 waves (97% full).
+  CHECK(plan_decode(kLlama8B, 64, 8192, kH200).num_splits == 3);
+  // 100 x 8K: 800 CTAs = 2.02 waves; 2 splits: 4.04 waves; 3 splits: 6.06; 4: 8.08 (best).
+  CHECK(plan_decode(kLlama8B, 100, 8192, kH200).num_splits == 4);
   // Short contexts never split below two tiles per split.
-  CHECK(plan_decode(kLlama8B, 1, 192, kH200).num_splits == 1);  // 3 tiles: no 2-tile splits
-  CHECK(plan_decode(kLlama8B, 1, 256, kH200).num_splits == 2);
+  CHECK(plan_decode(kLlama8B, 1, 192, kH200).num_splits == 1);  // 3 tiles
+  CHECK(plan_decode(kLlama8B, 1, 256, kH200).num_splits == 2);  // 4 tiles
   // Forced split counts are clamped to the tiles there are.
   CHECK(plan_decode(kLlama8B, 4, 100, kH200, 16).num_splits == 2);
   CHECK(plan_decode(kLlama8B, 4, 100, kH200, 1).num_splits == 1);
@@ -102,7 +105,7 @@ TEST_CASE("prefill work lists cover every query token once, longest KV range fir
   for (uint32_t group : {1u, 3u, 4u, 7u, 8u}) {
     const AttentionShape sh{8 * group, 8, 128, KvDtype::kBf16};
     const uint32_t per = prefill_tokens_per_tile(sh);
-    CHECK(per == kPrefillRows / group);
+    CHECK(per == prefill_rows(128) / group);
     const std::vector<int32_t> q_lens = {1, 64, 65, 500, 0, 9};
     const std::vector<int32_t> kv_lens = {1, 100, 65, 4596, 7, 9};
     const PrefillPlan p = plan_prefill(sh, q_lens, kv_lens);

@@ -4,14 +4,14 @@
 # compute-sanitizer memcheck and racecheck. Usage: tools/gpu_kernels.sh BIN_DIR [OUT_DIR]
 # (BIN_DIR holds test_attention_kernels, libmemsim_kernels.so and memsim-attn-bench from a
 # portable CUDA build; logs go to OUT_DIR, default $OUT or /tmp/memsim-gpu). STEPS picks steps
-# (default "kernels matrix bench memcheck racecheck").
+# (default "kernels matrix bench memcheck racecheck synccheck").
 set -u
 bin=${1:?usage: tools/gpu_kernels.sh BIN_DIR [OUT_DIR]}
 out=${2:-${OUT:-/tmp/memsim-gpu}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 status=0
-steps=" ${STEPS:-kernels matrix bench memcheck racecheck} "
+steps=" ${STEPS:-kernels matrix bench memcheck racecheck synccheck} "
 want() { [[ $steps == *" $1 "* ]]; }
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logs it, keeps going
   local name=$1 limit=$2
@@ -38,11 +38,11 @@ if want bench; then
   step bench 200 "$bin/memsim-attn-bench" --csv "$out/attn_bench.csv"
   cat "$out/bench.log"
 fi
-for tool in memcheck racecheck; do
+for tool in memcheck racecheck synccheck; do
   want $tool || continue
   step "sanitizer-$tool" 280 compute-sanitizer --tool "$tool" --error-exitcode 9 \
     "$bin/test_attention_kernels" ${SANITIZER_FILTER:-}
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|test cases|All tests" \
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Barrier|test cases|All tests" \
     "$out/sanitizer-$tool.log" | head -12
 done
 exit $status
