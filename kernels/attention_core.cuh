@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention_types.h"
 #include "kernels/fastdiv.h"
 
 namespace memsim::kernels::detail {
@@ -111,6 +112,61 @@ struct ContiguousLocator {
     return base + static_cast<int64_t>(a) * row;
   }
 };
+
+// ---- parameters shared by the attention kernels -------------------------------------------------
+
+// Q, O and one layer's K/V cache with the per-sequence tables (FlashInfer-style: the kernels'
+// Params structs embed it and are passed as __grid_constant__).
+template <typename T>
+struct KvParams {
+  const T* q;
+  T* o;
+  const T* k;
+  const T* v;
+  const int32_t* kv_lens;
+  const int32_t* block_tables;
+  const int32_t* slots;
+  uint32_t bt_stride;
+  FastDiv block_size;    // paged only
+  int64_t block_stride;  // paged: elements between blocks; contiguous: between slots
+  int64_t row;           // kv_heads x head_dim
+  uint32_t q_heads, group;
+  float scale_log2;  // softmax scale x log2(e)
+};
+
+template <typename T>
+KvParams<T> make_kv_params(const AttentionShape& shape, uint64_t q, uint64_t o,
+                           const KvLayerView& cache, const SeqTables& seqs, float scale) {
+  KvParams<T> p{};
+  p.q = reinterpret_cast<const T*>(q);
+  p.o = reinterpret_cast<T*>(o);
+  p.k = reinterpret_cast<const T*>(cache.k);
+  p.v = reinterpret_cast<const T*>(cache.v);
+  p.kv_lens = seqs.kv_lens;
+  p.block_tables = seqs.block_tables;
+  p.slots = seqs.slots;
+  p.bt_stride = seqs.bt_stride;
+  p.block_size = FastDiv(cache.addressing == KvAddressing::kPaged ? cache.block_size : 1);
+  p.block_stride = cache.block_stride;
+  p.row = static_cast<int64_t>(shape.row_elems());
+  p.q_heads = shape.q_heads;
+  p.group = shape.group();
+  const float s = scale > 0 ? scale : 1.f / sqrtf(static_cast<float>(shape.head_dim));
+  p.scale_log2 = s * 1.4426950408889634f;
+  return p;
+}
+
+// The locator of sequence `seq`, KV head `h` (head_dim D).
+template <bool PAGED, int D, typename T>
+__device__ __forceinline__ auto make_locator(const KvParams<T>& p, uint32_t seq, uint32_t h) {
+  const int64_t head_off = static_cast<int64_t>(h) * D;
+  if constexpr (PAGED) {
+    return PagedLocator{p.block_tables + static_cast<int64_t>(seq) * p.bt_stride, p.block_size,
+                        p.block_stride, p.row, head_off};
+  } else {
+    return ContiguousLocator{static_cast<int64_t>(p.slots[seq]) * p.block_stride + head_off, p.row};
+  }
+}
 
 // ---- tile geometry -----------------------------------------------------------------------------
 

@@ -14,22 +14,11 @@ using detail::Tiles;
 
 template <typename T>
 struct DecodeParams {
-  const T* q;
-  T* o;
-  const T* k;
-  const T* v;
-  const int32_t* kv_lens;
-  const int32_t* block_tables;
-  const int32_t* slots;
-  const int32_t* num_seqs;
-  uint32_t bt_stride;
-  FastDiv block_size;
-  int64_t block_stride;  // paged: elements between blocks; contiguous: between slots
-  int64_t row;           // kv_heads x head_dim
-  uint32_t q_heads, group, num_splits;
+  detail::KvParams<T> kv;
+  const int32_t* num_seqs;  // optional: live batch size
+  uint32_t num_splits;
   float* partial_o;    // [max_batch, splits, q_heads, D]
   float* partial_lse;  // [max_batch, splits, q_heads] (log2 domain)
-  float scale_log2;
 };
 
 template <typename T, int D>
@@ -49,17 +38,17 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
   if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
   const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5;
 
-  const uint32_t kv_len = static_cast<uint32_t>(p.kv_lens[seq]);
+  const uint32_t kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
   const uint32_t tiles = (kv_len + TL::kBN - 1) / TL::kBN;
   const uint32_t per_split = (tiles + p.num_splits - 1) / p.num_splits;
   const uint32_t b = min(split * per_split * TL::kBN, kv_len);
   const uint32_t e = min(b + per_split * TL::kBN, kv_len);
 
-  const int64_t q_base = (static_cast<int64_t>(seq) * p.q_heads + h * p.group) * D;
+  const int64_t q_base = (static_cast<int64_t>(seq) * p.kv.q_heads + h * p.kv.group) * D;
   detail::issue_q<TL>(
-      smem, p.q,
+      smem, p.kv.q,
       [&](int r) -> int64_t {
-        return r < static_cast<int>(p.group) ? q_base + static_cast<int64_t>(r) * D : -1;
+        return r < static_cast<int>(p.kv.group) ? q_base + static_cast<int64_t>(r) * D : -1;
       },
       tid);
   detail::cp_async_commit();
@@ -67,16 +56,8 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
   detail::RowState<TL::kDT> st[1];
   st[0].init();
   const uint32_t limit[1][2] = {{e, e}};
-  if constexpr (PAGED) {
-    const detail::PagedLocator loc{p.block_tables + static_cast<int64_t>(seq) * p.bt_stride,
-                                   p.block_size, p.block_stride, p.row,
-                                   static_cast<int64_t>(h) * D};
-    detail::attend_range<TL>(st, smem, p.k, p.v, loc, b, e, e, limit, p.scale_log2);
-  } else {
-    const detail::ContiguousLocator loc{
-        static_cast<int64_t>(p.slots[seq]) * p.block_stride + static_cast<int64_t>(h) * D, p.row};
-    detail::attend_range<TL>(st, smem, p.k, p.v, loc, b, e, e, limit, p.scale_log2);
-  }
+  const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
+  detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, b, e, e, limit, p.kv.scale_log2);
 
   // Merge the four warps' states (shared memory is free after attend_range).
   float* mo = reinterpret_cast<float*>(smem_raw);  // [4][16][D]
@@ -96,7 +77,7 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
       mo[(wn * 16 + g + 8 * (x >> 1)) * D + 8 * d + 2 * t + (x & 1)] = st[0].o[d][x];
   __syncthreads();
 
-  for (int i = tid; i < static_cast<int>(p.group) * (D / 4); i += TL::kThreads) {
+  for (int i = tid; i < static_cast<int>(p.kv.group) * (D / 4); i += TL::kThreads) {
     const int row = i / (D / 4), c4 = i % (D / 4);
     float m = -INFINITY;
 #pragma unroll
@@ -114,15 +95,15 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
       acc.w += x.w * sc;
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const uint32_t qh = h * p.group + row;
+    const uint32_t qh = h * p.kv.group + row;
     if (p.num_splits == 1) {
       uint2 out;
       out.x = detail::Elem<T>::pack(acc.x * inv, acc.y * inv);
       out.y = detail::Elem<T>::pack(acc.z * inv, acc.w * inv);
-      *reinterpret_cast<uint2*>(p.o + (static_cast<int64_t>(seq) * p.q_heads + qh) * D + 4 * c4) =
-          out;
+      *reinterpret_cast<uint2*>(p.kv.o + (static_cast<int64_t>(seq) * p.kv.q_heads + qh) * D +
+                                4 * c4) = out;
     } else {
-      const int64_t idx = (static_cast<int64_t>(seq) * p.num_splits + split) * p.q_heads + qh;
+      const int64_t idx = (static_cast<int64_t>(seq) * p.num_splits + split) * p.kv.q_heads + qh;
       *reinterpret_cast<float4*>(p.partial_o + idx * D + 4 * c4) =
           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
       if (c4 == 0) p.partial_lse[idx] = l > 0.f ? m + __log2f(l) : -INFINITY;
@@ -222,29 +203,16 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
   constexpr auto kernel = PagedDecodeKernel<T, D, PAGED>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   DecodeParams<T> p{};
-  p.q = reinterpret_cast<const T*>(a.q);
-  p.o = reinterpret_cast<T*>(a.o);
-  p.k = reinterpret_cast<const T*>(a.cache.k);
-  p.v = reinterpret_cast<const T*>(a.cache.v);
-  p.kv_lens = a.seqs.kv_lens;
-  p.block_tables = a.seqs.block_tables;
-  p.slots = a.seqs.slots;
+  p.kv = detail::make_kv_params<T>(shape, a.q, a.o, a.cache, a.seqs, a.scale);
   p.num_seqs = a.seqs.num_seqs;
-  p.bt_stride = a.seqs.bt_stride;
-  p.block_size = FastDiv(PAGED ? a.cache.block_size : 1);
-  p.block_stride = a.cache.block_stride;
-  p.row = static_cast<int64_t>(shape.row_elems());
-  p.q_heads = shape.q_heads;
-  p.group = shape.group();
   p.num_splits = plan.num_splits;
   p.partial_o = reinterpret_cast<float*>(a.workspace);
   p.partial_lse = p.partial_o + uint64_t{plan.max_batch} * plan.num_splits * shape.q_heads * D;
-  const float scale = a.scale > 0 ? a.scale : 1.f / sqrtf(static_cast<float>(D));
-  p.scale_log2 = scale * 1.4426950408889634f;
   const dim3 grid(plan.num_splits, shape.kv_heads, plan.max_batch);
   kernel<<<grid, TL::kThreads, TL::kSmemBytes, stream>>>(p);
   if (plan.num_splits > 1) {
-    CombineParams<T> c{p.partial_o, p.partial_lse, p.o, p.num_seqs, shape.q_heads, plan.num_splits};
+    CombineParams<T> c{p.partial_o, p.partial_lse, p.kv.o,
+                       p.num_seqs,  shape.q_heads, plan.num_splits};
     constexpr auto combine = DecodeCombineKernel<T, D>;
     const size_t smem = combine_smem(plan.num_splits, D);
     if (smem > 48 * 1024) {

@@ -14,21 +14,10 @@ using detail::Tiles;
 
 template <typename T>
 struct PrefillParams {
-  const T* q;
-  T* o;
-  const T* k;
-  const T* v;
-  const int32_t* qo_indptr;
-  const int32_t* kv_lens;
-  const int32_t* block_tables;
-  const int32_t* slots;
-  const int32_t* work;
-  uint32_t bt_stride;
-  FastDiv block_size;
-  int64_t block_stride;
-  int64_t row;
-  uint32_t q_heads, group, tokens_per_tile;
-  float scale_log2;
+  detail::KvParams<T> kv;
+  const int32_t* qo_indptr;  // [batch + 1]
+  const int32_t* work;       // {sequence, first token} per CTA row
+  uint32_t tokens_per_tile;
 };
 
 template <typename T, int D>
@@ -50,17 +39,17 @@ __global__ void __launch_bounds__(128)
   const uint32_t t0 = static_cast<uint32_t>(p.work[2 * blockIdx.x + 1]);
   const uint32_t q0 = static_cast<uint32_t>(p.qo_indptr[seq]);
   const uint32_t q_len = static_cast<uint32_t>(p.qo_indptr[seq + 1]) - q0;
-  const uint32_t kv_len = static_cast<uint32_t>(p.kv_lens[seq]);
+  const uint32_t kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
   const uint32_t prefix = kv_len - q_len;
   const uint32_t nt = min(p.tokens_per_tile, q_len - t0);
-  const uint32_t rows = nt * p.group;
+  const uint32_t rows = nt * p.kv.group;
 
   auto q_row = [&](int r) -> int64_t {
     if (r >= static_cast<int>(rows)) return -1;
-    const uint32_t tok = r / p.group, head = r % p.group;
-    return (static_cast<int64_t>(q0 + t0 + tok) * p.q_heads + h * p.group + head) * D;
+    const uint32_t tok = r / p.kv.group, head = r % p.kv.group;
+    return (static_cast<int64_t>(q0 + t0 + tok) * p.kv.q_heads + h * p.kv.group + head) * D;
   };
-  detail::issue_q<TL>(smem, p.q, q_row, tid);
+  detail::issue_q<TL>(smem, p.kv.q, q_row, tid);
   detail::cp_async_commit();
 
   const int g = lane >> 2, t = lane & 3;
@@ -76,21 +65,14 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const uint32_t row = row_of(mt, r);
-      limit[mt][r] = row < rows ? prefix + t0 + row / p.group + 1 : 0;
+      limit[mt][r] = row < rows ? prefix + t0 + row / p.kv.group + 1 : 0;
     }
   }
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
-  if constexpr (PAGED) {
-    const detail::PagedLocator loc{p.block_tables + static_cast<int64_t>(seq) * p.bt_stride,
-                                   p.block_size, p.block_stride, p.row,
-                                   static_cast<int64_t>(h) * D};
-    detail::attend_range<TL>(st, smem, p.k, p.v, loc, 0, kv_end, mask_from, limit, p.scale_log2);
-  } else {
-    const detail::ContiguousLocator loc{
-        static_cast<int64_t>(p.slots[seq]) * p.block_stride + static_cast<int64_t>(h) * D, p.row};
-    detail::attend_range<TL>(st, smem, p.k, p.v, loc, 0, kv_end, mask_from, limit, p.scale_log2);
-  }
+  const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
+  detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, 0, kv_end, mask_from, limit,
+                           p.kv.scale_log2);
 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -100,8 +82,9 @@ __global__ void __launch_bounds__(128)
       const uint32_t row = row_of(mt, r);
       if (row >= rows) continue;
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      const uint32_t tok = row / p.group, head = row % p.group;
-      T* out = p.o + (static_cast<int64_t>(q0 + t0 + tok) * p.q_heads + h * p.group + head) * D;
+      const uint32_t tok = row / p.kv.group, head = row % p.kv.group;
+      T* out =
+          p.kv.o + (static_cast<int64_t>(q0 + t0 + tok) * p.kv.q_heads + h * p.kv.group + head) * D;
 #pragma unroll
       for (int d = 0; d < TL::kDT; ++d)
         *reinterpret_cast<uint32_t*>(out + 8 * d + 2 * t) =
@@ -115,24 +98,10 @@ cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cu
   constexpr auto kernel = PagedPrefillKernel<T, D, PAGED>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   PrefillParams<T> p{};
-  p.q = reinterpret_cast<const T*>(a.q);
-  p.o = reinterpret_cast<T*>(a.o);
-  p.k = reinterpret_cast<const T*>(a.cache.k);
-  p.v = reinterpret_cast<const T*>(a.cache.v);
+  p.kv = detail::make_kv_params<T>(shape, a.q, a.o, a.cache, a.seqs, a.scale);
   p.qo_indptr = a.qo_indptr;
-  p.kv_lens = a.seqs.kv_lens;
-  p.block_tables = a.seqs.block_tables;
-  p.slots = a.seqs.slots;
   p.work = a.work;
-  p.bt_stride = a.seqs.bt_stride;
-  p.block_size = FastDiv(PAGED ? a.cache.block_size : 1);
-  p.block_stride = a.cache.block_stride;
-  p.row = static_cast<int64_t>(shape.row_elems());
-  p.q_heads = shape.q_heads;
-  p.group = shape.group();
   p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
-  const float scale = a.scale > 0 ? a.scale : 1.f / sqrtf(static_cast<float>(D));
-  p.scale_log2 = scale * 1.4426950408889634f;
   kernel<<<dim3(a.num_tiles, shape.kv_heads), TL::kThreads, TL::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
