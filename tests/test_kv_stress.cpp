@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "src/kv/kv_content.h"
 #include "tests/kv_test_util.h"
 
 namespace memsim::test {
@@ -92,18 +94,31 @@ std::string describe(const KvStats& s) {
     if (!(cond)) FAIL(where() << ": " << #cond << " -- " << msg); \
   } while (0)
 
+// With `track_content`, a KvContentShadow records what every row of layers 0 and 1 holds (the
+// engine's writes of computed tokens, the strategy's own copies through the backend) and each
+// sequence an operation touched must read its own tokens back through its table; every live
+// sequence is checked every kContentSweep operations.
+constexpr uint64_t kContentSweep = 256;
+
 class Stress {
  public:
-  Stress(const Variant& v, uint64_t seed)
+  Stress(const Variant& v, uint64_t seed, bool track_content = false)
       : variant_(v), seed_(seed), rng_(seed), rig_(v.yaml, init_for(v)) {
     used_at_init_ = kv().stats().used_blocks;
+    if (track_content) {
+      content_.emplace(kv().layout(), std::vector<uint32_t>{0, kLayers - 1});
+      rig_.backend.set_copy_observer(
+          [this](DevPtr dst, DevPtr src, uint64_t bytes) { content_->copy(dst, src, bytes); });
+    }
   }
 
   void run(uint64_t ops) {
     check_all();
     for (op_ = 0; op_ < ops; ++op_) {
+      touched_.clear();
       step();
       check_all();
+      check_content(op_ % kContentSweep == 0);
     }
     finish();
   }
@@ -117,6 +132,7 @@ class Stress {
     TokenContent content;  // kMaxModelLen tokens
     uint32_t tokens = 0;   // what the strategy holds: seq_tokens()
     uint32_t want = 0;     // what the engine has computed; want - tokens are deferred grows
+    uint32_t written = 0;  // rows [0, written) hold this sequence's tokens (content tracking)
   };
   struct Preempted {
     SeqId id;
@@ -293,8 +309,9 @@ class Stress {
     STRESS_CHECK(after.used_blocks <= before.stats.used_blocks + blocks_for(n, 0),
                  "a new sequence took too many blocks");
     prefix_hit_tokens += prefix;
-    seqs_[id] = Seq{content, n, n};
+    seqs_[id] = Seq{content, n, n, prefix};
     live_.push_back(id);
+    write_computed(id);
     return true;
   }
 
@@ -324,6 +341,7 @@ class Stress {
     }
     s.tokens = n;
     s.want = std::max(s.want, n);
+    write_computed(id);
     return true;
   }
 
@@ -340,6 +358,7 @@ class Stress {
       return;
     }
     ++deferred;
+    write_computed(id);
     if (chance(30)) sync(id);
   }
 
@@ -363,8 +382,11 @@ class Stress {
       return;
     }
     ++forks;
-    seqs_[child] = Seq{fresh_content(p.content.slice(0, p.tokens)), p.tokens, p.tokens};
+    // The child shares the parent's rows: nothing is written.
+    seqs_[child] = Seq{fresh_content(p.content.slice(0, p.tokens)), p.tokens, p.tokens, p.tokens};
     live_.push_back(child);
+    touched_.push_back(parent);
+    touched_.push_back(child);
   }
 
   void release(SeqId id, bool preempt) {
@@ -392,7 +414,26 @@ class Stress {
     if (!live_.empty() && chance(40)) release(pick_live(), true);
   }
 
+  // The engine writes the K/V of the tokens it computed through the sequence's current table.
+  void write_computed(SeqId id) {
+    Seq& s = seqs_.at(id);
+    if (content_) content_->write(kv(), id, s.content, s.written, s.want);
+    s.written = s.want;
+    touched_.push_back(id);
+  }
+
   // ---- checks -------------------------------------------------------------------------------
+
+  void check_content(bool every_live) {
+    if (!content_) return;
+    const std::vector<SeqId>& which = every_live ? live_ : touched_;
+    for (SeqId id : which) {
+      const auto it = seqs_.find(id);
+      if (it == seqs_.end()) continue;  // released by the operation
+      const std::string bad = content_->check(kv(), id, it->second.content, it->second.want);
+      STRESS_CHECK(bad.empty(), bad);
+    }
+  }
 
   void check_all() {
     std::string why;
@@ -457,6 +498,8 @@ class Stress {
   std::unordered_map<SeqId, Seq> seqs_;
   std::vector<TokenContent> recent_;
   std::vector<Preempted> preempted_;
+  std::optional<KvContentShadow> content_;
+  std::vector<SeqId> touched_;  // sequences the current operation wrote or forked
 };
 
 TEST_CASE("KV stress: 1M random operations per strategy and variant, checked after each") {
@@ -482,6 +525,20 @@ TEST_CASE("KV stress: 1M random operations per strategy and variant, checked aft
           static_cast<unsigned long long>(stress.prefix_hit_tokens));
       // The pool is small: out-of-memory must be a common outcome, not a corner case.
       CHECK(stress.ooms * 50 > ops);
+      if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);
+    }
+  }
+}
+
+TEST_CASE("KV content: every sequence reads its own tokens through its table") {
+  // Fewer operations than the stress test: each one also writes and reads rows of the shadow.
+  const uint64_t ops = env_or("MEMSIM_KV_CONTENT_OPS", 100'000);
+  const std::vector<Variant> all = variants();
+  for (size_t i = 0; i < all.size(); ++i) {
+    DYNAMIC_SECTION(all[i].name) {
+      Stress stress(all[i], env_or("MEMSIM_KV_STRESS_SEED", 0x636f6e74656e74ull + i), true);
+      stress.run(ops);
+      CHECK(stress.forks > 0);
       if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);
     }
   }

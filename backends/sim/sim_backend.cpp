@@ -424,7 +424,11 @@ Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream)
   MEMSIM_TRY(enter(Primitive::kCopy, 0, 2 * bytes, !captured));
   if (dst == 0 || src == 0 || bytes == 0)
     return make_error(ErrorCode::kInvalidArgument, "copy: empty range");
-  if (captured) graph_mem_.add_node(stream);
+  if (captured) {
+    graph_mem_.add_node(stream);
+  } else if (copy_observer_) {
+    copy_observer_(dst, src, bytes);
+  }
   return {};
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,6 +72,11 @@ class SimBackend final : public Backend {
   std::optional<Resolved> resolve(DevPtr va) const;
   // Verifies the accounting: counters equal sums over records, mapping counts match.
   bool check_invariants(std::string* why) const;
+  // Called after every successful copy outside a capture, with its (dst, src, bytes): tools that
+  // shadow memory contents (KvContentShadow) mirror the copies strategies make. Not a Backend
+  // primitive: strategies do not know about it.
+  using CopyObserver = std::function<void(DevPtr dst, DevPtr src, uint64_t bytes)>;
+  void set_copy_observer(CopyObserver observer) { copy_observer_ = std::move(observer); }
   const GpuSpec& gpu() const { return gpu_; }
 
  private:
@@ -133,6 +139,7 @@ class SimBackend final : public Backend {
   uint64_t pinned_ = 0;
   std::array<SimTime, static_cast<size_t>(Primitive::kCount)> time_{};
   std::array<uint64_t, static_cast<size_t>(Primitive::kCount)> calls_{};
+  CopyObserver copy_observer_;
 };
 
 }  // namespace memsim

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backends/backend.h"
 #include "src/kv/token_content.h"
@@ -21,6 +22,7 @@ struct KvInit {
   uint32_t max_num_seqs = 0;        // sequences alive at once (slots, block-table rows)
   uint32_t max_model_len = 0;       // longest sequence in tokens
   uint64_t layer_kv_bytes_per_token() const { return kv_bytes_per_token / layers; }
+  uint64_t row_bytes() const { return layer_kv_bytes_per_token() / 2; }  // one layer's K of a token
 };
 
 // A strategy's state in its own allocation unit ("block"): a paged block, a radix page, a
@@ -41,6 +43,49 @@ struct KvStats {
   uint64_t evicted_blocks = 0;  // cached blocks reclaimed for new allocations
 };
 
+// Where a strategy keeps K and V, as the attention kernels address them (kernels/
+// attention_types.h, KvLayerView): a row is one layer's K (or V) of one token, row_bytes long.
+// Row of position p of a sequence in layer l:
+//   k[l] (or v[l]) + table[p / block_tokens] * block_stride + (p % block_tokens) * row_bytes
+// where table = seq_table(seq). Paged pools: the table lists the sequence's block ids. Contiguous
+// pools: the table is {slot} and block_tokens is the tokens a slot holds (the address is then
+// k[l] + slot * block_stride + p * row_bytes).
+struct KvLayout {
+  bool paged = true;
+  uint32_t block_tokens = 0;
+  uint64_t block_stride = 0;  // bytes between consecutive block ids (slots)
+  uint64_t row_bytes = 0;     // kv_heads x head_dim x element bytes
+  uint64_t blocks = 0;        // block ids (slots) are in [0, blocks)
+  std::vector<DevPtr> k, v;   // per layer: row 0 of block (slot) 0
+  // The row of position `pos` (K, or V when `value`) in layer `layer` for table `table`.
+  DevPtr row(const std::vector<int32_t>& table, bool value, uint32_t layer, uint32_t pos) const {
+    const DevPtr base = (value ? v : k)[layer];
+    if (!paged) return base + static_cast<uint64_t>(table[0]) * block_stride + pos * row_bytes;
+    return base + static_cast<uint64_t>(table[pos / block_tokens]) * block_stride +
+           uint64_t{pos % block_tokens} * row_bytes;
+  }
+};
+
+// The layout of a pool of `blocks` blocks at `pool`, `stride` bytes apart, each holding
+// [layer][K, V][block_tokens][row] (every layer of a block together: one contiguous copy moves a
+// block, and each layer's K is vLLM's [num_blocks, block_size, kv_heads, head_dim] with a block
+// stride of the whole block).
+inline KvLayout block_major_layout(DevPtr pool, const KvInit& init, uint32_t block_tokens,
+                                   uint64_t stride, uint64_t blocks) {
+  KvLayout l;
+  l.paged = true;
+  l.block_tokens = block_tokens;
+  l.block_stride = stride;
+  l.row_bytes = init.row_bytes();
+  l.blocks = blocks;
+  const uint64_t half = uint64_t{block_tokens} * l.row_bytes;  // one layer's K (or V) of a block
+  for (uint32_t layer = 0; layer < init.layers; ++layer) {
+    l.k.push_back(pool + 2 * layer * half);
+    l.v.push_back(pool + (2 * layer + 1) * half);
+  }
+  return l;
+}
+
 // Contract (every implementation; tests/test_kv_conformance.cpp and the 1M-op stress test
 // check it against each registered strategy):
 // - init creates the pool through the Backend within budget_bytes (kOutOfMemory when not even
@@ -60,6 +105,11 @@ struct KvStats {
 //   partial block copies it first (copy-on-write) when the strategy shares.
 // - release(seq, content) drops the sequence. With prefix caching, its full blocks stay cached
 //   (evictable) under `content`'s tokens.
+// - layout() describes the pool from init to shutdown (fixed addresses); seq_table(seq) gives a
+//   live sequence's table (block ids covering seq_capacity, or {slot}). Two live sequences
+//   reach the same row only for positions where they share KV (a cached prefix, blocks shared
+//   after fork until copy-on-write). tests/test_kv_stress.cpp tracks what every row holds
+//   (KvContentShadow) and checks that each sequence reads its own tokens.
 // - stats() is exact; check_invariants() verifies the strategy's internal invariants (no block
 //   owned twice without a matching refcount, refcounts never negative, blocks conserved).
 class KvCacheManager {
@@ -86,6 +136,9 @@ class KvCacheManager {
   // Token slots a new sequence could still obtain now: free plus evictable blocks times
   // block_tokens (static_contiguous: free slabs times max_model_len).
   virtual uint64_t free_token_capacity() const = 0;
+
+  virtual KvLayout layout() const = 0;
+  virtual void seq_table(SeqId seq, std::vector<int32_t>* out) const = 0;
 
   virtual KvStats stats() const = 0;
   virtual bool check_invariants(std::string* why) const = 0;

@@ -427,4 +427,16 @@ bool PagedBlockPool::check_invariants(std::string* why) const {
   return true;
 }
 
+KvLayout PagedBlockPool::layout() const {
+  // A unit is one logical block: every layer's K and V of block_size tokens (per_layer: the
+  // unit's `layers` physical blocks, one per layer, in the same order).
+  return block_major_layout(pool_, init_, block_size(), unit_bytes_, blocks_.size());
+}
+
+void PagedBlockPool::seq_table(SeqId seq, std::vector<int32_t>* out) const {
+  out->clear();
+  if (auto it = seqs_.find(seq); it != seqs_.end())
+    out->assign(it->second.blocks.begin(), it->second.blocks.end());
+}
+
 }  // namespace memsim

@@ -44,6 +44,8 @@ class PagedBlockPool final : public KvCacheManager {
   uint64_t seq_bytes(SeqId seq) const override;
   uint32_t seq_capacity(SeqId seq) const override;
   uint64_t free_token_capacity() const override;
+  KvLayout layout() const override;
+  void seq_table(SeqId seq, std::vector<int32_t>* out) const override;
   KvStats stats() const override;
   bool check_invariants(std::string* why) const override;
 

@@ -387,4 +387,14 @@ bool RadixTokenPool::check_invariants(std::string* why) const {
   return true;
 }
 
+KvLayout RadixTokenPool::layout() const {
+  // Page p holds every layer's K and V of its page_size token slots; page 0 is the padding page.
+  return block_major_layout(pool_, init_, page_size(), page_bytes_, uint64_t{total_pages_} + 1);
+}
+
+void RadixTokenPool::seq_table(SeqId seq, std::vector<int32_t>* out) const {
+  out->clear();
+  for (uint32_t page : page_table(seq)) out->push_back(static_cast<int32_t>(page));
+}
+
 }  // namespace memsim

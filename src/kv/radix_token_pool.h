@@ -67,6 +67,8 @@ class RadixTokenPool final : public KvCacheManager {
   // Its tree prefix plus its private pages (page-rounded), capped at max_model_len.
   uint32_t seq_capacity(SeqId seq) const override;
   uint64_t free_token_capacity() const override;
+  KvLayout layout() const override;
+  void seq_table(SeqId seq, std::vector<int32_t>* out) const override;
   KvStats stats() const override;
   bool check_invariants(std::string* why) const override;
 

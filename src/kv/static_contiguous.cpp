@@ -240,4 +240,24 @@ bool StaticContiguous::check_invariants(std::string* why) const {
   return true;
 }
 
+KvLayout StaticContiguous::layout() const {
+  KvLayout l;
+  l.paged = false;
+  l.block_tokens = init_.max_model_len;
+  l.block_stride = slab_bytes_;
+  l.row_bytes = init_.row_bytes();
+  l.blocks = slots_;
+  for (uint32_t layer = 0; layer < init_.layers; ++layer) {  // segments K0 V0 K1 V1 ...
+    l.k.push_back(base_ + 2 * layer * segment_bytes_);
+    l.v.push_back(base_ + (2 * layer + 1) * segment_bytes_);
+  }
+  return l;
+}
+
+void StaticContiguous::seq_table(SeqId seq, std::vector<int32_t>* out) const {
+  out->clear();
+  if (auto it = seqs_.find(seq); it != seqs_.end())
+    out->push_back(static_cast<int32_t>(it->second.slot));
+}
+
 }  // namespace memsim

@@ -44,6 +44,8 @@ class StaticContiguous final : public KvCacheManager {
   uint32_t seq_capacity(SeqId seq) const override;  // the whole slab: max_model_len
   uint64_t free_token_capacity() const override;
 
+  KvLayout layout() const override;
+  void seq_table(SeqId seq, std::vector<int32_t>* out) const override;
   KvStats stats() const override;
   bool check_invariants(std::string* why) const override;
 

@@ -563,4 +563,26 @@ bool VmmContiguous::check_invariants(std::string* why) const {
   return true;
 }
 
+KvLayout VmmContiguous::layout() const {
+  KvLayout l;
+  l.paged = false;
+  l.row_bytes = init_.row_bytes();
+  // Tokens a slot's stride holds; 0 when the page-rounded stride is not a whole number of rows
+  // (KV writes number rows per slot, so the GPU engine rejects such a geometry).
+  l.block_tokens = stride_ % l.row_bytes == 0 ? static_cast<uint32_t>(stride_ / l.row_bytes) : 0;
+  l.block_stride = stride_;
+  l.blocks = slots_.size();
+  for (uint32_t layer = 0; layer < init_.layers; ++layer) {
+    l.k.push_back(bases_[2 * layer]);
+    l.v.push_back(bases_[2 * layer + 1]);
+  }
+  return l;
+}
+
+void VmmContiguous::seq_table(SeqId seq, std::vector<int32_t>* out) const {
+  out->clear();
+  if (auto it = seqs_.find(seq); it != seqs_.end())
+    out->push_back(static_cast<int32_t>(it->second.slot));
+}
+
 }  // namespace memsim

@@ -1,0 +1,45 @@
+// KvContentShadow: a CPU record of which (token, position) each K/V row of a KV pool holds, so a
+// simulation can check that every sequence's table reads its own tokens (the check the GPU
+// validation makes on real attention output, here without a GPU).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/kv/kv_cache_manager.h"
+#include "src/kv/token_content.h"
+
+namespace memsim {
+
+class KvContentShadow {
+ public:
+  // Tracks K and V rows of `layers` (e.g. the first and the last: per-layer offsets and the
+  // table are then both exercised) of the pool `layout` describes.
+  KvContentShadow(KvLayout layout, std::vector<uint32_t> layers);
+
+  // The engine computed tokens [from, to) of `seq` and wrote their K/V through its table.
+  void write(const KvCacheManager& kv, SeqId seq, const TokenContent& content, uint32_t from,
+             uint32_t to);
+  // Mirrors a device copy (copy-on-write, fork copies, swaps): rows of [src, src + bytes) now
+  // also hold at dst + offset. Rows not tracked in the source range are dropped at dst.
+  void copy(DevPtr dst, DevPtr src, uint64_t bytes);
+  // Empty when every tracked row of positions [0, tokens) of `seq` holds (its token, that
+  // position); else what the first mismatch reads.
+  std::string check(const KvCacheManager& kv, SeqId seq, const TokenContent& content,
+                    uint32_t tokens) const;
+
+  size_t rows() const { return rows_.size(); }
+
+ private:
+  struct Row {
+    uint32_t token, pos;
+  };
+  KvLayout layout_;
+  std::vector<uint32_t> layers_;
+  std::map<DevPtr, Row> rows_;  // row address -> what was written there
+  mutable std::vector<int32_t> table_;
+};
+
+}  // namespace memsim
