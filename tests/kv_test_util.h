@@ -4,8 +4,11 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/sim/sim_backend.h"
 #include "sim/clock.h"
@@ -76,6 +79,39 @@ struct KvRig {
     const KvStats s = kv->stats();
     REQUIRE(s.used_blocks + s.cached_blocks + s.free_blocks == s.total_blocks);
   }
+};
+
+// Delegates to a real strategy; `lie` may edit the tables it reports (tests show that the
+// content checks catch a wrong table).
+class LyingTable final : public KvCacheManager {
+ public:
+  explicit LyingTable(std::unique_ptr<KvCacheManager> inner) : inner_(std::move(inner)) {}
+  std::function<void(SeqId, std::vector<int32_t>*)> lie;
+
+  std::string_view name() const override { return inner_->name(); }
+  Status init(Backend& b, const KvInit& i) override { return inner_->init(b, i); }
+  Status shutdown() override { return inner_->shutdown(); }
+  uint32_t lookup_prefix(const TokenContent& c) const override { return inner_->lookup_prefix(c); }
+  Status grow(SeqId s, const TokenContent& c, uint32_t n, uint32_t p) override {
+    return inner_->grow(s, c, n, p);
+  }
+  Status fork(SeqId parent, SeqId child) override { return inner_->fork(parent, child); }
+  void release(SeqId s, const TokenContent& c) override { inner_->release(s, c); }
+  uint32_t seq_tokens(SeqId s) const override { return inner_->seq_tokens(s); }
+  uint64_t seq_bytes(SeqId s) const override { return inner_->seq_bytes(s); }
+  uint32_t seq_capacity(SeqId s) const override { return inner_->seq_capacity(s); }
+  uint64_t free_token_capacity() const override { return inner_->free_token_capacity(); }
+  KvLayout layout() const override { return inner_->layout(); }
+  void seq_table(SeqId s, std::vector<int32_t>* out) const override {
+    inner_->seq_table(s, out);
+    if (lie) lie(s, out);
+  }
+  KvStats stats() const override { return inner_->stats(); }
+  bool check_invariants(std::string* why) const override { return inner_->check_invariants(why); }
+  KvCacheManager& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<KvCacheManager> inner_;
 };
 
 }  // namespace memsim::test

@@ -3,7 +3,6 @@
 // copy-on-write (a strategy wrapper whose seq_table lies).
 #include <catch2/catch.hpp>
 
-#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -31,38 +30,6 @@ KvInit small_init(uint64_t budget_tokens = 1024) {
   return i;
 }
 
-// Delegates to a real strategy; `lie` may edit the tables it reports.
-class LyingTable final : public KvCacheManager {
- public:
-  explicit LyingTable(std::unique_ptr<KvCacheManager> inner) : inner_(std::move(inner)) {}
-  std::function<void(SeqId, std::vector<int32_t>*)> lie;
-
-  std::string_view name() const override { return inner_->name(); }
-  Status init(Backend& b, const KvInit& i) override { return inner_->init(b, i); }
-  Status shutdown() override { return inner_->shutdown(); }
-  uint32_t lookup_prefix(const TokenContent& c) const override { return inner_->lookup_prefix(c); }
-  Status grow(SeqId s, const TokenContent& c, uint32_t n, uint32_t p) override {
-    return inner_->grow(s, c, n, p);
-  }
-  Status fork(SeqId parent, SeqId child) override { return inner_->fork(parent, child); }
-  void release(SeqId s, const TokenContent& c) override { inner_->release(s, c); }
-  uint32_t seq_tokens(SeqId s) const override { return inner_->seq_tokens(s); }
-  uint64_t seq_bytes(SeqId s) const override { return inner_->seq_bytes(s); }
-  uint32_t seq_capacity(SeqId s) const override { return inner_->seq_capacity(s); }
-  uint64_t free_token_capacity() const override { return inner_->free_token_capacity(); }
-  KvLayout layout() const override { return inner_->layout(); }
-  void seq_table(SeqId s, std::vector<int32_t>* out) const override {
-    inner_->seq_table(s, out);
-    if (lie) lie(s, out);
-  }
-  KvStats stats() const override { return inner_->stats(); }
-  bool check_invariants(std::string* why) const override { return inner_->check_invariants(why); }
-  KvCacheManager& inner() { return *inner_; }
-
- private:
-  std::unique_ptr<KvCacheManager> inner_;
-};
-
 // A strategy wrapped in LyingTable, its backend and a content shadow of both layers.
 struct Bench {
   SimClock clock;
@@ -78,7 +45,9 @@ struct Bench {
   // grow to n and write the tokens computed since `from`.
   void compute(SeqId s, const TokenContent& c, uint32_t from, uint32_t n, uint32_t prefix = 0) {
     REQUIRE(kv.grow(s, c, n, prefix).ok());
-    shadow->write(kv, s, c, from, n);
+    const std::string bad = shadow->write(kv, s, c, from, n);
+    INFO(bad);
+    REQUIRE(bad.empty());
   }
   std::string check(SeqId s, const TokenContent& c) const {
     return shadow->check(kv, s, c, kv.seq_tokens(s));
@@ -172,6 +141,18 @@ TEST_CASE("the content check catches a missed copy-on-write") {
   b.kv.lie = nullptr;
   b.compute(2, child, 21, 22);
   CHECK(b.check(2, child).empty());
+}
+
+TEST_CASE("a token computed past the last allocated block is caught (the seed's section 15)") {
+  Bench b("{impl: paged_block_pool}");
+  const TokenContent a(1, 256);
+  b.compute(1, a, 0, 16);  // exactly one block: position 16 needs a second one
+  CHECK(b.shadow->write(b.kv, 1, a, 16, 17) ==
+        "write: seq 1 position 16 lies beyond its table (1 blocks of 16 tokens)");
+  CHECK(b.shadow->check(b.kv, 1, a, 17) ==
+        "seq 1 position 16 lies beyond its table (1 blocks of 16 tokens)");
+  b.compute(1, a, 16, 17);  // grown first, as the engine must
+  CHECK(b.check(1, a).empty());
 }
 
 TEST_CASE("KvContentShadow copies move rows and overwrite the destination range") {

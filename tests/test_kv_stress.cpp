@@ -417,7 +417,10 @@ class Stress {
   // The engine writes the K/V of the tokens it computed through the sequence's current table.
   void write_computed(SeqId id) {
     Seq& s = seqs_.at(id);
-    if (content_) content_->write(kv(), id, s.content, s.written, s.want);
+    if (content_) {
+      const std::string bad = content_->write(kv(), id, s.content, s.written, s.want);
+      STRESS_CHECK(bad.empty(), bad);
+    }
     s.written = s.want;
     touched_.push_back(id);
   }

@@ -128,6 +128,12 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
         x.kv.cow_copies, x.counters.preemptions, double(x.counters.swapped_bytes) / (1ull << 30),
         x.counters.oom_events, x.output_tokens_per_s, x.ttft_ms.p50, x.tpot_ms.p50,
         x.e2e_ms.p99 / 1000, outcome(r));
+    if (x.executed)
+      o << fmt::format(
+          "    validation ({}): {} steps, {} checked, {} sequence checks passed, {} swaps{}\n",
+          x.validation.kind, x.validation.steps, x.validation.checked_steps,
+          x.validation.checked_seqs, x.validation.swaps,
+          x.validation.failure.empty() ? "" : ", FAILED");
     if (!x.error.empty()) o << "    error: " << x.error << "\n";
   }
   double sim = 0, wall = 0;
@@ -167,6 +173,13 @@ std::string write_serving_outputs(const ServingConfig& c, const ServingResults& 
         << ", \"weights\": " << b.weights << ", \"activation_peak\": " << b.activation_peak
         << ", \"graph_memory\": " << b.graph_memory << ", \"kv_bytes\": " << b.kv_bytes
         << ", \"graph_strategy\": " << json_string(b.graph_strategy) << "},\n     ";
+      if (r.result.executed) {
+        const ExecutorReport& v = r.result.validation;
+        f << "\"validation\": {\"kind\": " << json_string(v.kind) << ", \"steps\": " << v.steps
+          << ", \"checked_steps\": " << v.checked_steps << ", \"checked_seqs\": " << v.checked_seqs
+          << ", \"swaps\": " << v.swaps << ", \"failure\": " << json_string(v.failure)
+          << "},\n     ";
+      }
       const auto figs = figures(r);
       for (size_t j = 0; j < figs.size(); ++j)
         f << (j ? ", " : "") << json_string(figs[j].first) << ": " << num(figs[j].second);

@@ -4,8 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "src/kv/kv_cache_manager.h"
@@ -19,11 +19,14 @@ class KvContentShadow {
   // table are then both exercised) of the pool `layout` describes.
   KvContentShadow(KvLayout layout, std::vector<uint32_t> layers);
 
-  // The engine computed tokens [from, to) of `seq` and wrote their K/V through its table.
-  void write(const KvCacheManager& kv, SeqId seq, const TokenContent& content, uint32_t from,
-             uint32_t to);
+  // The engine computed tokens [from, to) of `seq` and wrote their K/V through its table;
+  // `stamp` (e.g. the engine step) is reported with a row that a check finds wrong. Returns what
+  // is wrong when a position lies beyond the sequence's table (nothing is written then).
+  std::string write(const KvCacheManager& kv, SeqId seq, const TokenContent& content, uint32_t from,
+                    uint32_t to, uint64_t stamp = 0);
   // Mirrors a device copy (copy-on-write, fork copies, swaps): rows of [src, src + bytes) now
-  // also hold at dst + offset. Rows not tracked in the source range are dropped at dst.
+  // also hold at dst + offset; rows not tracked in the source range are dropped at dst. Copies
+  // start on a row (every strategy copies whole blocks, pages or token ranges of a slot).
   void copy(DevPtr dst, DevPtr src, uint64_t bytes);
   // Empty when every tracked row of positions [0, tokens) of `seq` holds (its token, that
   // position); else what the first mismatch reads.
@@ -33,12 +36,16 @@ class KvContentShadow {
   size_t rows() const { return rows_.size(); }
 
  private:
+  // Empty when positions [0, end) of a sequence with table_ lie inside it.
+  std::string beyond_table(SeqId seq, uint32_t end) const;
   struct Row {
     uint32_t token, pos;
+    SeqId writer;
+    uint64_t stamp;
   };
   KvLayout layout_;
   std::vector<uint32_t> layers_;
-  std::map<DevPtr, Row> rows_;  // row address -> what was written there
+  std::unordered_map<DevPtr, Row> rows_;  // row address -> what was written there
   mutable std::vector<int32_t> table_;
 };
 

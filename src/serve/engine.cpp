@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 #include <queue>
+#include <random>
 #include <stdexcept>
 #include <tuple>
 
@@ -72,6 +73,9 @@ class Engine {
   void sample();
   StepShape shape_of(const StepPlan& plan);
   uint64_t fast_decode(SimTime stop_at);
+  // Runs the executor over the step `plan` describes (before its tokens count as computed).
+  Status execute(const StepPlan& plan);
+  std::string events_since_check();  // what happened since the last check (empty: nothing)
 
   const EngineConfig& c_;
   const std::vector<RequestSpec>& requests_;
@@ -84,6 +88,12 @@ class Engine {
   std::vector<Group> groups_;
   SeqId next_seq_ = 0;
   uint64_t forks_ = 0;
+  std::unique_ptr<StepExecutor> executor_;
+  std::mt19937_64 validate_rng_;
+  struct Events {  // counters whose change triggers a check
+    uint64_t forks = 0, cow = 0, evicted = 0, preemptions = 0, swap_ins = 0;
+  } checked_at_;
+  StepWork work_;
   uint64_t done_ = 0;
   uint64_t length_capped_ = 0;
   SimTime t0_ = 0, last_sample_ = 0;
@@ -179,6 +189,42 @@ void Engine::drop_finished() {
   run.erase(std::remove_if(run.begin(), run.end(),
                            [&](uint32_t g) { return groups_[g].status == GroupStatus::kFinished; }),
             run.end());
+}
+
+std::string Engine::events_since_check() {
+  const KvStats s = kv_->stats();
+  const ServeCounters& k = state_->counters();
+  const Events now{forks_, s.cow_copies, s.evicted_blocks, k.preemptions, k.swap_ins};
+  std::string why;
+  auto add = [&](bool changed, const char* what) {
+    if (changed) why += why.empty() ? what : std::string(", ") + what;
+  };
+  add(now.forks != checked_at_.forks, "fork");
+  add(now.cow != checked_at_.cow, "copy-on-write");
+  add(now.evicted != checked_at_.evicted, "eviction");
+  add(now.preemptions != checked_at_.preemptions, "preemption");
+  add(now.swap_ins != checked_at_.swap_ins, "swap-in");
+  checked_at_ = now;
+  return why;
+}
+
+Status Engine::execute(const StepPlan& plan) {
+  work_.seqs.clear();
+  for (const ScheduledGroup& sg : plan.groups) {
+    const Group& G = groups_[sg.group];
+    for (uint32_t i = 0; i < G.live(); ++i) {
+      const Sequence& s = G.seqs[i];
+      work_.seqs.push_back({G.spec.id, i, s.id, &s.content, G.computed, sg.new_tokens});
+    }
+  }
+  work_.reason = events_since_check();
+  const bool sampled =
+      std::uniform_real_distribution<double>(0, 1)(validate_rng_) < c_.validate_sample;
+  work_.validate = sampled || !work_.reason.empty();
+  if (work_.reason.empty()) work_.reason = "sampled";
+  const Status st = executor_->run_step(work_);
+  ++work_.step;
+  return st;
 }
 
 void Engine::complete_step(const StepPlan& plan) {
@@ -353,6 +399,22 @@ ServingResult Engine::run() {
   build_groups();
   state_ = std::make_unique<ServeState>(*kv_, c_.serve, groups_);
   r_.kv_capacity_tokens = kv_->free_token_capacity();
+  if (c_.executor) {
+    executor_ = c_.executor();
+    if (Status s = executor_->begin(*kv_, backend_, swap_space, c_.serve.swap_space); !s.ok()) {
+      r_.error = fmt::format("step executor: {}", s.error().message);
+      executor_.reset();
+      (void)kv_->shutdown();
+      return r_;
+    }
+    r_.executed = true;
+    validate_rng_.seed(c_.serve.seed ^ 0x76616c6964617465ull);
+    state_->swap_hook = [this](const Sequence& s, SeqId source, uint32_t tokens, bool out) {
+      return out ? executor_->swap_out(s.id, source, s.content, tokens)
+                 : executor_->swap_in(s.id, s.content, tokens);
+    };
+  }
+  const bool fast = c_.fast_decode && !executor_;
 
   const auto wall0 = std::chrono::steady_clock::now();
   t0_ = last_sample_ = clock_.now();
@@ -372,7 +434,7 @@ ServingResult Engine::run() {
       }
       const SimTime stop_at =
           std::min(next_sample, next < groups_.size() ? t0_ + requests_[next].arrival : INT64_MAX);
-      if (c_.fast_decode && fast_decode(stop_at) > 0) {
+      if (fast && fast_decode(stop_at) > 0) {
         if (clock_.now() >= next_sample) {
           sample();
           next_sample = clock_.now() + c_.sample_interval;
@@ -384,6 +446,10 @@ ServingResult Engine::run() {
       scheduler->schedule(*state_, plan);
       for (uint32_t g : state_->finished_now) finish(g);
       state_->finished_now.clear();
+      if (!state_->hook_error.ok()) {
+        r_.error = state_->hook_error.error().message;
+        break;
+      }
       if (state_->step_swap_bytes) clock_.advance(model_.pcie_transfer(state_->step_swap_bytes));
       if (plan.groups.empty()) {
         if (!state_->running.empty()) {
@@ -408,6 +474,12 @@ ServingResult Engine::run() {
         for (uint32_t g : state_->finished_now) finish(g);
         state_->finished_now.clear();
         continue;
+      }
+      if (executor_) {
+        if (Status s = execute(plan); !s.ok()) {
+          r_.error = s.error().message;
+          break;
+        }
       }
       const StepShape shape = shape_of(plan);
       const SimTime step = model_.step_time(shape);
@@ -459,6 +531,10 @@ ServingResult Engine::run() {
                            ? double(r_.counters.prefix_hit_tokens) / r_.counters.prefix_query_tokens
                            : 0;
 
+  if (executor_) {
+    r_.validation = executor_->report();
+    executor_->end();
+  }
   // Everything must come back: live sequences are released, then the pool itself.
   if (r_.error.empty() && done_ == groups_.size() && (r_.kv.slots_allocated || r_.kv.tokens_stored))
     r_.error =

@@ -13,6 +13,7 @@
 #include "sim/workload/requests.h"
 #include "src/kv/registry.h"
 #include "src/serve/serve_state.h"
+#include "src/serve/step_executor.h"
 
 namespace memsim {
 
@@ -27,8 +28,14 @@ struct EngineConfig {
   uint64_t kv_budget_bytes = 0;
   SimTime sample_interval = 100'000'000;  // gauges are sampled every 100 ms of simulated time
   // Run stretches of pure-decode steps together (same results, fewer KV calls); off = the
-  // step-by-step reference path, which tests compare against.
+  // step-by-step reference path, which tests compare against. An executor needs every step, so
+  // it turns this off.
   bool fast_decode = true;
+  // The real work of each step and its validation (null: none, the default simulation).
+  ExecutorFactory executor;
+  // Fraction of steps validated besides those after a fork, copy-on-write, swap-in, preemption
+  // or eviction (seeded from serve.seed; never changes what is simulated).
+  double validate_sample = 0.1;
 };
 
 struct Percentiles {
@@ -55,6 +62,8 @@ struct ServingResult {
   KvStats kv;                  // at the end (before shutdown): pool geometry and counters
   uint64_t kv_capacity_tokens = 0;
   ServeCounters counters;
+  bool executed = false;      // an executor ran every step
+  ExecutorReport validation;  // what it did and checked
   std::vector<MetricsRecorder::Sample> samples;
   std::vector<std::string> series;  // sample.series -> name
 };

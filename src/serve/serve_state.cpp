@@ -129,6 +129,8 @@ void ServeState::preempt(uint32_t g) {
     for (Sequence& s : G.seqs)
       if (s.fork_from < 0) bytes += kv_.seq_bytes(s.id);
     if (swap_used + bytes <= options_.swap_space) {
+      for (Sequence& s : G.seqs)
+        run_swap_hook(s, s.fork_from >= 0 ? G.seqs[s.fork_from].id : s.id, G.computed, true);
       release_seqs(G);
       for (Sequence& s : G.seqs) s.fork_from = -1;
       swap_used += bytes;
@@ -156,8 +158,10 @@ void ServeState::preempt(uint32_t g) {
 
 bool ServeState::swap_in(uint32_t g) {
   Group& G = groups_[g];
+  // The swapped-in KV ([0, computed)) plus room for the tokens the group computes in this very
+  // step (the scheduler schedules it at once): vLLM V0 swaps the blocks in, then appends slots.
   for (size_t i = 0; i < G.seqs.size(); ++i) {
-    if (!grow_seq(G.seqs[i], G.computed, 0, false)) {
+    if (!grow_seq(G.seqs[i], G.num_tokens(), 0, false)) {
       for (size_t j = 0; j < i; ++j) {
         kv_.release(G.seqs[j].id, G.seqs[j].content);
         G.seqs[j].kv_tokens = G.seqs[j].synced = G.seqs[j].capacity = 0;
@@ -165,6 +169,7 @@ bool ServeState::swap_in(uint32_t g) {
       return false;
     }
   }
+  for (Sequence& s : G.seqs) run_swap_hook(s, s.id, G.computed, false);
   swap_used -= G.swapped_bytes;
   step_swap_bytes += G.swapped_bytes;
   counters_.swapped_bytes += G.swapped_bytes;
@@ -174,6 +179,11 @@ bool ServeState::swap_in(uint32_t g) {
   running.push_back(g);
   running_seqs += G.live();
   return true;
+}
+
+void ServeState::run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, bool out) {
+  if (!swap_hook || !hook_error.ok()) return;
+  if (Status st = swap_hook(s, source, tokens, out); !st.ok()) hook_error = st;
 }
 
 void ServeState::release_group(uint32_t g) {

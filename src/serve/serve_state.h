@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,6 +106,12 @@ class ServeState {
   uint64_t swap_used = 0;              // host swap bytes in use
   uint64_t step_swap_bytes = 0;        // PCIe bytes moved by this step (swap out + in)
   std::vector<uint32_t> finished_now;  // ended by the scheduler (truncated / rejected)
+  // Optional (step executors): called for every sequence of a group before its KV is released
+  // to the host swap space (out: reads `source`'s rows; a sample not yet forked reads its
+  // parent's) and after it regrew at swap-in, with the tokens whose KV moves. The first failure
+  // is kept in hook_error; the engine stops the run with it.
+  std::function<Status(const Sequence& s, SeqId source, uint32_t tokens, bool out)> swap_hook;
+  Status hook_error;
 
   // Makes every sequence of g hold `tokens` tokens (forking pending samples/beams first).
   // All-or-nothing per call is not required; false = out of KV memory (counted).
@@ -119,7 +126,8 @@ class ServeState {
   void preempt(uint32_t g);
   // Picks the victim among the running groups per options().victim; its index in running.
   size_t pick_victim() const;
-  // Swaps a swapped group back in; false when its KV does not fit now.
+  // Swaps a swapped group back in with room for its pending tokens (num_tokens(): the step
+  // that swaps it in computes them); false when that does not fit now.
   bool swap_in(uint32_t g);
   // Releases all KV of g (finished), caching its prefix where the strategy does.
   void release_group(uint32_t g);
@@ -133,6 +141,7 @@ class ServeState {
 
  private:
   bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool count_oom = true);
+  void run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, bool out);
   void release_seqs(Group& g);
 
   KvCacheManager& kv_;

@@ -15,6 +15,7 @@
 #include "src/config/requests_loader.h"
 #include "src/graph/registry.h"
 #include "src/kv/registry.h"
+#include "src/serve/content_executor.h"
 #include "src/serve/scheduler.h"
 
 namespace memsim {
@@ -26,11 +27,13 @@ struct EngineSettings {
   std::string graph_memory = "shared_pool";
   uint64_t kv_budget = 0;
   uint32_t max_model_len = 8192;
+  bool validate_content = false;
+  double validate_sample = 0.1;
 };
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
-  node.expect_keys(
-      {"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget", "max_model_len"});
+  node.expect_keys({"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget",
+                    "max_model_len", "validate_content", "validate_sample"});
   if (auto v = node.find("gpu_memory_utilization"))
     e.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
   if (auto v = node.find("enforce_eager")) e.enforce_eager = v->as_bool();
@@ -46,6 +49,8 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   }
   if (auto v = node.find("max_model_len"))
     e.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 24));
+  if (auto v = node.find("validate_content")) e.validate_content = v->as_bool();
+  if (auto v = node.find("validate_sample")) e.validate_sample = v->as_double_in(0.0, 1.0);
   return e;
 }
 
@@ -164,6 +169,8 @@ ServingConfig load_serving_config(const std::string& path,
     run.enforce_eager = e.enforce_eager;
     run.graph_memory = e.graph_memory;
     run.kv_budget_override = e.kv_budget;
+    run.validate_content = e.validate_content;
+    run.validate_sample = e.validate_sample;
     run.requests = *req;
     if (run.label.empty()) run.label = k->params.empty() ? k->impl : k->impl + " " + k->params;
     for (const ServingRunSpec& other : c.runs)
@@ -235,6 +242,8 @@ ServingResults run_serving_experiment(const ServingConfig& c) {
       e.kv_factory = o.spec.kv_factory;
       e.kv_budget_bytes = o.budget.kv_bytes;
       e.sample_interval = c.sample_interval;
+      if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
+      e.validate_sample = o.spec.validate_sample;
       o.result = run_serving(e, c.request_sets[o.spec.requests].requests);
     }
   };

@@ -28,6 +28,8 @@ struct ServingRunSpec {
   uint64_t kv_budget_override = 0;  // engine.kv_budget: fixed bytes instead of the formula
   uint32_t budget_block_size = 16;  // block-table input of the captured graphs
   size_t requests = 0;              // index into ServingConfig::request_sets
+  bool validate_content = false;    // engine.validate_content: the content executor checks tables
+  double validate_sample = 0.1;     // engine.validate_sample
 };
 
 struct ServingConfig {

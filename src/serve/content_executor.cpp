@@ -1,0 +1,85 @@
+// ContentExecutor: token writes and read-back checks on a KvContentShadow; strategy copies reach
+// the shadow through the SimBackend's copy observer, swaps rewrite the sequence's rows.
+#include "src/serve/content_executor.h"
+
+#include <fmt/format.h>
+
+#include "backends/sim/sim_backend.h"
+
+namespace memsim {
+
+Status ContentExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr, uint64_t) {
+  auto* sim = dynamic_cast<SimBackend*>(&backend);
+  if (!sim)
+    return make_error(ErrorCode::kNotSupported,
+                      fmt::format("engine.validate_content shadows KV contents on the sim "
+                                  "backend; the {} backend checks real attention output instead",
+                                  backend.name()));
+  kv_ = &kv;
+  backend_ = &backend;
+  const KvLayout layout = kv.layout();
+  const uint32_t last = static_cast<uint32_t>(layout.k.size()) - 1;
+  shadow_ = std::make_unique<KvContentShadow>(layout, std::vector<uint32_t>{0, last});
+  sim->set_copy_observer(
+      [this](DevPtr dst, DevPtr src, uint64_t bytes) { shadow_->copy(dst, src, bytes); });
+  report_ = {};
+  report_.kind = "content";
+  return {};
+}
+
+Status ContentExecutor::run_step(const StepWork& work) {
+  ++report_.steps;
+  for (const StepSeq& s : work.seqs) {
+    const std::string bad =
+        shadow_->write(*kv_, s.id, *s.content, s.computed, s.computed + s.new_tokens, work.step);
+    if (!bad.empty()) {
+      report_.failure =
+          fmt::format("request {} sample {}, step {}: {}", s.request, s.sample, work.step, bad);
+      return make_error(ErrorCode::kInvalidState, report_.failure);
+    }
+  }
+  if (!work.validate) return {};
+  ++report_.checked_steps;
+  for (const StepSeq& s : work.seqs) {
+    const std::string bad = shadow_->check(*kv_, s.id, *s.content, s.computed + s.new_tokens);
+    if (!bad.empty()) {
+      report_.failure = fmt::format("request {} sample {}, step {} (checked after {}): {}",
+                                    s.request, s.sample, work.step, work.reason, bad);
+      return make_error(ErrorCode::kInvalidState, report_.failure);
+    }
+    ++report_.checked_seqs;
+  }
+  return {};
+}
+
+Status ContentExecutor::swap_out(SeqId seq, SeqId source, const TokenContent& content,
+                                 uint32_t tokens) {
+  // What goes to host memory must be the sequence's own tokens: check the rows read for it.
+  const std::string bad = shadow_->check(*kv_, source, content, tokens);
+  if (!bad.empty())
+    return make_error(ErrorCode::kInvalidState, fmt::format("swap-out of seq {}: {}", seq, bad));
+  swapped_[seq] = tokens;
+  return {};
+}
+
+Status ContentExecutor::swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) {
+  const auto it = swapped_.find(seq);
+  if (it == swapped_.end() || it->second != tokens)
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("swap-in of seq {} ({} tokens) that was not swapped out with "
+                                  "that many",
+                                  seq, tokens));
+  swapped_.erase(it);
+  const std::string bad = shadow_->write(*kv_, seq, content, 0, tokens, report_.steps);
+  if (!bad.empty()) return make_error(ErrorCode::kInvalidState, "swap-in: " + bad);
+  ++report_.swaps;
+  return {};
+}
+
+void ContentExecutor::end() {
+  if (auto* sim = dynamic_cast<SimBackend*>(backend_)) sim->set_copy_observer(nullptr);
+  backend_ = nullptr;
+  kv_ = nullptr;
+}
+
+}  // namespace memsim

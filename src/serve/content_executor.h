@@ -1,0 +1,33 @@
+// content executor: the step executor of the sim backend. It keeps a KvContentShadow of what every
+// K/V row of the first and last layer holds and checks that each scheduled sequence reads its own
+// tokens through its table (engine.validate_content), the check the CUDA executor makes on real
+// attention output, without a GPU.
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "src/kv/kv_content.h"
+#include "src/serve/step_executor.h"
+
+namespace memsim {
+
+class ContentExecutor final : public StepExecutor {
+ public:
+  Status begin(KvCacheManager& kv, Backend& backend, DevPtr swap_space,
+               uint64_t swap_bytes) override;
+  Status run_step(const StepWork& work) override;
+  Status swap_out(SeqId seq, SeqId source, const TokenContent& content, uint32_t tokens) override;
+  Status swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) override;
+  void end() override;
+  ExecutorReport report() const override { return report_; }
+
+ private:
+  KvCacheManager* kv_ = nullptr;
+  Backend* backend_ = nullptr;
+  std::unique_ptr<KvContentShadow> shadow_;
+  std::map<SeqId, uint32_t> swapped_;  // swapped-out sequence -> tokens saved
+  ExecutorReport report_;
+};
+
+}  // namespace memsim

@@ -1,0 +1,74 @@
+// Role interface of step executors: the real work of a serving engine step (the new tokens' K/V
+// written through the KV strategy's tables, attention over them, the copies of swaps) and the
+// validation of what every sequence reads. The engine runs it between scheduling and sampling.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "src/kv/kv_cache_manager.h"
+#include "src/kv/token_content.h"
+
+namespace memsim {
+
+// One sequence of a step: it computes tokens [computed, computed + new_tokens) of `content`.
+struct StepSeq {
+  uint64_t request = 0;  // RequestSpec id (for messages)
+  uint32_t sample = 0;   // its index among the request's sequences (n samples, beams)
+  SeqId id = 0;
+  const TokenContent* content = nullptr;  // every token the sequence will hold
+  uint32_t computed = 0;                  // tokens whose KV exists before the step
+  uint32_t new_tokens = 0;                // 1 for a decode, the chunk for a prefill
+};
+
+struct StepWork {
+  uint64_t step = 0;  // engine step number, from 0
+  std::vector<StepSeq> seqs;
+  bool validate = false;  // check every scheduled sequence this step
+  std::string reason;     // why ("sampled", "fork", "copy-on-write", "swap-in", ...)
+};
+
+// What an executor did over a run.
+struct ExecutorReport {
+  std::string kind;  // "content" (CPU shadow) or "cuda"
+  uint64_t steps = 0;
+  uint64_t checked_steps = 0;
+  uint64_t checked_seqs = 0;  // sequence checks that passed
+  uint64_t swaps = 0;         // sequences swapped out and back in with their contents
+  std::string failure;        // the first failed check ("request R sample S, step N, ...")
+};
+
+// Contract (every implementation):
+// - begin(kv, backend, swap_space, swap_bytes) once the pool exists (kv.layout() is then fixed);
+//   end() before the pool is shut down. swap_space is the engine's pinned host swap buffer (0
+//   without one).
+// - run_step(work): the strategy holds capacity for computed + new_tokens tokens of every
+//   sequence (seq_table covers them). The executor writes the new tokens' K and V, a
+//   deterministic function of (token, position, layer), so a shared prefix holds identical K/V as
+//   in a real model. With work.validate it checks each sequence against a reference built from its
+//   own tokens, independent of the tables; a mismatch returns kInvalidState whose message names
+//   the request, sample, step and position (or layer), and the engine stops the run with it.
+// - swap_out(seq, source, content, tokens) just before the engine releases a sequence whose KV
+//   goes to the host swap space: tokens [0, tokens) are saved as `seq`'s, read through
+//   `source`'s table (a sample not yet forked in the pool reads its parent's rows).
+//   swap_in(seq, content, tokens) after the sequence regrew into new blocks brings them back.
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual Status begin(KvCacheManager& kv, Backend& backend, DevPtr swap_space,
+                       uint64_t swap_bytes) = 0;
+  virtual Status run_step(const StepWork& work) = 0;
+  virtual Status swap_out(SeqId seq, SeqId source, const TokenContent& content,
+                          uint32_t tokens) = 0;
+  virtual Status swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) = 0;
+  virtual void end() = 0;
+  virtual ExecutorReport report() const = 0;
+};
+
+using ExecutorFactory = std::function<std::unique_ptr<StepExecutor>()>;
+
+}  // namespace memsim

@@ -1,0 +1,158 @@
+// The serving engine with a step executor (the content executor of engine.validate_content):
+// every strategy reads its own tokens through its tables while serving prefix sharing, parallel
+// samples, beams, preemption by recompute and by swap; validation leaves the simulation as it
+// was; a wrong table fails the run naming the request, sample and step.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/config/config_node.h"
+#include "src/config/loaders.h"
+#include "src/serve/content_executor.h"
+#include "src/serve/engine.h"
+#include "tests/kv_test_util.h"
+
+namespace memsim::test {
+namespace {
+
+GpuSpec h200() {
+  const char* root = std::getenv("MEMSIM_SOURCE_ROOT");
+  REQUIRE(root != nullptr);
+  return load_gpu_spec(ConfigNode::load_file(std::string(root) + "/configs/gpus/h200.yaml"));
+}
+
+struct Load {
+  const char* name;
+  uint32_t prefix_groups = 0, n = 1, beam = 1;
+  uint64_t budget = 6 * kGiB;
+  Preemption preemption = Preemption::kRecompute;
+};
+
+std::vector<RequestSpec> requests(const Load& l) {
+  SyntheticRequestsConfig s;
+  s.count = 120;
+  s.seed = 11;
+  s.arrival.rate = 40;
+  s.prompt = {LengthDist::kLognormal, 0, 16, 2048, 500, 0.8};
+  s.output = {LengthDist::kUniform, 0, 4, 200, 0, 0};
+  if (l.prefix_groups) s.prefix = {l.prefix_groups, 256, 1.0};
+  s.n = l.n;
+  s.beam_width = l.beam;
+  return generate_requests(s);
+}
+
+EngineConfig engine(const std::string& kv_yaml, const Load& l) {
+  EngineConfig e;
+  e.model = model_from_configs("llama-3.1-8b");
+  e.gpu = h200();
+  const ConfigNode node = ConfigNode::parse(kv_yaml, "test.yaml");
+  e.kv_impl = node["impl"].as_string();
+  e.kv_factory = find_kv_strategy(e.kv_impl)->parse(node);
+  e.kv_budget_bytes = l.budget;
+  e.serve.max_model_len = 4096;
+  e.serve.preemption = l.preemption;
+  e.serve.swap_space = 16 * kGiB;
+  e.executor = [] { return std::make_unique<ContentExecutor>(); };
+  e.validate_sample = 0.2;
+  return e;
+}
+
+const std::vector<Load>& loads() {
+  static const std::vector<Load> all = {
+      {"prefix groups", 4},
+      {"n = 4 samples", 0, 4},
+      {"beam 4", 0, 1, 4},
+      {"overload, recompute", 2, 1, 1, 1 * kGiB, Preemption::kRecompute},
+      {"overload, swap", 0, 1, 1, 1 * kGiB, Preemption::kSwap},
+      {"n = 4 overload, swap", 0, 4, 1, 2 * kGiB, Preemption::kSwap},
+  };
+  return all;
+}
+
+TEST_CASE("every strategy's sequences read their own tokens while serving") {
+  for (const char* kv :
+       {"{impl: paged_block_pool}", "{impl: paged_block_pool, block_size: 1}",
+        "{impl: paged_block_pool, layout: per_layer}",
+        "{impl: paged_block_pool, copy_on_write: false}", "{impl: radix_token_pool}",
+        "{impl: radix_token_pool, page_size: 16}", "{impl: static_contiguous}",
+        "{impl: vmm_contiguous}", "{impl: vmm_contiguous, reclaim: deferred}"}) {
+    for (const Load& l : loads()) {
+      const auto reqs = requests(l);
+      const ServingResult r = run_serving(engine(kv, l), reqs);
+      INFO(kv << ", " << l.name << ": " << r.error);
+      REQUIRE(r.error.empty());
+      CHECK(r.finished == reqs.size());
+      REQUIRE(r.executed);
+      CHECK(r.validation.kind == "content");
+      CHECK(r.validation.failure.empty());
+      CHECK(r.validation.steps == r.steps);
+      CHECK(r.validation.checked_steps > 0);
+      CHECK(r.validation.checked_seqs > 0);
+      if (l.preemption == Preemption::kSwap && r.counters.swap_ins > 0)
+        CHECK(r.validation.swaps > 0);
+    }
+  }
+}
+
+TEST_CASE("swap preemption happens in the swap loads (the checks above cover swap-ins)") {
+  for (const Load& l : loads()) {
+    if (l.preemption != Preemption::kSwap) continue;
+    const ServingResult r = run_serving(engine("{impl: paged_block_pool}", l), requests(l));
+    INFO(l.name);
+    REQUIRE(r.error.empty());
+    CHECK(r.counters.swap_ins > 0);
+    CHECK(r.validation.swaps >= r.counters.swap_ins);  // every sequence of a swapped group
+  }
+}
+
+TEST_CASE("validation leaves the simulated figures as the step-by-step path gives them") {
+  for (const Load& l : loads()) {
+    const auto reqs = requests(l);
+    EngineConfig e = engine("{impl: radix_token_pool, page_size: 4}", l);
+    const ServingResult checked = run_serving(e, reqs);
+    e.executor = nullptr;
+    e.fast_decode = false;
+    const ServingResult plain = run_serving(e, reqs);
+    INFO(l.name);
+    REQUIRE(checked.error.empty());
+    REQUIRE(plain.error.empty());
+    CHECK(checked.sim_time == plain.sim_time);
+    CHECK(checked.steps == plain.steps);
+    CHECK(checked.output_tokens == plain.output_tokens);
+    CHECK(checked.ttft_ms.p99 == plain.ttft_ms.p99);
+    CHECK(checked.counters.preemptions == plain.counters.preemptions);
+    CHECK(checked.kv.cow_copies == plain.kv.cow_copies);
+    CHECK(checked.peak_used_blocks == plain.peak_used_blocks);
+  }
+}
+
+TEST_CASE("a wrong block table fails the run naming the request, sample and step") {
+  const Load l{"plain", 0};
+  EngineConfig e = engine("{impl: paged_block_pool}", l);
+  const KvFactory real = e.kv_factory;
+  e.kv_factory = [real] {
+    auto lying = std::make_unique<LyingTable>(real());
+    // Once a sequence's table grew past its first size (a decode crossed into a new block), it
+    // reports blocks 0 and 1 swapped: rows written at prefill are then read from the wrong block.
+    auto first = std::make_shared<std::map<SeqId, size_t>>();
+    lying->lie = [first](SeqId s, std::vector<int32_t>* t) {
+      const size_t at_first = first->emplace(s, t->size()).first->second;
+      if (t->size() > at_first && t->size() >= 2) std::swap((*t)[0], (*t)[1]);
+    };
+    return lying;
+  };
+  e.validate_sample = 1.0;  // check every step
+  const ServingResult r = run_serving(e, requests(l));
+  INFO(r.error);
+  CHECK(r.error.rfind("request ", 0) == 0);
+  CHECK(r.error.find(" sample 0, step ") != std::string::npos);
+  CHECK(r.error.find(" position 0 layer 0 K: row ") != std::string::npos);
+  CHECK(r.error.find("of position 16") != std::string::npos);
+  CHECK(r.validation.failure == r.error);
+}
+
+}  // namespace
+}  // namespace memsim::test
