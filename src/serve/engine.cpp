@@ -56,7 +56,7 @@ class Engine {
   Engine(const EngineConfig& c, const std::vector<RequestSpec>& requests)
       : c_(c),
         requests_(requests),
-        backend_(c.gpu, clock_),
+
         metrics_(clock_),
         model_(c.model, c.gpu) {}
 
@@ -80,7 +80,7 @@ class Engine {
   const EngineConfig& c_;
   const std::vector<RequestSpec>& requests_;
   SimClock clock_;
-  SimBackend backend_;
+  std::unique_ptr<Backend> backend_;
   MetricsRecorder metrics_;
   StepTimeModel model_;
   std::unique_ptr<KvCacheManager> kv_;
@@ -383,13 +383,23 @@ ServingResult Engine::run() {
   init.budget_bytes = c_.kv_budget_bytes;
   init.max_num_seqs = c_.serve.max_num_seqs;
   init.max_model_len = c_.serve.max_model_len;
-  if (Status s = kv_->init(backend_, init); !s.ok()) {
+  if (c_.backend) {
+    auto made = c_.backend(c_.gpu, clock_);
+    if (!made.ok()) {
+      r_.error = fmt::format("backend: {}", made.error().message);
+      return r_;
+    }
+    backend_ = std::move(made).value();
+  } else {
+    backend_ = std::make_unique<SimBackend>(c_.gpu, clock_);
+  }
+  if (Status s = kv_->init(*backend_, init); !s.ok()) {
     r_.error = fmt::format("KV cache init: {}", s.error().message);
     return r_;
   }
   DevPtr swap_space = 0;
   if (c_.serve.preemption == Preemption::kSwap && c_.serve.swap_space) {
-    auto host = backend_.host_malloc_pinned(c_.serve.swap_space);
+    auto host = backend_->host_malloc_pinned(c_.serve.swap_space);
     if (!host.ok()) {
       r_.error = fmt::format("swap space: {}", host.error().message);
       return r_;
@@ -401,7 +411,7 @@ ServingResult Engine::run() {
   r_.kv_capacity_tokens = kv_->free_token_capacity();
   if (c_.executor) {
     executor_ = c_.executor();
-    if (Status s = executor_->begin(*kv_, backend_, swap_space, c_.serve.swap_space); !s.ok()) {
+    if (Status s = executor_->begin(*kv_, *backend_, swap_space, c_.serve.swap_space); !s.ok()) {
       r_.error = fmt::format("step executor: {}", s.error().message);
       executor_.reset();
       (void)kv_->shutdown();
@@ -540,10 +550,10 @@ ServingResult Engine::run() {
     r_.error =
         fmt::format("{} KV slots still allocated after the last request", r_.kv.slots_allocated);
   if (Status s = kv_->shutdown(); !s.ok() && r_.error.empty()) r_.error = s.error().message;
-  if (swap_space) (void)backend_.host_free_pinned(swap_space);
-  if (r_.error.empty() && backend_.usage().physical_bytes != 0)
+  if (swap_space) (void)backend_->host_free_pinned(swap_space);
+  if (r_.error.empty() && backend_->usage().physical_bytes != 0)
     r_.error =
-        fmt::format("{} device bytes still held after shutdown", backend_.usage().physical_bytes);
+        fmt::format("{} device bytes still held after shutdown", backend_->usage().physical_bytes);
   r_.samples = metrics_.samples();
   for (size_t i = 0; i < metrics_.series_count(); ++i)
     r_.series.push_back(metrics_.name(static_cast<MetricsRecorder::SeriesId>(i)));

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backends/sim/cost_model.h"
+#include "sim/clock.h"
 #include "sim/metrics.h"
 #include "sim/workload/model_shape.h"
 #include "sim/workload/requests.h"
@@ -31,6 +34,9 @@ struct EngineConfig {
   // step-by-step reference path, which tests compare against. An executor needs every step, so
   // it turns this off.
   bool fast_decode = true;
+  // The backend the KV strategy allocates through (null: a SimBackend of `gpu`); it runs on the
+  // engine's clock. The CUDA serving path passes a CudaBackend.
+  std::function<Result<std::unique_ptr<Backend>>(const GpuSpec&, SimClock&)> backend;
   // The real work of each step and its validation (null: none, the default simulation).
   ExecutorFactory executor;
   // Fraction of steps validated besides those after a fork, copy-on-write, swap-in, preemption
