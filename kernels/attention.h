@@ -25,6 +25,12 @@ cudaError_t copy_blocks(const BlockCopyArgs& args, cudaStream_t stream);
 // into one word per CTA of `sink` (device memory, at least 4096 words). bytes a multiple of 16.
 cudaError_t read_bandwidth(uint64_t p, uint64_t bytes, uint32_t* sink, cudaStream_t stream);
 
+// Row i of `rows` rows of `row_elems` elements at `out` gets synth_value(a[i], b[i], salt, e)
+// (kernels/synth.h) rounded to `dtype`: K/V of tokens (a = token, b = position), Q of requests.
+// a and b are device arrays.
+cudaError_t synth_rows(KvDtype dtype, uint64_t out, uint32_t rows, uint32_t row_elems,
+                       const uint32_t* a, const uint32_t* b, uint32_t salt, cudaStream_t stream);
+
 // Fills `count` elements at `ptr` with uniform values in [-1, 1) of `dtype`, a deterministic
 // function of (seed, index) (benchmark and test data: never zeros, never NaN).
 cudaError_t random_half(KvDtype dtype, uint64_t ptr, uint64_t count, uint64_t seed,

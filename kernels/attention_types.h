@@ -152,6 +152,11 @@ struct BlockCopyArgs {
   uint32_t regions = 1;
   const int64_t* pairs = nullptr;  // [num_pairs, 2] {src block, dst block}, device-readable
   uint32_t num_pairs = 0;
+  // Optional device arrays of `regions` base addresses (regions not evenly spaced, e.g.
+  // vAttention's per-layer tensors; each 16-byte aligned); when set they replace
+  // src/dst + r x region stride.
+  const uint64_t* src_regions = nullptr;
+  const uint64_t* dst_regions = nullptr;
 };
 
 }  // namespace memsim::kernels

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kernels/attention.h"
+#include "kernels/synth.h"
 
 namespace memsim::kernels {
 namespace {
@@ -45,6 +46,8 @@ __global__ void __launch_bounds__(kThreads) KvWriteKernel(const __grid_constant_
 struct BlockCopyParams {
   const uint8_t* src;
   uint8_t* dst;
+  const uint64_t* src_regions;  // optional per-region bases
+  const uint64_t* dst_regions;
   uint64_t src_region_stride, dst_region_stride;
   uint64_t src_block_stride, dst_block_stride;
   uint64_t block_bytes;
@@ -55,10 +58,13 @@ struct BlockCopyParams {
 __global__ void __launch_bounds__(256) BlockCopyKernel(const __grid_constant__ BlockCopyParams p) {
   const uint64_t from = static_cast<uint64_t>(p.pairs[2 * blockIdx.x]);
   const uint64_t to = static_cast<uint64_t>(p.pairs[2 * blockIdx.x + 1]);
-  const auto* s = reinterpret_cast<const uint4*>(p.src + blockIdx.y * p.src_region_stride +
-                                                 from * p.src_block_stride);
-  auto* d =
-      reinterpret_cast<uint4*>(p.dst + blockIdx.y * p.dst_region_stride + to * p.dst_block_stride);
+  const uint8_t* src_base = p.src_regions
+                                ? reinterpret_cast<const uint8_t*>(p.src_regions[blockIdx.y])
+                                : p.src + blockIdx.y * p.src_region_stride;
+  uint8_t* dst_base = p.dst_regions ? reinterpret_cast<uint8_t*>(p.dst_regions[blockIdx.y])
+                                    : p.dst + blockIdx.y * p.dst_region_stride;
+  const auto* s = reinterpret_cast<const uint4*>(src_base + from * p.src_block_stride);
+  auto* d = reinterpret_cast<uint4*>(dst_base + to * p.dst_block_stride);
   for (uint64_t c = threadIdx.x; c < p.block_bytes / 16; c += blockDim.x) d[c] = s[c];
 }
 
@@ -86,6 +92,27 @@ __global__ void __launch_bounds__(512) ReadBandwidthKernel(const __grid_constant
   }
   for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
   if ((threadIdx.x & 31) == 0) atomicXor(p.sink + blockIdx.x, acc);
+}
+
+struct SynthParams {
+  uint16_t* out;
+  const uint32_t* a;
+  const uint32_t* b;
+  uint32_t rows, row_elems, salt;
+  bool fp16;
+};
+
+// Grid-stride over (row, element) pairs.
+__global__ void __launch_bounds__(256) SynthRowsKernel(const __grid_constant__ SynthParams p) {
+  const uint64_t n = uint64_t{p.rows} * p.row_elems;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint32_t r = static_cast<uint32_t>(i / p.row_elems);
+    const uint32_t e = static_cast<uint32_t>(i % p.row_elems);
+    const float x = synth_value(p.a[r], p.b[r], p.salt, e);
+    p.out[i] = p.fp16 ? __half_as_ushort(__float2half_rn(x))
+                      : __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
 }
 
 struct RandomParams {
@@ -143,13 +170,15 @@ cudaError_t paged_kv_write(const AttentionShape& shape, const KvWriteArgs& a, cu
 
 cudaError_t copy_blocks(const BlockCopyArgs& a, cudaStream_t stream) {
   if (a.num_pairs == 0 || a.regions == 0 || a.block_bytes == 0) return cudaSuccess;
-  if (a.pairs == nullptr || a.regions > 65535 || !aligned16(a.src) || !aligned16(a.dst) ||
-      !aligned16(a.block_bytes) || !aligned16(a.src_block_stride) ||
-      !aligned16(a.dst_block_stride) || !aligned16(a.src_region_stride) ||
-      !aligned16(a.dst_region_stride))
+  if (a.pairs == nullptr || a.regions > 65535 || (!a.src_regions && !aligned16(a.src)) ||
+      (!a.dst_regions && !aligned16(a.dst)) || !aligned16(a.block_bytes) ||
+      !aligned16(a.src_block_stride) || !aligned16(a.dst_block_stride) ||
+      !aligned16(a.src_region_stride) || !aligned16(a.dst_region_stride))
     return cudaErrorInvalidValue;
   BlockCopyParams p{reinterpret_cast<const uint8_t*>(a.src),
                     reinterpret_cast<uint8_t*>(a.dst),
+                    a.src_regions,
+                    a.dst_regions,
                     a.src_region_stride,
                     a.dst_region_stride,
                     a.src_block_stride,
@@ -183,6 +212,18 @@ cudaError_t random_half(KvDtype dtype, uint64_t ptr, uint64_t count, uint64_t se
   const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 8192));
   RandomParams p{reinterpret_cast<uint16_t*>(ptr), count, seed, dtype == KvDtype::kFp16};
   RandomHalfKernel<<<blocks, 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t synth_rows(KvDtype dtype, uint64_t out, uint32_t rows, uint32_t row_elems,
+                       const uint32_t* a, const uint32_t* b, uint32_t salt, cudaStream_t stream) {
+  if (rows == 0 || row_elems == 0) return cudaSuccess;
+  if (out % 2 != 0 || a == nullptr || b == nullptr) return cudaErrorInvalidValue;
+  const uint64_t n = uint64_t{rows} * row_elems;
+  const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((n + 255) / 256, 16384));
+  SynthParams p{reinterpret_cast<uint16_t*>(out), a, b, rows, row_elems, salt,
+                dtype == KvDtype::kFp16};
+  SynthRowsKernel<<<blocks, 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/synth.h"
 
 namespace memsim::kernels {
 namespace {
@@ -547,6 +548,50 @@ TEST_CASE("copy_blocks copies blocks of every region; swap round-trips through p
                       [](uint8_t x) { return x == 0; }));  // block 8 was not swapped back
   }
   cudaFreeHost(host);
+}
+
+TEST_CASE("synth_rows gives the host's synth_value bits, bf16 and fp16") {
+  const std::vector<uint32_t> a = {0, 1, 77, 0xffffffffu, 5}, b = {0, 0, 9, 123456, 5};
+  const uint32_t elems = 1024;
+  DevBuf<uint32_t> da(a), db(b);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16}) {
+    DevBuf<uint16_t> out(a.size() * elems);
+    CUDA_OK(synth_rows(dt, out.addr(), static_cast<uint32_t>(a.size()), elems, da.p, db.p,
+                       synth_salt_v(7), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = out.download();
+    for (size_t r = 0; r < a.size(); ++r)
+      for (uint32_t e = 0; e < elems; ++e)
+        REQUIRE(got[r * elems + e] == to_half(dt, synth_value(a[r], b[r], synth_salt_v(7), e)));
+  }
+}
+
+TEST_CASE("copy_blocks takes per-region base addresses (unevenly spaced regions)") {
+  const uint64_t block = 512;
+  std::vector<uint8_t> data(1 << 16);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+  DevBuf<uint8_t> src(data), dst(std::vector<uint8_t>(1 << 16, 0));
+  const std::vector<uint64_t> src_regions = {src.addr() + 4096, src.addr(), src.addr() + 40960};
+  const std::vector<uint64_t> dst_regions = {dst.addr() + 1024, dst.addr() + 20480,
+                                             dst.addr() + 8192};
+  DevBuf<uint64_t> sr(src_regions), dr(dst_regions);
+  DevBuf<int64_t> pairs(std::vector<int64_t>{3, 0, 1, 5});
+  BlockCopyArgs c;
+  c.src_regions = sr.p;
+  c.dst_regions = dr.p;
+  c.src_block_stride = c.dst_block_stride = block;
+  c.block_bytes = block;
+  c.regions = 3;
+  c.pairs = pairs.p;
+  c.num_pairs = 2;
+  CUDA_OK(copy_blocks(c, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint8_t> want(1 << 16, 0);
+  for (size_t r = 0; r < 3; ++r)
+    for (auto [from, to] : {std::pair<uint64_t, uint64_t>{3, 0}, {1, 5}})
+      std::copy_n(data.begin() + (src_regions[r] - src.addr()) + from * block, block,
+                  want.begin() + (dst_regions[r] - dst.addr()) + to * block);
+  CHECK(dst.download() == want);
 }
 
 TEST_CASE("launchers reject bad arguments without launching") {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -11,6 +12,7 @@
 #include "kernels/attention_tiles.h"
 #include "kernels/attention_types.h"
 #include "kernels/fastdiv.h"
+#include "kernels/synth.h"
 
 namespace memsim::kernels {
 namespace {
@@ -127,6 +129,30 @@ TEST_CASE("prefill work lists cover every query token once, longest KV range fir
     for (size_t s = 0; s < q_lens.size(); ++s)
       CHECK(seen[static_cast<int32_t>(s)].size() == (q_lens[s] + per - 1) / per);
   }
+}
+
+TEST_CASE("synth_value is deterministic, in [-1, 1) on a 2^-23 grid, and keyed") {
+  double sum = 0;
+  std::set<float> seen;
+  for (uint32_t e = 0; e < 4096; ++e) {
+    const float x = synth_value(17, 4, synth_salt_k(3), e);
+    REQUIRE(x == synth_value(17, 4, synth_salt_k(3), e));
+    REQUIRE(x >= -1.f);
+    REQUIRE(x < 1.f);
+    const double grid = (double(x) + 1.0) * 8388608.0;  // an integer on the 2^-23 grid
+    REQUIRE(grid == std::floor(grid));
+    sum += x;
+    seen.insert(x);
+  }
+  CHECK(std::abs(sum / 4096) < 0.05);
+  CHECK(seen.size() > 4000);
+  // Every key changes the values: token, position, layer, K vs V vs Q.
+  const float base = synth_value(17, 4, synth_salt_k(3), 9);
+  CHECK(synth_value(18, 4, synth_salt_k(3), 9) != base);
+  CHECK(synth_value(17, 5, synth_salt_k(3), 9) != base);
+  CHECK(synth_value(17, 4, synth_salt_k(4), 9) != base);
+  CHECK(synth_value(17, 4, synth_salt_v(3), 9) != base);
+  CHECK(synth_value(17, 4, synth_salt_q(3), 9) != base);
 }
 
 }  // namespace
