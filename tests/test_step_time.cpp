@@ -92,6 +92,10 @@ TEST_CASE("step time: a hand-computed case, exact to the nanosecond", "[step_tim
   CHECK(b.bound == StepBound::kCompute);
   CHECK(m.step_time(StepShape{2, 3, 10, 5}) == 2200);
   CHECK(m.pcie_transfer(12345) == 12345);
+  // Attention share: max(80 FLOPs at 1/ns, (10 + 3) x 8 KV bytes at 2 B/ns) = max(80, 52).
+  CHECK(m.attention_time(StepShape{2, 3, 10, 5}) == 80);
+  CHECK(m.attention_time(StepShape{2, 3, 1000, 5}) == 4012);  // (1000 + 3) x 8 / 2
+  CHECK(m.attention_time(StepShape{}) == 0);
 
   // No token computed: no step.
   CHECK(m.step_time(StepShape{}) == 0);

@@ -78,6 +78,13 @@ StepBreakdown StepTimeModel::breakdown(const StepShape& s) const {
   return b;
 }
 
+SimTime StepTimeModel::attention_time(const StepShape& s) const {
+  if (s.new_tokens == 0) return 0;
+  const double flops = attn_flops_per_pair_ * s.attn_pairs;
+  const double bytes = static_cast<double>((s.kv_read_tokens + s.new_tokens) * kv_bytes_per_token_);
+  return std::max(seconds_to_ns(flops / flops_per_s_), seconds_to_ns(bytes / bytes_per_s_));
+}
+
 SimTime StepTimeModel::pcie_transfer(uint64_t bytes) const {
   return seconds_to_ns(static_cast<double>(bytes) / pcie_bytes_per_s_);
 }

@@ -66,6 +66,10 @@ class StepTimeModel {
 
   SimTime step_time(const StepShape& s) const { return breakdown(s).total_ns; }
   StepBreakdown breakdown(const StepShape& s) const;
+  // The attention share of a step (every layer), for comparison with the attention kernels
+  // measured on a GPU: max(attention FLOPs / achieved FLOP/s, (KV read + KV written) bytes /
+  // achieved bandwidth). Part of step_time's roofline, not added to it.
+  SimTime attention_time(const StepShape& s) const;
   // Host<->device copy of `bytes` over PCIe (KV swap): bytes / pcie bandwidth, no fixed latency.
   SimTime pcie_transfer(uint64_t bytes) const;
 

@@ -222,6 +222,7 @@ Status Engine::execute(const StepPlan& plan) {
       std::uniform_real_distribution<double>(0, 1)(validate_rng_) < c_.validate_sample;
   work_.validate = sampled || !work_.reason.empty();
   if (work_.reason.empty()) work_.reason = "sampled";
+  work_.simulated_attention = model_.attention_time(shape_of(plan));
   const Status st = executor_->run_step(work_);
   ++work_.step;
   return st;

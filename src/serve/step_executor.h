@@ -28,8 +28,9 @@ struct StepSeq {
 struct StepWork {
   uint64_t step = 0;  // engine step number, from 0
   std::vector<StepSeq> seqs;
-  bool validate = false;  // check every scheduled sequence this step
-  std::string reason;     // why ("sampled", "fork", "copy-on-write", "swap-in", ...)
+  bool validate = false;            // check every scheduled sequence this step
+  std::string reason;               // why ("sampled", "fork", "copy-on-write", "swap-in", ...)
+  SimTime simulated_attention = 0;  // the step-time model's attention share (all layers)
 };
 
 // What an executor did over a run.
@@ -40,6 +41,11 @@ struct ExecutorReport {
   uint64_t checked_seqs = 0;  // sequence checks that passed
   uint64_t swaps = 0;         // sequences swapped out and back in with their contents
   std::string failure;        // the first failed check ("request R sample S, step N, ...")
+  // GPU executors: KV writes + attention of the layers run, measured with events, against the
+  // simulated attention time of the same steps (scaled to the layers run).
+  double measured_attention_s = 0, simulated_attention_s = 0;
+  uint32_t layers_run = 0;
+  uint64_t device_kv_bytes = 0;  // cudaMemGetInfo drop when the KV pool was created
 };
 
 // Contract (every implementation):
