@@ -7,6 +7,7 @@
 #include "memsim_config.h"
 #if MEMSIM_HAVE_CUDA
 #include "src/app/calibrate.h"
+#include "src/app/cuda_serving.h"
 #include "src/app/cuda_validation.h"
 #endif
 #include "src/app/serving_writers.h"
@@ -19,9 +20,10 @@ namespace {
 constexpr int kExitConfigError = 2;
 constexpr int kExitRunFailure = 1;
 
-// experiments/kv_*.yaml: requests through KV-cache strategies and schedulers.
+// experiments/kv_*.yaml: requests through KV-cache strategies and schedulers; with --backend
+// cuda every run's KV pool and attention run on the GPU.
 int run_serving_main(const std::string& config_path, const std::vector<std::string>& overrides,
-                     const std::string& out_dir) {
+                     const std::string& out_dir, bool cuda) {
   memsim::ServingConfig config;
   try {
     config = memsim::load_serving_config(config_path, overrides);
@@ -29,7 +31,20 @@ int run_serving_main(const std::string& config_path, const std::vector<std::stri
     std::cerr << "memsim: config error: " << e.what() << "\n";
     return kExitConfigError;
   }
-  const memsim::ServingResults results = memsim::run_serving_experiment(config);
+  memsim::ServingRunHooks hooks;
+#if MEMSIM_HAVE_CUDA
+  if (cuda) {
+    auto made = memsim::cuda_serving_hooks(config);
+    if (!made.ok()) {
+      std::cerr << "memsim: --backend cuda: " << made.error().message << "\n";
+      return kExitConfigError;
+    }
+    hooks = std::move(made).value();
+  }
+#else
+  (void)cuda;
+#endif
+  const memsim::ServingResults results = memsim::run_serving_experiment(config, hooks);
   std::cout << memsim::format_serving_table(config, results);
   const std::string dir = (std::filesystem::path(out_dir) / config.experiment).string();
   if (std::string err = memsim::write_serving_outputs(config, results, dir); !err.empty()) {
@@ -38,6 +53,9 @@ int run_serving_main(const std::string& config_path, const std::vector<std::stri
   }
   std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv\n", dir);
   std::cout << memsim::plot_serving(config, dir) << "\n";
+#if MEMSIM_HAVE_CUDA
+  if (cuda) return memsim::report_cuda_serving(config, results, dir, std::cout);
+#endif
   for (const auto& r : results.runs)
     if (!r.result.error.empty()) return kExitRunFailure;
   return 0;
@@ -118,14 +136,8 @@ int main(int argc, char** argv) {
   }
 #endif
   if (memsim::is_serving_config(config_path)) {
-    if (backend == "cuda") {
-      std::cerr << "memsim: --backend cuda: serving experiments (KV-cache strategies and "
-                   "schedulers) run on the sim backend only; the CUDA backend validates the "
-                   "graph-memory experiments (experiments/shapes.yaml)\n";
-      return kExitConfigError;
-    }
     if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
-    return run_serving_main(config_path, overrides, out_dir);
+    return run_serving_main(config_path, overrides, out_dir, backend == "cuda");
   }
   memsim::ShapesConfig config;
   try {

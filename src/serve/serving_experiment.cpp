@@ -29,11 +29,12 @@ struct EngineSettings {
   uint32_t max_model_len = 8192;
   bool validate_content = false;
   double validate_sample = 0.1;
+  uint32_t gpu_layers = 0;
 };
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys({"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget",
-                    "max_model_len", "validate_content", "validate_sample"});
+                    "max_model_len", "validate_content", "validate_sample", "gpu_layers"});
   if (auto v = node.find("gpu_memory_utilization"))
     e.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
   if (auto v = node.find("enforce_eager")) e.enforce_eager = v->as_bool();
@@ -51,6 +52,8 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
     e.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 24));
   if (auto v = node.find("validate_content")) e.validate_content = v->as_bool();
   if (auto v = node.find("validate_sample")) e.validate_sample = v->as_double_in(0.0, 1.0);
+  if (auto v = node.find("gpu_layers"))
+    e.gpu_layers = static_cast<uint32_t>(v->as_uint_in(1, 4096));
   return e;
 }
 
@@ -171,6 +174,7 @@ ServingConfig load_serving_config(const std::string& path,
     run.kv_budget_override = e.kv_budget;
     run.validate_content = e.validate_content;
     run.validate_sample = e.validate_sample;
+    run.gpu_layers = e.gpu_layers;
     run.requests = *req;
     if (run.label.empty()) run.label = k->params.empty() ? k->impl : k->impl + " " + k->params;
     for (const ServingRunSpec& other : c.runs)
@@ -189,7 +193,7 @@ ServingConfig load_serving_config(const std::string& path,
   return c;
 }
 
-ServingResults run_serving_experiment(const ServingConfig& c) {
+ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHooks& hooks) {
   ServingResults out;
   out.runs.resize(c.runs.size());
   const auto wall0 = std::chrono::steady_clock::now();
@@ -244,11 +248,14 @@ ServingResults run_serving_experiment(const ServingConfig& c) {
       e.sample_interval = c.sample_interval;
       if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
       e.validate_sample = o.spec.validate_sample;
+      if (hooks.customize) hooks.customize(o.spec, e);
       o.result = run_serving(e, c.request_sets[o.spec.requests].requests);
     }
   };
   const size_t threads =
-      std::min<size_t>(c.runs.size(), std::max(1u, std::thread::hardware_concurrency()));
+      hooks.serial
+          ? 1
+          : std::min<size_t>(c.runs.size(), std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct ServingRunSpec {
   size_t requests = 0;              // index into ServingConfig::request_sets
   bool validate_content = false;    // engine.validate_content: the content executor checks tables
   double validate_sample = 0.1;     // engine.validate_sample
+  uint32_t gpu_layers = 0;          // engine.gpu_layers: layers run on the GPU (0 = all)
 };
 
 struct ServingConfig {
@@ -54,11 +56,19 @@ struct ServingResults {
   double wall_seconds = 0;
 };
 
+// How runs execute beyond the simulation (the CUDA serving path sets both): `customize` edits
+// each run's engine (backend, step executor) before it runs; `serial` runs one at a time.
+struct ServingRunHooks {
+  std::function<void(const ServingRunSpec&, EngineConfig&)> customize;
+  bool serial = false;
+};
+
 // Throws ConfigError (file:line: key: message) for any bad input; `overrides` are --set
 // assignments applied before validation.
 bool is_serving_config(const std::string& path);
 ServingConfig load_serving_config(const std::string& path,
                                   const std::vector<std::string>& overrides);
-ServingResults run_serving_experiment(const ServingConfig& config);
+ServingResults run_serving_experiment(const ServingConfig& config,
+                                      const ServingRunHooks& hooks = {});
 
 }  // namespace memsim

@@ -45,7 +45,9 @@ struct ExecutorReport {
   // simulated attention time of the same steps (scaled to the layers run).
   double measured_attention_s = 0, simulated_attention_s = 0;
   uint32_t layers_run = 0;
-  uint64_t device_kv_bytes = 0;  // cudaMemGetInfo drop when the KV pool was created
+  uint64_t device_kv_bytes = 0;      // cudaMemGetInfo drop when the KV pool was created
+  uint64_t peak_strategy_bytes = 0;  // peak device bytes the strategy held (backend accounting)
+  uint64_t peak_device_bytes = 0;    // peak cudaMemGetInfo drop less the executor's buffers
 };
 
 // Contract (every implementation):

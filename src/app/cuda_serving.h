@@ -1,0 +1,43 @@
+// The step executor of `--backend cuda` serving runs: every engine step's KV writes and attention
+// run on the GPU over the KV strategy's own tables, swaps move real rows through pinned memory,
+// and checked steps compare each sequence's attention output bit for bit with the same kernels
+// over K/V regenerated from its tokens in a layout of their own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "kernels/attention_types.h"
+#include "src/serve/serving_experiment.h"
+#include "src/serve/step_executor.h"
+
+namespace memsim {
+
+struct CudaExecutorConfig {
+  kernels::AttentionShape shape;  // the model's attention (one layer)
+  uint32_t layers = 0;            // the model's layers
+  uint32_t layers_run = 0;        // layers whose work runs each step (0 = all)
+  uint32_t max_tokens = 0;        // tokens one step computes at most (max_num_batched_tokens)
+  uint32_t max_seqs = 0;          // sequences one step runs at most
+  // cudaMemGetInfo's free bytes just before the KV pool was created (set by the backend factory;
+  // 0 = unknown): the executor reports the drop the pool caused.
+  std::shared_ptr<uint64_t> free_before_pool;
+};
+
+std::unique_ptr<StepExecutor> make_cuda_executor(const CudaExecutorConfig& config);
+
+// `--backend cuda` for the serving experiments: every run allocates its KV pool through a
+// CudaBackend and runs each step's KV writes and attention on the GPU (engine.gpu_layers of the
+// model's layers, all by default), one run at a time. Fails (kNotSupported) when the model's
+// attention has no kernel (head_dim, group) or its dtype is not bf16/fp16.
+Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config);
+
+// Prints per run the strategy bytes, the cudaMemGetInfo drop of the KV pool, the checks passed
+// and measured against simulated attention time; writes DIR/validation.csv. Returns 0 when every
+// run finished with every check passing, 1 otherwise.
+int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
+                        const std::string& dir, std::ostream& out);
+
+}  // namespace memsim
