@@ -43,14 +43,15 @@ class DeviceBuffer {
     *tally_ -= cap_;
   }
   Status reserve(uint64_t bytes) {
-    bytes = std::max<uint64_t>(bytes, 256);
-    if (bytes <= cap_) return {};
+    if (bytes <= cap_ && p_) return {};
     cudaFree(p_);
     p_ = nullptr;
     *tally_ -= cap_;
     cap_ = 0;
-    MEMSIM_CU(cudaMalloc(&p_, bytes));
-    cap_ = (bytes + kGranule - 1) / kGranule * kGranule;  // what cudaMalloc takes from the device
+    // Whole granules: what cudaMalloc takes from the device anyway, and room to grow into.
+    const uint64_t rounded = std::max<uint64_t>(1, (bytes + kGranule - 1) / kGranule) * kGranule;
+    MEMSIM_CU(cudaMalloc(&p_, rounded));
+    cap_ = rounded;
     *tally_ += cap_;
     return {};
   }
