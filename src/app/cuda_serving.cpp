@@ -140,6 +140,9 @@ class CudaExecutor final : public StepExecutor {
     uint64_t offset, bytes, units, unit_bytes;
     uint32_t tokens;
   };
+  // Saves `source`'s rows once under its own id (a no-op when already saved).
+  Status save(SeqId source, uint32_t tokens);
+  void release_area(uint64_t offset, uint64_t bytes);
 
   uint64_t elem() const { return dtype_bytes(c_.shape.dtype); }
   uint64_t row_elems() const { return c_.shape.row_elems(); }
@@ -194,7 +197,8 @@ class CudaExecutor final : public StepExecutor {
   Backend* backend_ = nullptr;
   DevPtr swap_space_ = 0;
   std::map<uint64_t, uint64_t> swap_free_;  // offset -> bytes
-  std::map<SeqId, Swapped> swapped_;
+  std::map<SeqId, Swapped> swapped_;        // sequences whose rows are in the host area
+  std::map<uint64_t, uint32_t> area_refs_;  // host area offset -> sequences reading it
   ExecutorReport report_;
 };
 
@@ -557,8 +561,14 @@ Status CudaExecutor::swap_copy(const std::vector<int64_t>& pairs, uint64_t unit_
   return {};
 }
 
-Status CudaExecutor::swap_out(SeqId seq, SeqId source, const TokenContent&, uint32_t tokens) {
-  MEMSIM_CU(cudaDeviceSynchronize());
+Status CudaExecutor::save(SeqId source, uint32_t tokens) {
+  if (const auto it = swapped_.find(source); it != swapped_.end()) {
+    if (it->second.tokens != tokens)
+      return make_error(ErrorCode::kInvalidState,
+                        fmt::format("swap-out of seq {}: saved with {} tokens, now {}", source,
+                                    it->second.tokens, tokens));
+    return {};
+  }
   kv_->seq_table(source, &table_);
   std::vector<int64_t> pairs;
   uint64_t unit_bytes = 0;
@@ -568,14 +578,49 @@ Status CudaExecutor::swap_out(SeqId seq, SeqId source, const TokenContent&, uint
   auto it = std::find_if(swap_free_.begin(), swap_free_.end(),
                          [&](const auto& f) { return f.second >= bytes; });
   if (it == swap_free_.end())
-    return make_error(
-        ErrorCode::kOutOfMemory,
-        fmt::format("swap-out of seq {}: no {} free bytes in the pinned swap space", seq, bytes));
+    return make_error(ErrorCode::kOutOfMemory,
+                      fmt::format("swap-out of seq {}: no {} free bytes in the pinned swap space",
+                                  source, bytes));
   const uint64_t offset = it->first, left = it->second - bytes;
   swap_free_.erase(it);
   if (left) swap_free_[offset + bytes] = left;
-  swapped_[seq] = {offset, bytes, units, unit_bytes, tokens};
+  swapped_[source] = {offset, bytes, units, unit_bytes, tokens};
+  area_refs_[offset] = 1;
   return swap_copy(pairs, unit_bytes, swap_space_ + offset, units, true);
+}
+
+// A sample not yet forked in the pool (source != seq) holds its parent's rows: it reads the
+// parent's saved area instead of a copy of its own, as the engine counts swap space.
+Status CudaExecutor::swap_out(SeqId seq, SeqId source, const TokenContent&, uint32_t tokens) {
+  MEMSIM_CU(cudaDeviceSynchronize());
+  MEMSIM_TRY(save(source, tokens));
+  if (seq != source) {
+    if (swapped_.count(seq))
+      return make_error(ErrorCode::kInvalidState,
+                        fmt::format("swap-out of seq {}: already swapped out", seq));
+    swapped_[seq] = swapped_.at(source);
+    ++area_refs_.at(swapped_.at(source).offset);
+  }
+  return {};
+}
+
+void CudaExecutor::release_area(uint64_t offset, uint64_t bytes) {
+  if (--area_refs_.at(offset) > 0) return;
+  area_refs_.erase(offset);
+  // Back to the free list, merged with its free neighbours.
+  auto at = swap_free_.emplace(offset, bytes).first;
+  if (auto next = std::next(at);
+      next != swap_free_.end() && at->first + at->second == next->first) {
+    at->second += next->second;
+    swap_free_.erase(next);
+  }
+  if (at != swap_free_.begin()) {
+    auto prev = std::prev(at);
+    if (prev->first + prev->second == at->first) {
+      prev->second += at->second;
+      swap_free_.erase(at);
+    }
+  }
 }
 
 Status CudaExecutor::swap_in(SeqId seq, const TokenContent&, uint32_t tokens) {
@@ -593,20 +638,7 @@ Status CudaExecutor::swap_in(SeqId seq, const TokenContent&, uint32_t tokens) {
     return make_error(ErrorCode::kInvalidState,
                       fmt::format("swap-in of seq {}: its new table does not match", seq));
   MEMSIM_TRY(swap_copy(pairs, unit_bytes, swap_space_ + s.offset, s.units, false));
-  // Back to the free list, merged with its free neighbours.
-  auto at = swap_free_.emplace(s.offset, s.bytes).first;
-  if (auto next = std::next(at);
-      next != swap_free_.end() && at->first + at->second == next->first) {
-    at->second += next->second;
-    swap_free_.erase(next);
-  }
-  if (at != swap_free_.begin()) {
-    auto prev = std::prev(at);
-    if (prev->first + prev->second == at->first) {
-      prev->second += at->second;
-      swap_free_.erase(at);
-    }
-  }
+  release_area(s.offset, s.bytes);
   ++report_.swaps;
   return {};
 }
