@@ -132,17 +132,25 @@ class CudaExecutor final : public StepExecutor {
   Status run_step(const StepWork& work) override;
   Status swap_out(SeqId seq, SeqId source, const TokenContent& content, uint32_t tokens) override;
   Status swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) override;
+  Status swap_drop(SeqId seq) override;
   void end() override;
   ExecutorReport report() const override { return report_; }
 
  private:
+  // A swapped-out sequence's rows: chunks of `chunk_tokens` tokens, each in one host slot that
+  // holds the chunk's rows of every layer's K and V. Samples not yet forked share their parent's.
   struct Swapped {
-    uint64_t offset, bytes, units, unit_bytes;
+    std::shared_ptr<std::vector<uint32_t>> slots;
     uint32_t tokens;
   };
+  uint32_t chunk_tokens() const { return layout_.paged ? layout_.block_tokens : 16; }
+  uint64_t chunk_bytes() const { return uint64_t{chunk_tokens()} * layout_.row_bytes; }
+  // Copies the chunks of `tokens` tokens of a table between the pool and host slots.
+  Status swap_copy(const std::vector<int32_t>& table, uint32_t tokens,
+                   const std::vector<uint32_t>& slots, bool out);
   // Saves `source`'s rows once under its own id (a no-op when already saved).
   Status save(SeqId source, uint32_t tokens);
-  void release_area(uint64_t offset, uint64_t bytes);
+  void forget(SeqId seq);  // drops a swapped sequence; its slots go back once unshared
 
   uint64_t elem() const { return dtype_bytes(c_.shape.dtype); }
   uint64_t row_elems() const { return c_.shape.row_elems(); }
@@ -169,11 +177,6 @@ class CudaExecutor final : public StepExecutor {
   Status run_layer(uint32_t layer);
   Status check_layer(const StepWork& w, uint32_t layer);
   Status check_part(const StepWork& w, Part& p, uint32_t layer);
-  // Whole units (blocks, or a slot's token range) covering `tokens` of a table, host layout.
-  void units_for(const std::vector<int32_t>& table, uint32_t tokens, std::vector<int64_t>* pairs,
-                 uint64_t* unit_bytes, bool out) const;
-  Status swap_copy(const std::vector<int64_t>& pairs, uint64_t unit_bytes, uint64_t host,
-                   uint64_t units, bool out);
 
   CudaExecutorConfig c_;
   KvCacheManager* kv_ = nullptr;
@@ -196,9 +199,8 @@ class CudaExecutor final : public StepExecutor {
   Part dec_{&own_bytes_}, pre_{&own_bytes_};  // the step's decodes and prefill chunks
   Backend* backend_ = nullptr;
   DevPtr swap_space_ = 0;
-  std::map<uint64_t, uint64_t> swap_free_;  // offset -> bytes
-  std::map<SeqId, Swapped> swapped_;        // sequences whose rows are in the host area
-  std::map<uint64_t, uint32_t> area_refs_;  // host area offset -> sequences reading it
+  std::vector<uint32_t> free_slots_;  // host swap slots (stack)
+  std::map<SeqId, Swapped> swapped_;  // sequences whose rows are in host slots
   ExecutorReport report_;
 };
 
@@ -242,8 +244,10 @@ Status CudaExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr swap_spa
   }
   MEMSIM_TRY(upload(pool_regions_, regions, stream_));
   swap_space_ = swap_space;
-  swap_free_.clear();
-  if (swap_space && swap_bytes) swap_free_[0] = swap_bytes;
+  free_slots_.clear();
+  const uint64_t slot_bytes = 2ull * c_.layers * chunk_bytes();
+  for (uint64_t n = swap_space ? swap_bytes / slot_bytes : 0; n-- > 0;)
+    free_slots_.push_back(static_cast<uint32_t>(n));
   MEMSIM_CU(cudaStreamSynchronize(stream_));
   return {};
 }
@@ -521,41 +525,44 @@ Status CudaExecutor::check_part(const StepWork& w, Part& p, uint32_t layer) {
   return {};
 }
 
-void CudaExecutor::units_for(const std::vector<int32_t>& table, uint32_t tokens,
-                             std::vector<int64_t>* pairs, uint64_t* unit_bytes, bool out) const {
-  pairs->clear();
-  if (layout_.paged) {
-    *unit_bytes = uint64_t{layout_.block_tokens} * layout_.row_bytes;
-    const uint32_t units = (tokens + layout_.block_tokens - 1) / layout_.block_tokens;
-    for (uint32_t u = 0; u < units; ++u) {
-      pairs->push_back(out ? table[u] : u);
-      pairs->push_back(out ? u : table[u]);
-    }
-  } else {
-    *unit_bytes = (uint64_t{tokens} * layout_.row_bytes + 15) / 16 * 16;
-    pairs->push_back(out ? table[0] : 0);
-    pairs->push_back(out ? 0 : table[0]);
+// Chunk u of a sequence: rows [u C, u C + C) of every region (K and V of each layer). In the
+// pool a paged chunk is block table[u]; a contiguous chunk lies at slot base + u C rows. In host
+// memory slot h holds [region][C rows] at swap_space + h x 2 layers x chunk bytes.
+Status CudaExecutor::swap_copy(const std::vector<int32_t>& table, uint32_t tokens,
+                               const std::vector<uint32_t>& slots, bool out) {
+  const uint32_t chunks = (tokens + chunk_tokens() - 1) / chunk_tokens();
+  std::vector<int64_t> pairs;
+  for (uint32_t u = 0; u < chunks; ++u) {
+    const int64_t pool = layout_.paged ? table[u] : u;
+    pairs.push_back(out ? pool : slots[u]);
+    pairs.push_back(out ? slots[u] : pool);
   }
-}
-
-// Copies `units` units of every region (K and V of each layer) between the pool and the host
-// area at `host` (region r of the area holds the units back to back).
-Status CudaExecutor::swap_copy(const std::vector<int64_t>& pairs, uint64_t unit_bytes,
-                               uint64_t host, uint64_t units, bool out) {
-  std::vector<uint64_t> host_regions;
-  for (uint32_t r = 0; r < 2 * c_.layers; ++r)
-    host_regions.push_back(host + r * units * unit_bytes);
-  MEMSIM_TRY(upload(host_regions_, host_regions, stream_));
+  const uint32_t regions = 2 * c_.layers;
+  const uint64_t* pool_regions = pool_regions_.as<uint64_t>();
+  if (!layout_.paged) {  // the sequence's slot: regions start at its rows
+    std::vector<uint64_t> bases;
+    for (uint32_t l = 0; l < c_.layers; ++l)
+      for (DevPtr b : {layout_.k[l], layout_.v[l]})
+        bases.push_back(b + static_cast<uint64_t>(table[0]) * layout_.block_stride);
+    MEMSIM_TRY(upload(host_regions_, bases, stream_));
+    pool_regions = host_regions_.as<uint64_t>();
+  }
+  const uint64_t pool_stride = layout_.paged ? layout_.block_stride : chunk_bytes();
+  const uint64_t host_stride = regions * chunk_bytes();
   MEMSIM_TRY(upload(d_pairs_, pairs, stream_));
   BlockCopyArgs a;
-  a.src_regions = out ? pool_regions_.as<uint64_t>() : host_regions_.as<uint64_t>();
-  a.dst_regions = out ? host_regions_.as<uint64_t>() : pool_regions_.as<uint64_t>();
-  a.src_block_stride = out ? layout_.block_stride : unit_bytes;
-  a.dst_block_stride = out ? unit_bytes : layout_.block_stride;
-  a.block_bytes = unit_bytes;
-  a.regions = 2 * c_.layers;
+  a.src_regions = out ? pool_regions : nullptr;
+  a.dst_regions = out ? nullptr : pool_regions;
+  a.src = out ? 0 : swap_space_;
+  a.dst = out ? swap_space_ : 0;
+  a.src_region_stride = out ? 0 : chunk_bytes();
+  a.dst_region_stride = out ? chunk_bytes() : 0;
+  a.src_block_stride = out ? pool_stride : host_stride;
+  a.dst_block_stride = out ? host_stride : pool_stride;
+  a.block_bytes = chunk_bytes();
+  a.regions = regions;
   a.pairs = d_pairs_.as<int64_t>();
-  a.num_pairs = static_cast<uint32_t>(pairs.size() / 2);
+  a.num_pairs = chunks;
   MEMSIM_CU(copy_blocks(a, stream_));
   MEMSIM_CU(cudaStreamSynchronize(stream_));
   return {};
@@ -569,28 +576,24 @@ Status CudaExecutor::save(SeqId source, uint32_t tokens) {
                                     it->second.tokens, tokens));
     return {};
   }
-  kv_->seq_table(source, &table_);
-  std::vector<int64_t> pairs;
-  uint64_t unit_bytes = 0;
-  units_for(table_, tokens, &pairs, &unit_bytes, true);
-  const uint64_t units = pairs.size() / 2;
-  const uint64_t bytes = 2ull * c_.layers * units * unit_bytes;
-  auto it = std::find_if(swap_free_.begin(), swap_free_.end(),
-                         [&](const auto& f) { return f.second >= bytes; });
-  if (it == swap_free_.end())
+  const uint32_t chunks = (tokens + chunk_tokens() - 1) / chunk_tokens();
+  if (chunks > free_slots_.size())
     return make_error(ErrorCode::kOutOfMemory,
-                      fmt::format("swap-out of seq {}: no {} free bytes in the pinned swap space",
-                                  source, bytes));
-  const uint64_t offset = it->first, left = it->second - bytes;
-  swap_free_.erase(it);
-  if (left) swap_free_[offset + bytes] = left;
-  swapped_[source] = {offset, bytes, units, unit_bytes, tokens};
-  area_refs_[offset] = 1;
-  return swap_copy(pairs, unit_bytes, swap_space_ + offset, units, true);
+                      fmt::format("swap-out of seq {}: {} chunks, {} free slots in the pinned "
+                                  "swap space",
+                                  source, chunks, free_slots_.size()));
+  auto slots = std::make_shared<std::vector<uint32_t>>();
+  for (uint32_t u = 0; u < chunks; ++u) {
+    slots->push_back(free_slots_.back());
+    free_slots_.pop_back();
+  }
+  swapped_[source] = {slots, tokens};
+  kv_->seq_table(source, &table_);
+  return swap_copy(table_, tokens, *slots, true);
 }
 
-// A sample not yet forked in the pool (source != seq) holds its parent's rows: it reads the
-// parent's saved area instead of a copy of its own, as the engine counts swap space.
+// A sample not yet forked in the pool (source != seq) holds its parent's rows: it shares the
+// parent's saved slots instead of a copy of its own, as the engine counts swap space.
 Status CudaExecutor::swap_out(SeqId seq, SeqId source, const TokenContent&, uint32_t tokens) {
   MEMSIM_CU(cudaDeviceSynchronize());
   MEMSIM_TRY(save(source, tokens));
@@ -599,28 +602,15 @@ Status CudaExecutor::swap_out(SeqId seq, SeqId source, const TokenContent&, uint
       return make_error(ErrorCode::kInvalidState,
                         fmt::format("swap-out of seq {}: already swapped out", seq));
     swapped_[seq] = swapped_.at(source);
-    ++area_refs_.at(swapped_.at(source).offset);
   }
   return {};
 }
 
-void CudaExecutor::release_area(uint64_t offset, uint64_t bytes) {
-  if (--area_refs_.at(offset) > 0) return;
-  area_refs_.erase(offset);
-  // Back to the free list, merged with its free neighbours.
-  auto at = swap_free_.emplace(offset, bytes).first;
-  if (auto next = std::next(at);
-      next != swap_free_.end() && at->first + at->second == next->first) {
-    at->second += next->second;
-    swap_free_.erase(next);
-  }
-  if (at != swap_free_.begin()) {
-    auto prev = std::prev(at);
-    if (prev->first + prev->second == at->first) {
-      prev->second += at->second;
-      swap_free_.erase(at);
-    }
-  }
+void CudaExecutor::forget(SeqId seq) {
+  const auto it = swapped_.find(seq);
+  std::shared_ptr<std::vector<uint32_t>> slots = std::move(it->second.slots);
+  swapped_.erase(it);
+  if (slots.use_count() == 1) free_slots_.insert(free_slots_.end(), slots->begin(), slots->end());
 }
 
 Status CudaExecutor::swap_in(SeqId seq, const TokenContent&, uint32_t tokens) {
@@ -628,18 +618,18 @@ Status CudaExecutor::swap_in(SeqId seq, const TokenContent&, uint32_t tokens) {
   if (it == swapped_.end() || it->second.tokens != tokens)
     return make_error(ErrorCode::kInvalidState,
                       fmt::format("swap-in of seq {} that was not swapped out", seq));
-  const Swapped s = it->second;
-  swapped_.erase(it);
   kv_->seq_table(seq, &table_);
-  std::vector<int64_t> pairs;
-  uint64_t unit_bytes = 0;
-  units_for(table_, tokens, &pairs, &unit_bytes, false);
-  if (unit_bytes != s.unit_bytes || pairs.size() / 2 != s.units)
-    return make_error(ErrorCode::kInvalidState,
-                      fmt::format("swap-in of seq {}: its new table does not match", seq));
-  MEMSIM_TRY(swap_copy(pairs, unit_bytes, swap_space_ + s.offset, s.units, false));
-  release_area(s.offset, s.bytes);
+  MEMSIM_TRY(swap_copy(table_, tokens, *it->second.slots, false));
+  forget(seq);
   ++report_.swaps;
+  return {};
+}
+
+Status CudaExecutor::swap_drop(SeqId seq) {
+  if (!swapped_.count(seq))
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("swap drop of seq {} that was not swapped out", seq));
+  forget(seq);
   return {};
 }
 

@@ -76,6 +76,13 @@ Status ContentExecutor::swap_in(SeqId seq, const TokenContent& content, uint32_t
   return {};
 }
 
+Status ContentExecutor::swap_drop(SeqId seq) {
+  if (swapped_.erase(seq) == 0)
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("swap drop of seq {} that was not swapped out", seq));
+  return {};
+}
+
 void ContentExecutor::end() {
   if (auto* sim = dynamic_cast<SimBackend*>(backend_)) sim->set_copy_observer(nullptr);
   backend_ = nullptr;

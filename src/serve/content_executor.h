@@ -19,6 +19,7 @@ class ContentExecutor final : public StepExecutor {
   Status run_step(const StepWork& work) override;
   Status swap_out(SeqId seq, SeqId source, const TokenContent& content, uint32_t tokens) override;
   Status swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) override;
+  Status swap_drop(SeqId seq) override;
   void end() override;
   ExecutorReport report() const override { return report_; }
 

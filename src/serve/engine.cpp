@@ -420,9 +420,17 @@ ServingResult Engine::run() {
     }
     r_.executed = true;
     validate_rng_.seed(c_.serve.seed ^ 0x76616c6964617465ull);
-    state_->swap_hook = [this](const Sequence& s, SeqId source, uint32_t tokens, bool out) {
-      return out ? executor_->swap_out(s.id, source, s.content, tokens)
-                 : executor_->swap_in(s.id, s.content, tokens);
+    state_->swap_hook = [this](const Sequence& s, SeqId source, uint32_t tokens,
+                               ServeState::SwapEvent e) -> Status {
+      switch (e) {
+        case ServeState::SwapEvent::kOut:
+          return executor_->swap_out(s.id, source, s.content, tokens);
+        case ServeState::SwapEvent::kIn:
+          return executor_->swap_in(s.id, s.content, tokens);
+        case ServeState::SwapEvent::kDrop:
+          return executor_->swap_drop(s.id);
+      }
+      return {};
     };
   }
   const bool fast = c_.fast_decode && !executor_;
@@ -471,11 +479,7 @@ ServingResult Engine::run() {
           break;
         }
         if (!state_->swapped.empty()) {  // nothing runs, yet it cannot be swapped back in
-          const uint32_t g = state_->swapped.front();
-          state_->swapped.pop_front();
-          state_->swap_used -= groups_[g].swapped_bytes;
-          groups_[g].swapped_bytes = 0;
-          state_->reject(g);
+          state_->drop_swapped(state_->swapped.front());
         } else if (!state_->waiting.empty()) {  // nothing runs, yet the head cannot start
           state_->reject(state_->waiting.front());
         } else if (next < groups_.size()) {

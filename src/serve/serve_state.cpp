@@ -130,7 +130,8 @@ void ServeState::preempt(uint32_t g) {
       if (s.fork_from < 0) bytes += kv_.seq_bytes(s.id);
     if (swap_used + bytes <= options_.swap_space) {
       for (Sequence& s : G.seqs)
-        run_swap_hook(s, s.fork_from >= 0 ? G.seqs[s.fork_from].id : s.id, G.computed, true);
+        run_swap_hook(s, s.fork_from >= 0 ? G.seqs[s.fork_from].id : s.id, G.computed,
+                      SwapEvent::kOut);
       release_seqs(G);
       for (Sequence& s : G.seqs) s.fork_from = -1;
       swap_used += bytes;
@@ -169,7 +170,7 @@ bool ServeState::swap_in(uint32_t g) {
       return false;
     }
   }
-  for (Sequence& s : G.seqs) run_swap_hook(s, s.id, G.computed, false);
+  for (Sequence& s : G.seqs) run_swap_hook(s, s.id, G.computed, SwapEvent::kIn);
   swap_used -= G.swapped_bytes;
   step_swap_bytes += G.swapped_bytes;
   counters_.swapped_bytes += G.swapped_bytes;
@@ -181,9 +182,18 @@ bool ServeState::swap_in(uint32_t g) {
   return true;
 }
 
-void ServeState::run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, bool out) {
+void ServeState::run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, SwapEvent e) {
   if (!swap_hook || !hook_error.ok()) return;
-  if (Status st = swap_hook(s, source, tokens, out); !st.ok()) hook_error = st;
+  if (Status st = swap_hook(s, source, tokens, e); !st.ok()) hook_error = st;
+}
+
+void ServeState::drop_swapped(uint32_t g) {
+  Group& G = groups_[g];
+  swapped.erase(std::find(swapped.begin(), swapped.end(), g));
+  for (Sequence& s : G.seqs) run_swap_hook(s, s.id, G.computed, SwapEvent::kDrop);
+  swap_used -= G.swapped_bytes;
+  G.swapped_bytes = 0;
+  reject(g);
 }
 
 void ServeState::release_group(uint32_t g) {

@@ -107,11 +107,15 @@ class ServeState {
   uint64_t step_swap_bytes = 0;        // PCIe bytes moved by this step (swap out + in)
   std::vector<uint32_t> finished_now;  // ended by the scheduler (truncated / rejected)
   // Optional (step executors): called for every sequence of a group before its KV is released
-  // to the host swap space (out: reads `source`'s rows; a sample not yet forked reads its
-  // parent's) and after it regrew at swap-in, with the tokens whose KV moves. The first failure
-  // is kept in hook_error; the engine stops the run with it.
-  std::function<Status(const Sequence& s, SeqId source, uint32_t tokens, bool out)> swap_hook;
+  // to the host swap space (kOut: reads `source`'s rows; a sample not yet forked reads its
+  // parent's), after it regrew at swap-in (kIn), or when a swapped group is dropped without
+  // coming back (kDrop), with the tokens whose KV moves. The first failure is kept in
+  // hook_error; the engine stops the run with it.
+  enum class SwapEvent : uint8_t { kOut, kIn, kDrop };
+  std::function<Status(const Sequence& s, SeqId source, uint32_t tokens, SwapEvent e)> swap_hook;
   Status hook_error;
+  // Drops swapped group g (its KV can never come back): frees its swap space, rejects it.
+  void drop_swapped(uint32_t g);
 
   // Makes every sequence of g hold `tokens` tokens (forking pending samples/beams first).
   // All-or-nothing per call is not required; false = out of KV memory (counted).
@@ -141,7 +145,7 @@ class ServeState {
 
  private:
   bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool count_oom = true);
-  void run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, bool out);
+  void run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, SwapEvent e);
   void release_seqs(Group& g);
 
   KvCacheManager& kv_;

@@ -63,7 +63,8 @@ struct ExecutorReport {
 // - swap_out(seq, source, content, tokens) just before the engine releases a sequence whose KV
 //   goes to the host swap space: tokens [0, tokens) are saved as `seq`'s, read through
 //   `source`'s table (a sample not yet forked in the pool reads its parent's rows).
-//   swap_in(seq, content, tokens) after the sequence regrew into new blocks brings them back.
+//   swap_in(seq, content, tokens) after the sequence regrew into new blocks brings them back;
+//   swap_drop(seq) forgets them (the engine gave the request up).
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
@@ -73,6 +74,7 @@ class StepExecutor {
   virtual Status swap_out(SeqId seq, SeqId source, const TokenContent& content,
                           uint32_t tokens) = 0;
   virtual Status swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) = 0;
+  virtual Status swap_drop(SeqId seq) = 0;
   virtual void end() = 0;
   virtual ExecutorReport report() const = 0;
 };
