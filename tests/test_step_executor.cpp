@@ -68,6 +68,8 @@ const std::vector<Load>& loads() {
       {"overload, recompute", 2, 1, 1, 1 * kGiB, Preemption::kRecompute},
       {"overload, swap", 0, 1, 1, 1 * kGiB, Preemption::kSwap},
       {"n = 4 overload, swap", 0, 4, 1, 2 * kGiB, Preemption::kSwap},
+      // Beams are swapped whatever the mode (vLLM V0): the swap space must exist under recompute.
+      {"beam 4 overload, recompute", 0, 1, 4, 1 * kGiB, Preemption::kRecompute},
   };
   return all;
 }
@@ -80,32 +82,52 @@ TEST_CASE("every strategy's sequences read their own tokens while serving") {
         "{impl: radix_token_pool, page_size: 16}", "{impl: static_contiguous}",
         "{impl: vmm_contiguous}", "{impl: vmm_contiguous, reclaim: deferred}"}) {
     for (const Load& l : loads()) {
+      // Known bug, reproduced below: radix pools whose beams are swapped (not SGLang's mode).
+      if (l.beam > 1 && l.budget < 2 * kGiB && std::string(kv).find("radix") != std::string::npos)
+        continue;
       const auto reqs = requests(l);
       const ServingResult r = run_serving(engine(kv, l), reqs);
       INFO(kv << ", " << l.name << ": " << r.error);
       REQUIRE(r.error.empty());
-      CHECK(r.finished == reqs.size());
+      CHECK(r.finished + r.rejected == reqs.size());  // a beam group may never fit: rejected
       REQUIRE(r.executed);
       CHECK(r.validation.kind == "content");
       CHECK(r.validation.failure.empty());
       CHECK(r.validation.steps == r.steps);
       CHECK(r.validation.checked_steps > 0);
       CHECK(r.validation.checked_seqs > 0);
-      if (l.preemption == Preemption::kSwap && r.counters.swap_ins > 0)
-        CHECK(r.validation.swaps > 0);
+      if (r.counters.swap_ins > 0) CHECK(r.validation.swaps > 0);
     }
   }
 }
 
 TEST_CASE("swap preemption happens in the swap loads (the checks above cover swap-ins)") {
   for (const Load& l : loads()) {
-    if (l.preemption != Preemption::kSwap) continue;
+    // Swap mode, or several samples / beams under pressure (swapped whatever the mode).
+    const bool swaps =
+        l.preemption == Preemption::kSwap || ((l.n > 1 || l.beam > 1) && l.budget < 2 * kGiB);
+    if (!swaps) continue;
     const ServingResult r = run_serving(engine("{impl: paged_block_pool}", l), requests(l));
     INFO(l.name);
     REQUIRE(r.error.empty());
     CHECK(r.counters.swap_ins > 0);
     CHECK(r.validation.swaps >= r.counters.swap_ins);  // every sequence of a swapped group
   }
+}
+
+// KNOWN BUG (found by this validation, 2026-11-22, not fixed yet): radix_token_pool with beams
+// swapped out and back in under overload. After some swap cycles a sequence regrown from
+// scratch has a table that maps a position to a page it never allocated (a page the tree holds
+// for another request's prefix), and the content check fails ("request 80 sample 1, step 741
+// ... position 0 ... written by seq 340"). The pool's own invariants hold at every step. SGLang
+// retracts (recomputes) rather than swapping, so the mode is memsim's combination of vLLM V0
+// swapping with SGLang's pool. Tagged [!shouldfail]: it passes while the bug is there; remove the
+// tag when it is fixed.
+TEST_CASE("radix_token_pool keeps its tables right when beams are swapped", "[!shouldfail]") {
+  const Load l{"beam 4 overload, recompute", 0, 1, 4, 1 * kGiB, Preemption::kRecompute};
+  const ServingResult r = run_serving(engine("{impl: radix_token_pool}", l), requests(l));
+  INFO(r.error);
+  CHECK(r.error.empty());
 }
 
 TEST_CASE("validation leaves the simulated figures as the step-by-step path gives them") {

@@ -8,7 +8,8 @@
 
 namespace memsim {
 
-Status ContentExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr, uint64_t) {
+Status ContentExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr swap_space,
+                              uint64_t swap_bytes) {
   auto* sim = dynamic_cast<SimBackend*>(&backend);
   if (!sim)
     return make_error(ErrorCode::kNotSupported,
@@ -17,6 +18,8 @@ Status ContentExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr, uint
                                   backend.name()));
   kv_ = &kv;
   backend_ = &backend;
+  swap_space_ = swap_space;
+  swap_bytes_ = swap_bytes;
   const KvLayout layout = kv.layout();
   const uint32_t last = static_cast<uint32_t>(layout.k.size()) - 1;
   shadow_ = std::make_unique<KvContentShadow>(layout, std::vector<uint32_t>{0, last});
@@ -54,6 +57,9 @@ Status ContentExecutor::run_step(const StepWork& work) {
 
 Status ContentExecutor::swap_out(SeqId seq, SeqId source, const TokenContent& content,
                                  uint32_t tokens) {
+  if (!swap_space_ || !swap_bytes_)
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("swap-out of seq {}: the engine allocated no swap space", seq));
   // What goes to host memory must be the sequence's own tokens: check the rows read for it.
   const std::string bad = shadow_->check(*kv_, source, content, tokens);
   if (!bad.empty())

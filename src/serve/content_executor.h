@@ -28,6 +28,8 @@ class ContentExecutor final : public StepExecutor {
   Backend* backend_ = nullptr;
   std::unique_ptr<KvContentShadow> shadow_;
   std::map<SeqId, uint32_t> swapped_;  // swapped-out sequence -> tokens saved
+  DevPtr swap_space_ = 0;              // the engine's pinned swap space (must exist to swap)
+  uint64_t swap_bytes_ = 0;
   ExecutorReport report_;
 };
 

@@ -398,8 +398,13 @@ ServingResult Engine::run() {
     r_.error = fmt::format("KV cache init: {}", s.error().message);
     return r_;
   }
+  // The pinned swap space exists whenever a group can be swapped: in swap mode, and for requests
+  // with several samples or beams, which are swapped whatever the mode (vLLM V0).
+  const bool multi = std::any_of(requests_.begin(), requests_.end(), [](const RequestSpec& q) {
+    return std::max(q.n, q.beam_width) > 1;
+  });
   DevPtr swap_space = 0;
-  if (c_.serve.preemption == Preemption::kSwap && c_.serve.swap_space) {
+  if ((c_.serve.preemption == Preemption::kSwap || multi) && c_.serve.swap_space) {
     auto host = backend_->host_malloc_pinned(c_.serve.swap_space);
     if (!host.ok()) {
       r_.error = fmt::format("swap space: {}", host.error().message);
