@@ -234,11 +234,7 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
   if (plan.num_splits == 0 || plan.kv_tile != kDecodeTile || plan.max_batch > 65535 ||
       (plan.num_splits > 1 && args.workspace == 0))
     return cudaErrorInvalidValue;
-  if (args.cache.addressing == KvAddressing::kPaged &&
-      (args.cache.block_size == 0 || args.seqs.block_tables == nullptr))
-    return cudaErrorInvalidValue;
-  if (args.cache.addressing == KvAddressing::kContiguous && args.seqs.slots == nullptr)
-    return cudaErrorInvalidValue;
+  if (!detail::tables_match(args.cache, args.seqs)) return cudaErrorInvalidValue;
   return detail::dispatch(shape, args.cache.addressing, [&]<typename T, int D, bool PAGED>() {
     return launch_decode<T, D, PAGED>(shape, plan, args, stream);
   });

@@ -113,11 +113,7 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
   if (args.num_tiles == 0) return cudaSuccess;
   if (args.work == nullptr || args.qo_indptr == nullptr || args.seqs.kv_lens == nullptr)
     return cudaErrorInvalidValue;
-  if (args.cache.addressing == KvAddressing::kPaged &&
-      (args.cache.block_size == 0 || args.seqs.block_tables == nullptr))
-    return cudaErrorInvalidValue;
-  if (args.cache.addressing == KvAddressing::kContiguous && args.seqs.slots == nullptr)
-    return cudaErrorInvalidValue;
+  if (!detail::tables_match(args.cache, args.seqs)) return cudaErrorInvalidValue;
   return detail::dispatch(shape, args.cache.addressing, [&]<typename T, int D, bool PAGED>() {
     return launch_prefill<T, D, PAGED>(shape, args, stream);
   });

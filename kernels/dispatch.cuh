@@ -37,6 +37,14 @@ cudaError_t dispatch(const AttentionShape& shape, KvAddressing a, F&& f) {
                                        : dispatch_head_dim<__half>(shape.head_dim, a, f);
 }
 
+// Whether the per-sequence tables a launch got are those its cache view needs: block tables
+// (and a block size) for paged addressing, slots for contiguous.
+inline bool tables_match(const KvLayerView& cache, const SeqTables& seqs) {
+  return cache.addressing == KvAddressing::kPaged
+             ? cache.block_size != 0 && seqs.block_tables != nullptr
+             : seqs.slots != nullptr;
+}
+
 // Raises a kernel's dynamic shared-memory limit once per kernel (needed above 48 KiB).
 template <auto Kernel>
 cudaError_t allow_smem(size_t bytes) {

@@ -35,6 +35,13 @@ inline GpuSpec kv_test_gpu() {
   return g;
 }
 
+inline GpuSpec gpu_from_configs(const std::string& name) {
+  const char* root = std::getenv("MEMSIM_SOURCE_ROOT");
+  REQUIRE(root != nullptr);
+  return load_gpu_spec(
+      ConfigNode::load_file(std::string(root) + "/configs/gpus/" + name + ".yaml"));
+}
+
 inline ModelShape model_from_configs(const std::string& name) {
   const char* root = std::getenv("MEMSIM_SOURCE_ROOT");
   REQUIRE(root != nullptr);

@@ -15,9 +15,7 @@ namespace memsim::test {
 namespace {
 
 GpuSpec h200() {
-  const char* root = std::getenv("MEMSIM_SOURCE_ROOT");
-  REQUIRE(root != nullptr);
-  return load_gpu_spec(ConfigNode::load_file(std::string(root) + "/configs/gpus/h200.yaml"));
+  return gpu_from_configs("h200");
 }
 
 std::vector<RequestSpec> workload(uint64_t count, double rate, uint32_t groups = 0,
