@@ -39,10 +39,8 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
   const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5;
 
   const uint32_t kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
-  const uint32_t tiles = (kv_len + TL::kBN - 1) / TL::kBN;
-  const uint32_t per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  const uint32_t b = min(split * per_split * TL::kBN, kv_len);
-  const uint32_t e = min(b + per_split * TL::kBN, kv_len);
+  uint32_t b, e;
+  split_range(kv_len, TL::kBN, p.num_splits, split, &b, &e);
 
   const int64_t q_base = (static_cast<int64_t>(seq) * p.kv.q_heads + h * p.kv.group) * D;
   detail::issue_q<TL>(

@@ -76,12 +76,7 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
 
 void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split, uint32_t* begin,
                         uint32_t* end) {
-  const uint32_t tiles = (kv_len + plan.kv_tile - 1) / plan.kv_tile;
-  const uint32_t per_split = (tiles + plan.num_splits - 1) / plan.num_splits;
-  const uint64_t b = uint64_t{split} * per_split * plan.kv_tile;
-  const uint64_t e = b + uint64_t{per_split} * plan.kv_tile;
-  *begin = static_cast<uint32_t>(std::min<uint64_t>(b, kv_len));
-  *end = static_cast<uint32_t>(std::min<uint64_t>(e, kv_len));
+  split_range(kv_len, plan.kv_tile, plan.num_splits, split, begin, end);
 }
 
 uint32_t prefill_tokens_per_tile(const AttentionShape& shape) {

@@ -3,11 +3,12 @@
 
 #include <cstdint>
 
+#include "kernels/fastdiv.h"  // MEMSIM_HD
+
 namespace memsim::kernels {
 
 inline constexpr uint32_t kMaxGroup = 8;     // query heads per KV head the kernels accept
 inline constexpr uint32_t kDecodeTile = 64;  // KV tokens per decode tile (4 warps x 16)
-inline constexpr uint32_t kDecodeRows = 16;  // query rows of a decode CTA (the group, padded)
 
 // Query rows (token x group head) of a prefill CTA: four warps of two 16-row m-tiles each (every
 // K/V fragment loaded from shared memory feeds two MMAs), one m-tile at head_dim 256 (registers).
@@ -18,6 +19,19 @@ constexpr uint32_t prefill_rows(uint32_t head_dim) {
 // KV tokens per prefill tile: 64, halved at head_dim 256 to keep two stages in shared memory.
 constexpr uint32_t prefill_kv_tile(uint32_t head_dim) {
   return head_dim >= 256 ? 32 : 64;
+}
+
+// KV range [*begin, *end) of decode split `split` of `splits` for a sequence of kv_len tokens:
+// contiguous, tile-aligned splits covering [0, kv_len); late splits may be empty (begin = end =
+// kv_len). The decode kernel and the planner's decode_split_range share it.
+MEMSIM_HD void split_range(uint32_t kv_len, uint32_t tile, uint32_t splits, uint32_t split,
+                           uint32_t* begin, uint32_t* end) {
+  const uint32_t tiles = (kv_len + tile - 1) / tile;
+  const uint32_t per_split = (tiles + splits - 1) / splits;
+  const uint64_t b = uint64_t{split} * per_split * tile;
+  const uint64_t e = b + uint64_t{per_split} * tile;
+  *begin = static_cast<uint32_t>(b < kv_len ? b : kv_len);
+  *end = static_cast<uint32_t>(e < kv_len ? e : kv_len);
 }
 
 }  // namespace memsim::kernels

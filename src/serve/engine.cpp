@@ -73,8 +73,9 @@ class Engine {
   void sample();
   StepShape shape_of(const StepPlan& plan);
   uint64_t fast_decode(SimTime stop_at);
-  // Runs the executor over the step `plan` describes (before its tokens count as computed).
-  Status execute(const StepPlan& plan);
+  // Runs the executor over the step `plan` (of shape `shape`) describes, before its tokens count
+  // as computed.
+  Status execute(const StepPlan& plan, const StepShape& shape);
   std::string events_since_check();  // what happened since the last check (empty: nothing)
 
   const EngineConfig& c_;
@@ -208,7 +209,7 @@ std::string Engine::events_since_check() {
   return why;
 }
 
-Status Engine::execute(const StepPlan& plan) {
+Status Engine::execute(const StepPlan& plan, const StepShape& shape) {
   work_.seqs.clear();
   for (const ScheduledGroup& sg : plan.groups) {
     const Group& G = groups_[sg.group];
@@ -222,7 +223,7 @@ Status Engine::execute(const StepPlan& plan) {
       std::uniform_real_distribution<double>(0, 1)(validate_rng_) < c_.validate_sample;
   work_.validate = sampled || !work_.reason.empty();
   if (work_.reason.empty()) work_.reason = "sampled";
-  work_.simulated_attention = model_.attention_time(shape_of(plan));
+  work_.simulated_attention = model_.attention_time(shape);
   const Status st = executor_->run_step(work_);
   ++work_.step;
   return st;
@@ -495,13 +496,13 @@ ServingResult Engine::run() {
         state_->finished_now.clear();
         continue;
       }
+      const StepShape shape = shape_of(plan);
       if (executor_) {
-        if (Status s = execute(plan); !s.ok()) {
+        if (Status s = execute(plan, shape); !s.ok()) {
           r_.error = s.error().message;
           break;
         }
       }
-      const StepShape shape = shape_of(plan);
       const SimTime step = model_.step_time(shape);
       clock_.advance(step);
       ++r_.steps;
