@@ -166,7 +166,8 @@ TEST_CASE("static_contiguous: fork copies the parent's written tokens into a new
 // ---- vmm_contiguous: layout, growth, eager reclamation --------------------------------------
 
 TEST_CASE("vmm_contiguous: Qwen3-8B virtual tensors and page groups on demand (eager)") {
-  Rig rig("{impl: vmm_contiguous}", qwen(10 * kGroup, 4));
+  Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}",
+          qwen(10 * kGroup, 4));
   auto& vm = rig.as<VmmContiguous>();
   CHECK(vm.page_size() == 2 * kMiB);
   CHECK(vm.slot_stride() == 16 * kMiB);  // 8192 tokens x 2048 bytes of K per layer
@@ -226,9 +227,11 @@ TEST_CASE("vmm_contiguous: Qwen3-8B virtual tensors and page groups on demand (e
 }
 
 TEST_CASE("vmm_contiguous: budget and slot exhaustion leave state unchanged") {
-  Rig rig("{impl: vmm_contiguous}", qwen(3 * kGroup, 2));
+  Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}",
+          qwen(3 * kGroup, 2));
   CHECK(rig.kv->stats().total_blocks == 3);
-  Rig capped("{impl: vmm_contiguous}", qwen(100 * kGroup, 2));
+  Rig capped("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}",
+             qwen(100 * kGroup, 2));
   CHECK(capped.kv->stats().total_blocks == 16);  // 2 slots x 8 groups
   CHECK(capped.kv->free_token_capacity() == 2 * 8192);
 
@@ -248,7 +251,8 @@ TEST_CASE("vmm_contiguous: budget and slot exhaustion leave state unchanged") {
 
   SimClock clock;
   SimBackend b(kv_test_gpu(), clock);
-  auto small = make_kv("{impl: vmm_contiguous}");
+  auto small =
+      make_kv("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}");
   CHECK(code(small->init(b, qwen(kGroup - 1, 4))) == ErrorCode::kOutOfMemory);
   CHECK(b.usage().virtual_reserved == 0);
 }
@@ -256,7 +260,8 @@ TEST_CASE("vmm_contiguous: budget and slot exhaustion leave state unchanged") {
 TEST_CASE("vmm_contiguous: a failing backend call mid-group rolls the whole grow back") {
   for (P p : {P::kCreatePhysical, P::kMap, P::kSetAccess}) {
     // The 100th call falls in the second page group (pages 73..144).
-    Rig rig("{impl: vmm_contiguous}", qwen(10 * kGroup, 4), {{p, 100, 1}});
+    Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}",
+            qwen(10 * kGroup, 4), {{p, 100, 1}});
     CHECK(code(rig.kv->grow(1, kChat, 2048, 0)) == ErrorCode::kOutOfMemory);
     rig.check();
     CHECK(rig.kv->seq_tokens(1) == 0);
@@ -267,7 +272,8 @@ TEST_CASE("vmm_contiguous: a failing backend call mid-group rolls the whole grow
     CHECK(rig.kv->stats().used_blocks == 2);
   }
   // A failing copy undoes a fork.
-  Rig rig("{impl: vmm_contiguous}", qwen(10 * kGroup, 4), {{P::kCopy, 5, 1}});
+  Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}",
+          qwen(10 * kGroup, 4), {{P::kCopy, 5, 1}});
   REQUIRE(rig.kv->grow(1, kChat, 1500, 0).ok());
   const KvStats before = rig.kv->stats();
   CHECK(code(rig.kv->fork(1, 2)) == ErrorCode::kOutOfMemory);
@@ -277,7 +283,8 @@ TEST_CASE("vmm_contiguous: a failing backend call mid-group rolls the whole grow
 }
 
 TEST_CASE("vmm_contiguous: fork maps the child's pages and copies each tensor") {
-  Rig rig("{impl: vmm_contiguous}", qwen(10 * kGroup, 4));
+  Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}",
+          qwen(10 * kGroup, 4));
   auto& vm = rig.as<VmmContiguous>();
   REQUIRE(rig.kv->grow(1, kChat, 1500, 0).ok());
   REQUIRE(rig.kv->fork(1, 2).ok());
@@ -302,7 +309,8 @@ TEST_CASE("vmm_contiguous: fork maps the child's pages and copies each tensor") 
 // ---- vmm_contiguous: deferred reclamation ---------------------------------------------------
 
 TEST_CASE("vmm_contiguous: deferred pages are reused in their slot, then reclaimed on demand") {
-  Rig rig("{impl: vmm_contiguous, reclaim: deferred}", qwen(4 * kGroup, 4));
+  Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: deferred, allocation: sync}",
+          qwen(4 * kGroup, 4));
   auto& vm = rig.as<VmmContiguous>();
   auto maps = [&] { return rig.calls(P::kMap); };
   auto unmaps = [&] { return rig.calls(P::kUnmap); };
@@ -383,7 +391,8 @@ TEST_CASE("vmm_contiguous: deferred pages are reused in their slot, then reclaim
 }
 
 TEST_CASE("vmm_contiguous: a fault after reclaiming leaves the request out, groups accounted") {
-  Rig rig("{impl: vmm_contiguous, reclaim: deferred}", qwen(2 * kGroup, 2), {{P::kMap, 155, 1}});
+  Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: deferred, allocation: sync}",
+          qwen(2 * kGroup, 2), {{P::kMap, 155, 1}});
   REQUIRE(rig.kv->grow(1, kChat, 1025, 0).ok());  // maps 1..144
   rig.kv->release(1, kChat);
   REQUIRE(rig.kv->grow(2, kChat, 10, 0).ok());  // A's slot: 1 group needed, 1 cached
@@ -402,7 +411,8 @@ TEST_CASE("vmm_contiguous: a fault after reclaiming leaves the request out, grou
 }
 
 TEST_CASE("vmm_contiguous: page_size parameter") {
-  Rig rig("{impl: vmm_contiguous, page_size: 4MiB}", qwen(10 * 2 * kGroup, 4));
+  Rig rig("{impl: vmm_contiguous, page_size: 4MiB, physical: on_demand, reclaim: eager}",
+          qwen(10 * 2 * kGroup, 4));
   CHECK(rig.kv->stats().block_tokens == 2048);
   CHECK(rig.kv->stats().block_bytes == 2 * kGroup);
   CHECK(rig.as<VmmContiguous>().groups_per_slot() == 4);
@@ -420,9 +430,116 @@ TEST_CASE("vmm_contiguous: page_size parameter") {
   CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, reclaim: lazy}"), ConfigError);
   const KvStrategyInfo* info = find_kv_strategy("vmm_contiguous");
   REQUIRE(info != nullptr);
-  CHECK(info->params == std::vector<std::string>{"page_size", "reclaim"});
+  CHECK(info->params == std::vector<std::string>{"page_size", "physical", "reclaim", "allocation",
+                                                 "eager_steps", "eager_groups"});
+  CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, physical: lazy}"), ConfigError);
+  CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, allocation: background}"), ConfigError);
+  CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, eager_steps: 0}"), ConfigError);
   REQUIRE(find_kv_strategy("static_contiguous") != nullptr);
   CHECK(find_kv_strategy("static_contiguous")->params.empty());
+}
+
+// ---- vmm_contiguous as vAttention runs it: reserved pages, background mapping ---------------
+
+TEST_CASE("vmm_contiguous: reserved pages are created once and mapped from a free list") {
+  Rig rig("{impl: vmm_contiguous, reclaim: eager, allocation: sync}", qwen(10 * kGroup, 4));
+  CHECK(rig.calls(P::kCreatePhysical) == 720);  // reserve_physical_pages: 10 groups x 72 pages
+  CHECK(rig.backend.usage().physical_bytes == 10 * kGroup);
+  CHECK(rig.kv->stats().pool_bytes == 10 * kGroup);
+  CHECK(rig.kv->stats().free_blocks == 10);
+  CHECK_FALSE(rig.kv->has_background());
+  REQUIRE(rig.kv->grow(1, kChat, 1025, 0).ok());
+  rig.check();
+  CHECK(rig.calls(P::kCreatePhysical) == 720);
+  CHECK(rig.calls(P::kMap) == 144);
+  CHECK(rig.calls(P::kSetAccess) == 144);
+  CHECK(rig.kv->stats().used_blocks == 2);
+  rig.kv->release(1, kChat);  // sync + eager: unmapped now, the pages back in the list
+  rig.check();
+  CHECK(rig.calls(P::kUnmap) == 72);
+  CHECK(rig.calls(P::kReleasePhysical) == 0);
+  CHECK(rig.kv->stats().free_blocks == 10);
+  CHECK(rig.backend.usage().virtual_mapped == 0);
+  REQUIRE(rig.kv->shutdown().ok());
+  rig.check();
+  CHECK(rig.calls(P::kReleasePhysical) == 720);
+  CHECK(rig.backend.usage().physical_bytes == 0);
+
+  // Not even the reserve fits: init fails and leaves nothing behind.
+  SimClock clock;
+  SimBackend small(kv_test_gpu(), clock, nullptr, {{P::kCreatePhysical, 300, 1}});
+  auto kv = make_kv("{impl: vmm_contiguous}");
+  CHECK_FALSE(kv->init(small, qwen(10 * kGroup, 4)).ok());
+  CHECK(small.usage().physical_bytes == 0);
+  CHECK(small.usage().virtual_reserved == 0);
+}
+
+TEST_CASE("vmm_contiguous: the background step maps the next step's groups, then eagerly") {
+  Rig rig("{impl: vmm_contiguous}", qwen(10 * kGroup, 4));  // vAttention: async, deferred
+  auto& vm = rig.as<VmmContiguous>();
+  REQUIRE(rig.kv->has_background());
+  for (SeqId s = 1; s <= 4; ++s) REQUIRE(rig.kv->grow(s, kChat, 1000, 0).ok());
+  CHECK(rig.calls(P::kMap) == 4 * 72);
+  // 1000 tokens: no group needed within eager_steps - 1 = 9 tokens. Nothing to do.
+  rig.kv->background_step({{1, 1000}, {2, 1000}, {3, 1000}, {4, 1000}});
+  CHECK(rig.calls(P::kMap) == 4 * 72);
+  // At 1020 tokens every sequence needs its second group 5 steps later: eager allocation maps
+  // eager_groups = 2 of them, in sequence order, and stops.
+  rig.kv->background_step({{1, 1020}, {2, 1020}, {3, 1020}, {4, 1020}});
+  rig.check();
+  CHECK(rig.calls(P::kMap) == 6 * 72);
+  CHECK(vm.seq_mapped_groups(1) == 2);
+  CHECK(vm.seq_mapped_groups(2) == 2);
+  CHECK(vm.seq_mapped_groups(3) == 1);
+  KvStats s = rig.kv->stats();
+  CHECK(s.used_blocks == 4);
+  CHECK(s.cached_blocks == 2);
+  CHECK(rig.kv->seq_capacity(1) == 1024);  // mapped ahead is not capacity: no token moved
+  CHECK(rig.kv->seq_tokens(1) == 1000);
+  // At 1024 tokens the next step's groups are required: seqs 3 and 4 (1 and 2 have theirs).
+  rig.kv->background_step({{1, 1024}, {2, 1024}, {3, 1024}, {4, 1024}, {99, 5}});
+  rig.check();
+  CHECK(rig.calls(P::kMap) == 8 * 72);
+  // The grows that follow map nothing: the critical path only counts tokens.
+  for (SeqId q = 1; q <= 4; ++q) REQUIRE(rig.kv->grow(q, kChat, 1025, 0).ok());
+  rig.check();
+  CHECK(rig.calls(P::kMap) == 8 * 72);
+  s = rig.kv->stats();
+  CHECK(s.used_blocks == 8);
+  CHECK(s.cached_blocks == 0);
+  CHECK(s.free_blocks == 2);
+  // Two groups left: three sequences needing their third group is all or nothing.
+  rig.kv->background_step({{1, 2048}, {2, 2048}, {3, 2048}});
+  CHECK(rig.calls(P::kMap) == 8 * 72);
+  rig.kv->background_step({{1, 2048}, {2, 2048}});
+  rig.check();
+  CHECK(rig.calls(P::kMap) == 10 * 72);
+  CHECK(rig.kv->stats().free_blocks == 0);
+  CHECK(rig.kv->stats().cached_blocks == 2);
+}
+
+TEST_CASE("vmm_contiguous: async release keeps pages; eager reclaim unmaps one group a step") {
+  Rig rig("{impl: vmm_contiguous, reclaim: eager}", qwen(10 * kGroup, 4));
+  for (SeqId s = 1; s <= 3; ++s) REQUIRE(rig.kv->grow(s, kChat, 2048, 0).ok());
+  rig.kv->release(1, kChat);  // free_batch_idx: the slot keeps its 2 groups
+  rig.kv->release(2, kChat);
+  rig.check();
+  CHECK(rig.calls(P::kUnmap) == 0);
+  CHECK(rig.kv->stats().cached_blocks == 4);
+  // A step that needs a group (seq 3's third, mapped ahead) reclaims nothing.
+  rig.kv->background_step({{3, 2048}});
+  CHECK(rig.calls(P::kUnmap) == 0);
+  CHECK(rig.kv->stats().cached_blocks == 5);
+  // Steps that need none unmap one group of the least recently released slot (slot of seq 1),
+  // never of the slot the next request gets (seq 2's).
+  for (int i = 0; i < 4; ++i) rig.kv->background_step({{3, 2049}});
+  rig.check();
+  CHECK(rig.calls(P::kUnmap) == 2 * 72);
+  CHECK(rig.kv->stats().cached_blocks == 3);
+  CHECK(rig.kv->stats().evicted_blocks == 0);    // reclaimed in the background, not evicted
+  REQUIRE(rig.kv->grow(4, kChat, 100, 0).ok());  // seq 2's slot: its pages, no mapping
+  CHECK(rig.as<VmmContiguous>().seq_mapped_groups(4) == 2);
+  CHECK(rig.calls(P::kMap) == 3 * 2 * 72 + 72);  // the first 3 grows, then seq 3's next group
 }
 
 // ---- randomized: both strategies against a reference model ----------------------------------
@@ -483,12 +600,15 @@ TEST_CASE("random operations keep invariants and the backend in step") {
   odd.max_num_seqs = 6;
   odd.max_model_len = 2000;
   odd.budget_bytes = 10 * 4 * 2 * kMiB;  // 10 page groups
-  random_ops("{impl: vmm_contiguous}", odd, 1, 4000);
-  random_ops("{impl: vmm_contiguous, reclaim: deferred}", odd, 2, 4000);
+  random_ops("{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}", odd,
+             1, 4000);
+  random_ops("{impl: vmm_contiguous, physical: on_demand, reclaim: deferred, allocation: sync}",
+             odd, 2, 4000);
   odd.budget_bytes = 3 * 2000 * odd.kv_bytes_per_token;
   random_ops("{impl: static_contiguous}", odd, 3, 4000);
   const KvInit q = qwen(12 * kGroup, 5, 4096);
-  random_ops("{impl: vmm_contiguous, reclaim: deferred}", q, 4, 1500);
+  random_ops("{impl: vmm_contiguous, physical: on_demand, reclaim: deferred, allocation: sync}", q,
+             4, 1500);
 }
 
 TEST_CASE("seq_capacity: the whole static slab; vmm's needed groups, not a slot's excess") {
@@ -497,7 +617,8 @@ TEST_CASE("seq_capacity: the whole static slab; vmm's needed groups, not a slot'
   REQUIRE(st.kv->grow(1, kChat, 10, 0).ok());
   CHECK(st.kv->seq_capacity(1) == 8192);
 
-  Rig rig("{impl: vmm_contiguous, reclaim: deferred}", qwen(4 * kGroup, 4));
+  Rig rig("{impl: vmm_contiguous, physical: on_demand, reclaim: deferred, allocation: sync}",
+          qwen(4 * kGroup, 4));
   auto& vm = rig.as<VmmContiguous>();
   REQUIRE(rig.kv->grow(1, kChat, 2048, 0).ok());  // slot 0, 2 groups
   REQUIRE(rig.kv->grow(2, kChat, 2000, 0).ok());  // slot 1, 2 groups

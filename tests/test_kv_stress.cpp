@@ -43,7 +43,8 @@ struct Variant {
 };
 
 // The registry's defaults (paged block_size 16 with a null block, radix page_size 1, static,
-// vmm eager) plus the parameter variants whose code paths differ.
+// vmm as vAttention runs it: reserved pages, deferred reclamation, async) plus the parameter
+// variants whose code paths differ.
 std::vector<Variant> variants() {
   std::vector<Variant> v;
   for (const KvStrategyInfo& s : kv_strategies()) {
@@ -59,7 +60,11 @@ std::vector<Variant> variants() {
   v.push_back({"radix page_size 16", radix + "page_size: 16}", 1024, true});
   v.push_back({"radix page_size 4 lfu", radix + "page_size: 4, eviction: lfu}", 1024, true});
   v.push_back({"radix disable_radix_cache", radix + "disable_radix_cache: true}", 1024, false});
-  v.push_back({"vmm deferred", "{impl: vmm_contiguous, reclaim: deferred}", 1024, false});
+  const std::string vmm = "{impl: vmm_contiguous, ";
+  v.push_back({"vmm async eager", vmm + "reclaim: eager}", 1024, false});
+  v.push_back({"vmm on_demand eager sync",
+               vmm + "physical: on_demand, reclaim: eager, allocation: sync}", 1024, false});
+  v.push_back({"vmm on_demand deferred", vmm + "physical: on_demand}", 1024, false});
   return v;
 }
 
@@ -125,6 +130,7 @@ class Stress {
 
   // Counters for the summary line and the end-of-run expectations.
   uint64_t ooms = 0, grows = 0, deferred = 0, forks = 0, releases = 0, preempts = 0;
+  uint64_t backgrounds = 0;
   uint64_t prefix_hit_tokens = 0;
 
  private:
@@ -276,6 +282,34 @@ class Stress {
         if (seqs_.at(id).tokens < kMaxModelLen && !grow(id, kMaxModelLen)) on_oom();
         break;
       }
+    }
+    // Strategies with background work get a background step after a third of the operations
+    // (others draw nothing more, so their operation stream is unchanged).
+    if (kv().has_background() && chance(33)) background();
+  }
+
+  // The engine's background step over the live sequences' computed lengths: it may map or
+  // unmap memory, but no sequence's tokens, capacity or table may change.
+  void background() {
+    op_name_ = "background step";
+    std::vector<SeqLength> lengths;
+    std::vector<std::vector<int32_t>> tables(live_.size());
+    std::vector<uint32_t> capacity(live_.size());
+    for (size_t i = 0; i < live_.size(); ++i) {
+      lengths.push_back({live_[i], seqs_.at(live_[i]).want});
+      kv().seq_table(live_[i], &tables[i]);
+      capacity[i] = kv().seq_capacity(live_[i]);
+    }
+    kv().background_step(lengths);
+    ++backgrounds;
+    std::vector<int32_t> now;
+    for (size_t i = 0; i < live_.size(); ++i) {
+      const SeqId id = live_[i];
+      kv().seq_table(id, &now);
+      STRESS_CHECK(now == tables[i], "the background step changed seq " << id << "'s table");
+      STRESS_CHECK(
+          kv().seq_capacity(id) == capacity[i] && kv().seq_tokens(id) == seqs_.at(id).tokens,
+          "the background step changed seq " << id << "'s tokens or capacity");
     }
   }
 
@@ -518,14 +552,18 @@ TEST_CASE("KV stress: 1M random operations per strategy and variant, checked aft
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf(
           "%-28s %.2f s: %llu grows (%llu OOM), %llu deferred, %llu forks, %llu releases, "
-          "%llu preemptions, %llu prefix-hit tokens\n",
+          "%llu preemptions, %llu prefix-hit tokens, %llu background steps\n",
           all[i].name.c_str(), secs, static_cast<unsigned long long>(stress.grows),
           static_cast<unsigned long long>(stress.ooms),
           static_cast<unsigned long long>(stress.deferred),
           static_cast<unsigned long long>(stress.forks),
           static_cast<unsigned long long>(stress.releases),
           static_cast<unsigned long long>(stress.preempts),
-          static_cast<unsigned long long>(stress.prefix_hit_tokens));
+          static_cast<unsigned long long>(stress.prefix_hit_tokens),
+          static_cast<unsigned long long>(stress.backgrounds));
+      if (all[i].yaml.find("vmm_contiguous") != std::string::npos &&
+          all[i].yaml.find("sync") == std::string::npos)
+        CHECK(stress.backgrounds > ops / 10);  // async vmm: background steps ran
       // The pool is small: out-of-memory must be a common outcome, not a corner case.
       CHECK(stress.ooms * 50 > ops);
       if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);

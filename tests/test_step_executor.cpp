@@ -78,7 +78,8 @@ TEST_CASE("every strategy's sequences read their own tokens while serving") {
         "{impl: paged_block_pool, layout: per_layer}",
         "{impl: paged_block_pool, copy_on_write: false}", "{impl: radix_token_pool}",
         "{impl: radix_token_pool, page_size: 16}", "{impl: static_contiguous}",
-        "{impl: vmm_contiguous}", "{impl: vmm_contiguous, reclaim: deferred}"}) {
+        "{impl: vmm_contiguous}", "{impl: vmm_contiguous, reclaim: eager}",
+        "{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}"}) {
     for (const Load& l : loads()) {
       // Known bug, reproduced below: radix pools whose beams are swapped (not SGLang's mode).
       if (l.beam > 1 && l.budget < 2 * kGiB && std::string(kv).find("radix") != std::string::npos)

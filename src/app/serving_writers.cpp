@@ -71,6 +71,9 @@ std::vector<std::pair<std::string, double>> figures(const ServingRunResult& r) {
       {"swapped_bytes", double(n.swapped_bytes)},
       {"oom_events", double(n.oom_events)},
       {"restarts", double(n.restarts)},
+      {"kv_critical_ms", double(x.kv_critical_time) / 1e6},
+      {"kv_background_ms", double(x.kv_background_time) / 1e6},
+      {"kv_stall_ms", double(x.kv_stall_time) / 1e6},
   };
 }
 
@@ -128,6 +131,12 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
         x.kv.cow_copies, x.counters.preemptions, double(x.counters.swapped_bytes) / (1ull << 30),
         x.counters.oom_events, x.output_tokens_per_s, x.ttft_ms.p50, x.tpot_ms.p50,
         x.e2e_ms.p99 / 1000, outcome(r));
+    if (x.kv_critical_time || x.kv_background_time)
+      o << fmt::format(
+          "    KV calls: {:.1f} ms on the critical path, {:.1f} ms in background steps ({:.1f} ms "
+          "not hidden by compute)\n",
+          double(x.kv_critical_time) / 1e6, double(x.kv_background_time) / 1e6,
+          double(x.kv_stall_time) / 1e6);
     if (x.executed)
       o << fmt::format(
           "    validation ({}): {} steps, {} checked, {} sequence checks passed, {} swaps{}\n",

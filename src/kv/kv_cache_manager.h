@@ -14,6 +14,12 @@ namespace memsim {
 
 using SeqId = uint32_t;
 
+// A live sequence and a length in tokens (background_step's argument).
+struct SeqLength {
+  SeqId seq = 0;
+  uint32_t tokens = 0;
+};
+
 // What the engine tells a strategy at init: the model's KV geometry and the pool's limits.
 struct KvInit {
   uint32_t layers = 0;
@@ -110,6 +116,13 @@ inline KvLayout block_major_layout(DevPtr pool, const KvInit& init, uint32_t blo
 //   reach the same row only for positions where they share KV (a cached prefix, blocks shared
 //   after fork until copy-on-write). tests/test_kv_stress.cpp tracks what every row holds
 //   (KvContentShadow) and checks that each sequence reads its own tokens.
+// - Background work (optional; vAttention's memory-manager thread): when has_background(), the
+//   engine calls background_step once per step, after the step's grows, with the lengths the
+//   scheduled sequences have once the step computed. The strategy may map memory ahead of need
+//   or reclaim unused memory then, through the Backend as always; the engine overlaps the time
+//   of those calls with the step's compute and only their excess delays the next step. It must
+//   not change any sequence's tokens, table or capacity; it never fails (what it could not map
+//   is mapped by the next grow, on the critical path). Sequences it does not know are skipped.
 // - stats() is exact; check_invariants() verifies the strategy's internal invariants (no block
 //   owned twice without a matching refcount, refcounts never negative, blocks conserved).
 class KvCacheManager {
@@ -136,6 +149,10 @@ class KvCacheManager {
   // Token slots a new sequence could still obtain now: free plus evictable blocks times
   // block_tokens (static_contiguous: free slabs times max_model_len).
   virtual uint64_t free_token_capacity() const = 0;
+
+  // Background work overlapped with compute (see the contract); default none.
+  virtual bool has_background() const { return false; }
+  virtual void background_step(const std::vector<SeqLength>& /*after_step*/) {}
 
   virtual KvLayout layout() const = 0;
   virtual void seq_table(SeqId seq, std::vector<int32_t>* out) const = 0;

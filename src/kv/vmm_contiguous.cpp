@@ -22,8 +22,15 @@ VmmContiguousConfig VmmContiguous::parse_config(const ConfigNode& node) {
     if (c.page_size == 0)
       v->fail("must be positive: a multiple of the GPU's VMM granularity (2 MiB on H200)");
   }
+  if (auto v = node.find("physical"))
+    c.reserved_physical = v->as_choice({"reserved", "on_demand"}) == "reserved";
   if (auto v = node.find("reclaim"))
     c.deferred_reclaim = v->as_choice({"eager", "deferred"}) == "deferred";
+  if (auto v = node.find("allocation")) c.async = v->as_choice({"async", "sync"}) == "async";
+  if (auto v = node.find("eager_steps"))
+    c.eager_steps = static_cast<uint32_t>(v->as_uint_in(1, 1u << 20));
+  if (auto v = node.find("eager_groups"))
+    c.eager_groups = static_cast<uint32_t>(v->as_uint_in(0, 1u << 20));
   return c;
 }
 
@@ -87,8 +94,22 @@ Status VmmContiguous::init(Backend& backend, const KvInit& init) {
     }
     bases.push_back(*va);
   }
+  std::vector<PhysHandle> pages;
+  if (config_.reserved_physical) {  // vAttention's reserve_physical_pages: the whole budget now
+    pages.reserve(total * 2ull * init.layers);
+    for (uint64_t i = 0; i < total * 2ull * init.layers; ++i) {
+      auto h = backend.create_physical(page, "kv_cache");
+      if (!h.ok()) {
+        for (PhysHandle p : pages) (void)backend.release_physical(p);
+        for (DevPtr p : bases) (void)backend.free_virtual(p);
+        return h.error();
+      }
+      pages.push_back(*h);
+    }
+  }
   backend_ = &backend;
   init_ = init;
+  free_pages_ = std::move(pages);
   k_bytes_ = k;
   page_ = page;
   stride_ = stride;
@@ -113,6 +134,11 @@ Status VmmContiguous::shutdown() {
     const Status st = unmap_groups(s, slots_[s].mapped);
     if (!st.ok() && first.ok()) first = st;
   }
+  for (PhysHandle h : free_pages_) {
+    const Status st = backend_->release_physical(h);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  free_pages_.clear();
   for (DevPtr p : bases_) {
     const Status st = backend_->free_virtual(p);
     if (!st.ok() && first.ok()) first = st;
@@ -213,7 +239,7 @@ Status VmmContiguous::map_group(uint32_t slot) {
   Status failed;
   uint32_t done = 0;  // pages fully created, mapped and accessible
   for (; done < buffers(); ++done) {
-    auto h = backend_->create_physical(page_, "kv_cache");
+    auto h = take_page();
     if (!h.ok()) {
       failed = h.error();
       break;
@@ -225,7 +251,7 @@ Status VmmContiguous::map_group(uint32_t slot) {
       if (!st.ok()) (void)backend_->unmap(va, page_);
     }
     if (!st.ok()) {
-      (void)backend_->release_physical(*h);
+      (void)give_page(*h);
       failed = st;
       break;
     }
@@ -238,10 +264,25 @@ Status VmmContiguous::map_group(uint32_t slot) {
   }
   while (done-- > 0) {  // roll back this group's pages, last first
     (void)backend_->unmap(page_va(done, slot, group), page_);
-    (void)backend_->release_physical(s.pages.back());
+    (void)give_page(s.pages.back());
     s.pages.pop_back();
   }
   return failed;
+}
+
+Result<PhysHandle> VmmContiguous::take_page() {
+  if (!config_.reserved_physical) return backend_->create_physical(page_, "kv_cache");
+  if (free_pages_.empty())  // free groups always have their pages: a broken invariant
+    return make_error(ErrorCode::kInvalidState, "vmm_contiguous: reserved page list is empty");
+  const PhysHandle h = free_pages_.back();
+  free_pages_.pop_back();
+  return h;
+}
+
+Status VmmContiguous::give_page(PhysHandle h) {
+  if (!config_.reserved_physical) return backend_->release_physical(h);
+  free_pages_.push_back(h);
+  return {};
 }
 
 Status VmmContiguous::unmap_groups(uint32_t slot, uint32_t count) {
@@ -256,7 +297,7 @@ Status VmmContiguous::unmap_groups(uint32_t slot, uint32_t count) {
   for (uint32_t b = 0; b < buffers(); ++b)
     keep(backend_->unmap(page_va(b, slot, first_group), uint64_t{count} * page_));
   for (size_t i = uint64_t{first_group} * buffers(); i < s.pages.size(); ++i)
-    keep(backend_->release_physical(s.pages[i]));
+    keep(give_page(s.pages[i]));
   s.pages.resize(uint64_t{first_group} * buffers());
   s.mapped = first_group;
   free_groups_ += count;
@@ -321,6 +362,73 @@ void VmmContiguous::shrink(uint32_t slot, uint32_t mapped, uint32_t needed) {
   (void)unmap_groups(slot, s.mapped - mapped);
   s.needed = needed;
   attach(slot);
+}
+
+Status VmmContiguous::map_ahead(uint32_t slot, uint32_t mapped) {
+  Slot& s = slots_[slot];
+  if (s.mapped >= mapped) return {};
+  const uint64_t n = mapped - s.mapped;
+  const uint64_t own_cached = s.mapped - s.needed;
+  if (n > free_groups_ + (cached_groups_ - own_cached))
+    return make_error(ErrorCode::kOutOfMemory, "vmm_contiguous: no group to map ahead");
+  detach(slot);  // keeps reclaim away from this slot's own pages
+  Status st;
+  if (n > free_groups_) st = reclaim(n - free_groups_);
+  for (uint64_t i = 0; st.ok() && i < n; ++i) st = map_group(slot);
+  attach(slot);
+  return st;
+}
+
+void VmmContiguous::background_step(const std::vector<SeqLength>& after_step) {
+  if (backend_ == nullptr) return;
+  // The live slots the step's sequences occupy, with their lengths.
+  struct Live {
+    uint32_t slot, tokens;
+  };
+  std::vector<Live> live;
+  live.reserve(after_step.size());
+  uint64_t required = 0;
+  for (const SeqLength& q : after_step) {
+    auto it = seqs_.find(q.seq);
+    if (it == seqs_.end()) continue;
+    const uint32_t slot = it->second.slot;
+    const uint32_t mapped = slots_[slot].mapped;
+    // Only a sequence within eager_steps of its mapped end can need a group in this call.
+    if (tokens_in(mapped) >= init_.max_model_len ||
+        uint64_t{q.tokens} + config_.eager_steps - 1 <= tokens_in(mapped))
+      continue;
+    live.push_back({slot, q.tokens});
+    const uint32_t next = groups_for(std::min(q.tokens + 1, init_.max_model_len));
+    if (next > mapped) required += next - mapped;
+  }
+  // The next step's groups, all or nothing (vAttention returns when they are not available).
+  uint64_t reclaimable = cached_groups_;
+  for (const Live& l : live) reclaimable -= slots_[l.slot].mapped - slots_[l.slot].needed;
+  if (required > free_groups_ + reclaimable) return;
+  uint64_t mapped_now = 0;
+  for (uint32_t k = 1; k < config_.eager_steps; ++k) {
+    for (const Live& l : live) {
+      const uint32_t target = groups_for(std::min(l.tokens + k, init_.max_model_len));
+      if (target <= slots_[l.slot].mapped) continue;
+      mapped_now += target - slots_[l.slot].mapped;
+      if (!map_ahead(l.slot, target).ok()) return;  // the foreground maps what is missing
+      if (k > 1 && mapped_now >= config_.eager_groups) return;
+    }
+  }
+  // Doing too much in one step delays it: reclaim only when nothing was needed (vAttention's
+  // do_reclaim_pages: with eager reclamation, one group per step of a free slot other than the
+  // one the next request gets, which is deferred_.tail here).
+  if (required == 0 && !config_.deferred_reclaim && deferred_.head != deferred_.tail) {
+    const uint32_t victim = deferred_.head;
+    Slot& v = slots_[victim];
+    (void)unmap_groups(victim, 1);
+    --cached_groups_;
+    if (v.mapped == 0) {
+      list_remove(deferred_, victim);
+      v.where = Where::kEmptyFree;
+      empty_free_.push_back(victim);
+    }
+  }
 }
 
 // ---- requests -------------------------------------------------------------------------------
@@ -430,8 +538,10 @@ void VmmContiguous::release(SeqId seq, const TokenContent& /*content*/) {
   const uint32_t slot = it->second.slot;
   tokens_stored_ -= it->second.tokens;
   seqs_.erase(it);
-  // Eager: unmap and release every page. Deferred: the pages stay mapped (cached) in the slot.
-  shrink(slot, config_.deferred_reclaim ? slots_[slot].mapped : 0, 0);
+  // Sync eager: unmap every page now. Deferred, or async (vAttention's free_batch_idx only
+  // clears the length; its background thread unmaps): the pages stay mapped (cached) in the slot.
+  const bool keep = config_.deferred_reclaim || config_.async;
+  shrink(slot, keep ? slots_[slot].mapped : 0, 0);
   make_free(slot);
 }
 
@@ -481,7 +591,8 @@ KvStats VmmContiguous::stats() const {
   s.free_blocks = free_groups_;
   s.slots_allocated = slots_allocated_;
   s.tokens_stored = tokens_stored_;
-  s.pool_bytes = (used_groups_ + cached_groups_) * s.block_bytes;
+  s.pool_bytes =
+      (config_.reserved_physical ? total_groups_ : used_groups_ + cached_groups_) * s.block_bytes;
   return s;
 }
 
@@ -491,7 +602,8 @@ bool VmmContiguous::check_invariants(std::string* why) const {
     return false;
   };
   if (backend_ == nullptr) {
-    if (!slots_.empty() || !seqs_.empty() || free_groups_ != 0 || cached_groups_ != 0)
+    if (!slots_.empty() || !seqs_.empty() || !free_pages_.empty() || free_groups_ != 0 ||
+        cached_groups_ != 0)
       return fail("state left after shutdown");
     return true;
   }
@@ -504,7 +616,7 @@ bool VmmContiguous::check_invariants(std::string* why) const {
     if (s.mapped < s.needed) return fail(fmt::format("slot {} needs unmapped groups", i));
     if (s.where != Where::kLive && s.needed != 0)
       return fail(fmt::format("free slot {} needs groups", i));
-    if (!config_.deferred_reclaim && s.mapped != s.needed)
+    if (!config_.deferred_reclaim && !config_.async && s.mapped != s.needed)
       return fail(fmt::format("slot {}: eager reclaim left {} unneeded group(s) mapped", i,
                               s.mapped - s.needed));
     const bool should_list =
@@ -526,6 +638,11 @@ bool VmmContiguous::check_invariants(std::string* why) const {
   if (mapped + free_groups_ != total_groups_)
     return fail(
         fmt::format("{} mapped + {} free groups != {} total", mapped, free_groups_, total_groups_));
+  if (config_.reserved_physical && free_pages_.size() != free_groups_ * buffers())
+    return fail(
+        fmt::format("{} reserved pages free for {} free groups", free_pages_.size(), free_groups_));
+  if (!config_.reserved_physical && !free_pages_.empty())
+    return fail("pages listed free though pages are created on demand");
   if (used != used_groups_ || cached != cached_groups_ || alloc != slots_allocated_)
     return fail("group counters differ from the slots");
   if (deferred != deferred_.size || excess != excess_.size)

@@ -73,6 +73,9 @@ class Engine {
   void sample();
   StepShape shape_of(const StepPlan& plan);
   uint64_t fast_decode(SimTime stop_at);
+  // Advances the clock over a step of `compute` time; with a strategy that works in the
+  // background, its background step runs overlapped with the compute.
+  void run_step_time(const StepPlan& plan, SimTime compute);
   // Runs the executor over the step `plan` (of shape `shape`) describes, before its tokens count
   // as computed.
   Status execute(const StepPlan& plan, const StepShape& shape);
@@ -95,6 +98,7 @@ class Engine {
     uint64_t forks = 0, cow = 0, evicted = 0, preemptions = 0, swap_ins = 0;
   } checked_at_;
   StepWork work_;
+  std::vector<SeqLength> after_step_;
   uint64_t done_ = 0;
   uint64_t length_capped_ = 0;
   SimTime t0_ = 0, last_sample_ = 0;
@@ -249,6 +253,27 @@ void Engine::complete_step(const StepPlan& plan) {
   if (any_finished) drop_finished();
 }
 
+void Engine::run_step_time(const StepPlan& plan, SimTime compute) {
+  if (!kv_->has_background()) {
+    clock_.advance(compute);
+    return;
+  }
+  after_step_.clear();
+  for (const ScheduledGroup& sg : plan.groups) {
+    const Group& G = groups_[sg.group];
+    for (uint32_t i = 0; i < G.live(); ++i)
+      after_step_.push_back({G.seqs[i].id, G.computed + sg.new_tokens});
+  }
+  const SimTime t0 = clock_.now();
+  kv_->background_step(after_step_);
+  const SimTime background = clock_.now() - t0;
+  r_.kv_background_time += background;
+  if (background > compute)
+    r_.kv_stall_time += background - compute;
+  else
+    clock_.advance(compute - background);
+}
+
 void Engine::sample() {
   state_->sync_all();
   const KvStats s = kv_->stats();
@@ -323,7 +348,9 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
       Group& G = groups_[st.running[i]];
       Sequence& s = G.seqs[q];
       const uint32_t target = G.computed + static_cast<uint32_t>(j) + 1;
+      const SimTime kv0 = clock_.now();
       const Status grown = kv_->grow(s.id, s.content, target, 0);
+      r_.kv_critical_time += clock_.now() - kv0;
       if (!grown.ok()) {
         if (grown.error().code != ErrorCode::kOutOfMemory)
           throw std::logic_error("KV manager rejected a grow: " + grown.error().message);
@@ -439,7 +466,8 @@ ServingResult Engine::run() {
       return {};
     };
   }
-  const bool fast = c_.fast_decode && !executor_;
+  // Background KV work runs once per step, which the fast path (steps taken together) skips.
+  const bool fast = c_.fast_decode && !executor_ && !kv_->has_background();
 
   const auto wall0 = std::chrono::steady_clock::now();
   t0_ = last_sample_ = clock_.now();
@@ -468,7 +496,9 @@ ServingResult Engine::run() {
       }
       plan.clear();
       state_->step_swap_bytes = 0;
+      const SimTime kv0 = clock_.now();  // the scheduler advances the clock only by KV calls
       scheduler->schedule(*state_, plan);
+      r_.kv_critical_time += clock_.now() - kv0;
       for (uint32_t g : state_->finished_now) finish(g);
       state_->finished_now.clear();
       if (!state_->hook_error.ok()) {
@@ -503,12 +533,15 @@ ServingResult Engine::run() {
           break;
         }
       }
-      const SimTime step = model_.step_time(shape);
-      clock_.advance(step);
+      const SimTime start = clock_.now();
+      run_step_time(plan, model_.step_time(shape));
+      const SimTime step = clock_.now() - start;
       ++r_.steps;
       running_integral_ += double(state_->running_seqs) * double(step);
       r_.max_running_seqs = std::max(r_.max_running_seqs, state_->running_seqs);
+      const SimTime done0 = clock_.now();
       complete_step(plan);
+      r_.kv_critical_time += clock_.now() - done0;
       if (clock_.now() >= next_sample) {
         sample();
         next_sample = clock_.now() + c_.sample_interval;

@@ -65,7 +65,11 @@ struct ServingResult {
   uint64_t peak_used_blocks = 0;
   uint64_t peak_kv_bytes = 0;  // peak bytes of used blocks
   double prefix_hit_rate = 0;  // hit tokens / queried tokens at admission
-  KvStats kv;                  // at the end (before shutdown): pool geometry and counters
+  // Simulated time of the KV strategy's backend calls (maps, copies, ...): on the critical path
+  // (scheduling, completions), in background steps (overlapped with compute), and the part of
+  // the background time no step's compute hid (it delayed the next step).
+  SimTime kv_critical_time = 0, kv_background_time = 0, kv_stall_time = 0;
+  KvStats kv;  // at the end (before shutdown): pool geometry and counters
   uint64_t kv_capacity_tokens = 0;
   ServeCounters counters;
   bool executed = false;      // an executor ran every step
