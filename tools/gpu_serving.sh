@@ -2,7 +2,7 @@
 # Serving experiments on the GPU machine (--backend cuda), each on a slice of its requests so a
 # validation run takes minutes: prints each experiment's GPU table and gathers every
 # validation.csv into OUT_DIR/validation_all.csv. Usage: tools/gpu_serving.sh MEMSIM OUT_DIR NAME...
-# with NAME among strategies, block_size, prefix_sharing, cow, preemption.
+# with NAME among strategies, vattention, block_size, prefix_sharing, cow, preemption.
 set -u
 memsim=${1:?usage: tools/gpu_serving.sh MEMSIM OUT_DIR NAME...}
 out=${2:?}
@@ -12,6 +12,7 @@ status=0
 for name in "$@"; do
   case $name in
     strategies) args=(--config experiments/kv_strategies.yaml --set requests.trace.limit=100) ;;
+    vattention) args=(--config experiments/kv_vattention.yaml --set requests.trace.limit=150) ;;
     block_size) args=(--config experiments/kv_block_size.yaml --set requests.count=80) ;;
     prefix_sharing) args=(--config experiments/kv_prefix_sharing.yaml --set requests.count=100) ;;
     cow)

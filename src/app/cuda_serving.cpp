@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/cuda_backend.h"
 #include "kernels/attention.h"
 #include "kernels/synth.h"
 
@@ -134,7 +135,7 @@ class CudaExecutor final : public StepExecutor {
   Status swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) override;
   Status swap_drop(SeqId seq) override;
   void end() override;
-  ExecutorReport report() const override { return report_; }
+  ExecutorReport report() const override;
 
  private:
   // A swapped-out sequence's rows: chunks of `chunk_tokens` tokens, each in one host slot that
@@ -203,6 +204,18 @@ class CudaExecutor final : public StepExecutor {
   std::map<SeqId, Swapped> swapped_;  // sequences whose rows are in host slots
   ExecutorReport report_;
 };
+
+ExecutorReport CudaExecutor::report() const {
+  ExecutorReport r = report_;
+  if (const auto* cuda = dynamic_cast<const CudaBackend*>(backend_)) {
+    for (Primitive p : {Primitive::kMap, Primitive::kSetAccess, Primitive::kUnmap}) {
+      r.measured_map_s += double(cuda->measured_time_in(p)) / 1e9;
+      r.simulated_map_s += double(cuda->time_in(p)) / 1e9;
+      r.map_calls += cuda->calls_of(p);
+    }
+  }
+  return r;
+}
 
 Status CudaExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr swap_space,
                            uint64_t swap_bytes) {

@@ -54,16 +54,19 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
   out << "strategy = peak bytes the strategy held (identical to the simulation by construction);\n"
          "GPU = peak cudaMemGetInfo drop less the executor's own buffers; checked = steps whose\n"
          "attention output was compared bit for bit with a reference over regenerated K/V;\n"
-         "attn = KV write + attention of the layers run, measured against the step-time model\n";
-  out << fmt::format("{:<30} {:>11} {:>11} {:>7} {:>8} {:>7} {:>8} {:>6} {:>11} {:>11} {:>6}  {}\n",
-                     "run", "strategy", "GPU", "layers", "steps", "checked", "seq ok", "swaps",
-                     "attn meas.", "attn sim.", "m/s", "outcome");
+         "attn = KV write + attention of the layers run, measured against the step-time model;\n"
+         "maps = the strategy's map, set_access and unmap calls, measured against the cost model\n";
+  out << fmt::format(
+      "{:<30} {:>11} {:>11} {:>7} {:>8} {:>7} {:>8} {:>6} {:>11} {:>11} {:>6} {:>7} {:>10} "
+      "{:>10}  {}\n",
+      "run", "strategy", "GPU", "layers", "steps", "checked", "seq ok", "swaps", "attn meas.",
+      "attn sim.", "m/s", "maps", "map meas.", "map sim.", "outcome");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   std::ofstream csv(std::filesystem::path(dir) / "validation.csv");
   csv << "run,kv,peak_strategy_bytes,peak_device_bytes,pool_device_bytes_at_init,layers_run,steps,"
-         "checked_steps,checked_seqs,swaps,measured_attention_s,simulated_attention_s,outcome,"
-         "failure\n";
+         "checked_steps,checked_seqs,swaps,measured_attention_s,simulated_attention_s,map_calls,"
+         "measured_map_s,simulated_map_s,outcome,failure\n";
   for (const ServingRunResult& r : results.runs) {
     const ServingResult& x = r.result;
     const ExecutorReport& v = x.validation;
@@ -74,16 +77,18 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
         v.simulated_attention_s > 0 ? v.measured_attention_s / v.simulated_attention_s : 0;
     out << fmt::format(
         "{:<30} {:>8.2f}GiB {:>8.2f}GiB {:>7} {:>8} {:>7} {:>8} {:>6} {:>9.3f}s {:>9.3f}s {:>6.2f} "
-        " "
-        "{}\n",
+        "{:>7} {:>8.1f}ms {:>8.1f}ms  {}\n",
         r.spec.label, double(v.peak_strategy_bytes) / (1ull << 30),
         double(v.peak_device_bytes) / (1ull << 30), v.layers_run, v.steps, v.checked_steps,
-        v.checked_seqs, v.swaps, v.measured_attention_s, v.simulated_attention_s, ratio, outcome);
+        v.checked_seqs, v.swaps, v.measured_attention_s, v.simulated_attention_s, ratio,
+        v.map_calls, v.measured_map_s * 1e3, v.simulated_map_s * 1e3, outcome);
     if (!x.error.empty()) out << "    error: " << x.error << "\n";
-    csv << fmt::format("\"{}\",{},{},{},{},{},{},{},{},{},{:.6f},{:.6f},{},\"{}\"\n", r.spec.label,
-                       r.spec.kv_impl, v.peak_strategy_bytes, v.peak_device_bytes,
-                       v.device_kv_bytes, v.layers_run, v.steps, v.checked_steps, v.checked_seqs,
-                       v.swaps, v.measured_attention_s, v.simulated_attention_s, outcome, x.error);
+    csv << fmt::format(
+        "\"{}\",{},{},{},{},{},{},{},{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{},\"{}\"\n",
+        r.spec.label, r.spec.kv_impl, v.peak_strategy_bytes, v.peak_device_bytes, v.device_kv_bytes,
+        v.layers_run, v.steps, v.checked_steps, v.checked_seqs, v.swaps, v.measured_attention_s,
+        v.simulated_attention_s, v.map_calls, v.measured_map_s, v.simulated_map_s, outcome,
+        x.error);
   }
   out << fmt::format("wrote {}/validation.csv\n", dir);
   if (!csv) return 1;

@@ -44,6 +44,10 @@ struct ExecutorReport {
   // GPU executors: KV writes + attention of the layers run, measured with events, against the
   // simulated attention time of the same steps (scaled to the layers run).
   double measured_attention_s = 0, simulated_attention_s = 0;
+  // GPU executors: the strategy's page mapping calls (map, set_access, unmap) over the run,
+  // host time around the driver calls against the cost model's time for them.
+  double measured_map_s = 0, simulated_map_s = 0;
+  uint64_t map_calls = 0;
   uint32_t layers_run = 0;
   uint64_t device_kv_bytes = 0;      // cudaMemGetInfo drop when the KV pool was created
   uint64_t peak_strategy_bytes = 0;  // peak device bytes the strategy held (backend accounting)
