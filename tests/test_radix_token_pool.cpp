@@ -210,6 +210,45 @@ TEST_CASE("release inserts its tokens; duplicates of cached pages are freed") {
   }
 }
 
+TEST_CASE("release inserts only the tokens its content covers (the KV that was computed)") {
+  for (uint32_t ps : {1u, 4u}) {
+    INFO("page_size " << ps);
+    KvRig rig(yaml(ps), toy_init(200, ps));
+    const TokenContent c(3, 40);
+    admit(rig, 0, c, 40);  // grown for 40 tokens, none computed (a swap-in undone)
+    finish(rig, 0, c.slice(0, 0));
+    KvStats s = rig.kv->stats();
+    CHECK(s.cached_blocks == 0);
+    CHECK(s.free_blocks == 200);
+    CHECK(pool(rig).tree().node_count() == 1);
+    CHECK(rig.kv->lookup_prefix(c) == 0);
+    admit(rig, 1, c, 40);  // grown for 40, 18 computed: the full pages of [0, 18) stay
+    finish(rig, 1, c.slice(0, 18));
+    s = rig.kv->stats();
+    CHECK(s.cached_blocks == 18 / ps);
+    CHECK(s.free_blocks == 200 - 18 / ps);
+    CHECK(rig.kv->lookup_prefix(c) == 18 / ps * ps);
+  }
+
+  SECTION("a fork keeps the parent's own pages, not unwritten ones of a released sequence") {
+    KvRig rig(yaml(1), toy_init(200, 1));
+    const TokenContent c(3, 40);
+    admit(rig, 0, c, 40);
+    const std::vector<uint32_t> unwritten = pool(rig).page_table(0);
+    finish(rig, 0, c.slice(0, 0));
+    REQUIRE(rig.kv->grow(1, c, 40, 0).ok());  // regrown from scratch, its KV written
+    const std::vector<uint32_t> own = pool(rig).page_table(1);
+    REQUIRE(own.size() == 40);
+    CHECK(std::find_first_of(own.begin(), own.end(), unwritten.begin(), unwritten.end()) ==
+          own.end());
+    REQUIRE(rig.kv->fork(1, 2).ok());  // cache_unfinished_req of seq 1
+    rig.check();
+    CHECK(pool(rig).page_table(1) == own);
+    CHECK(pool(rig).page_table(2) == own);
+    CHECK(rig.kv->stats().free_blocks == 200 - 40);
+  }
+}
+
 TEST_CASE("eviction takes least recently used leaves first, whole nodes") {
   KvRig rig(yaml(1), toy_init(10, 1));
   const TokenContent x(10, 4), y(11, 3), z(12, 3);

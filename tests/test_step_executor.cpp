@@ -13,6 +13,7 @@
 #include "src/config/loaders.h"
 #include "src/serve/content_executor.h"
 #include "src/serve/engine.h"
+#include "src/serve/serve_state.h"
 #include "tests/kv_test_util.h"
 
 namespace memsim::test {
@@ -81,9 +82,6 @@ TEST_CASE("every strategy's sequences read their own tokens while serving") {
         "{impl: vmm_contiguous}", "{impl: vmm_contiguous, reclaim: eager}",
         "{impl: vmm_contiguous, physical: on_demand, reclaim: eager, allocation: sync}"}) {
     for (const Load& l : loads()) {
-      // Known bug, reproduced below: radix pools whose beams are swapped (not SGLang's mode).
-      if (l.beam > 1 && l.budget < 2 * kGiB && std::string(kv).find("radix") != std::string::npos)
-        continue;
       const auto reqs = requests(l);
       const ServingResult r = run_serving(engine(kv, l), reqs);
       INFO(kv << ", " << l.name << ": " << r.error);
@@ -114,19 +112,60 @@ TEST_CASE("swap preemption happens in the swap loads (the checks above cover swa
   }
 }
 
-// KNOWN BUG (found by this validation, 2026-11-22, not fixed yet): radix_token_pool with beams
-// swapped out and back in under overload. After some swap cycles a sequence regrown from
-// scratch has a table that maps a position to a page it never allocated (a page the tree holds
-// for another request's prefix), and the content check fails ("request 80 sample 1, step 741
-// ... position 0 ... written by seq 340"). The pool's own invariants hold at every step. SGLang
-// retracts (recomputes) rather than swapping, so the mode is memsim's combination of vLLM V0
-// swapping with SGLang's pool. Tagged [!shouldfail]: it passes while the bug is there; remove the
-// tag when it is fixed.
-TEST_CASE("radix_token_pool keeps its tables right when beams are swapped", "[!shouldfail]") {
-  const Load l{"beam 4 overload, recompute", 0, 1, 4, 1 * kGiB, Preemption::kRecompute};
-  const ServingResult r = run_serving(engine("{impl: radix_token_pool}", l), requests(l));
-  INFO(r.error);
-  CHECK(r.error.empty());
+// Found by this validation (2026-11-22): radix_token_pool with beams swapped out and back in
+// under overload. A swap-in that did not fit released the sequences it had already regrown, and
+// the release inserted their pages into the tree although nothing had been written to them; a
+// later fork of those beams (cache_unfinished_req) found them there and put them in place of a
+// beam's own pages in its table ("request 80 sample 1, step 741 ... position 0 ... written by
+// seq 340"). The engine now releases only the KV it computed (release's content ends there) and
+// the pool inserts only those tokens, as SGLang inserts kv_committed_len tokens.
+TEST_CASE("radix_token_pool keeps its tables right when beams are swapped") {
+  for (const char* kv : {"{impl: radix_token_pool}", "{impl: radix_token_pool, page_size: 16}"}) {
+    const Load l{"beam 4 overload, recompute", 0, 1, 4, 1 * kGiB, Preemption::kRecompute};
+    const ServingResult r = run_serving(engine(kv, l), requests(l));
+    INFO(kv << ": " << r.error);
+    CHECK(r.error.empty());
+    CHECK(r.counters.swap_ins > 0);
+    CHECK(r.validation.failure.empty());
+  }
+}
+
+TEST_CASE("a swap-in that does not fit releases what it regrew without caching it") {
+  // A pool of 90 one-token pages; two beams of 50 tokens (49 computed) come back from the swap
+  // space: the first regrows, the second does not fit, and the first is released again.
+  KvInit init;
+  init.layers = 1;
+  init.kv_bytes_per_token = 1024;
+  init.budget_bytes = 91 * 1024;  // SGLang's padding page plus 90 pages
+  init.max_num_seqs = 8;
+  init.max_model_len = 4096;
+  KvRig rig("{impl: radix_token_pool}", init);
+  std::vector<Group> groups(1);
+  Group& G = groups[0];
+  G.spec.prompt_tokens = 40;
+  G.spec.output_tokens = 20;
+  G.spec.beam_width = G.width = 2;
+  G.outputs = 10;
+  G.computed = 49;
+  G.status = GroupStatus::kSwapped;
+  for (SeqId id : {0u, 1u}) {
+    Sequence s;
+    s.id = id;
+    s.content = TokenContent(7, 40);
+    s.content.append(100 + id, 20);
+    G.seqs.push_back(std::move(s));
+  }
+  ServeState state(*rig.kv, ServeOptions{}, groups);
+  state.swapped.push_back(0);
+  CHECK_FALSE(state.swap_in(0));
+  rig.check();
+  const KvStats s = rig.kv->stats();
+  CHECK(s.used_blocks == 0);
+  CHECK(s.cached_blocks == 0);  // it held no KV: nothing may enter the tree
+  CHECK(s.free_blocks == 90);
+  CHECK(rig.kv->lookup_prefix(G.seqs[0].content.slice(0, 50)) == 0);
+  CHECK(G.seqs[0].kv_tokens == 0);
+  CHECK(state.counters().swap_ins == 0);
 }
 
 TEST_CASE("validation leaves the simulated figures as the step-by-step path gives them") {

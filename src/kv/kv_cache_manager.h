@@ -109,8 +109,10 @@ inline KvLayout block_major_layout(DevPtr pool, const KvInit& init, uint32_t blo
 // - fork(parent, child) makes child hold the same tokens as parent, sharing blocks (refcounts
 //   or lock references) where the strategy can, copying where it cannot. Appending to a shared
 //   partial block copies it first (copy-on-write) when the strategy shares.
-// - release(seq, content) drops the sequence. With prefix caching, its full blocks stay cached
-//   (evictable) under `content`'s tokens.
+// - release(seq, content) drops the sequence. `content` ends where its computed KV ends (tokens
+//   [0, content.size()); tokens grown for a step or a swap-in that never ran are past it). With
+//   prefix caching, its full blocks of those tokens stay cached (evictable) under `content`'s
+//   tokens; blocks past it hold no KV and must not be cached by the release.
 // - layout() describes the pool from init to shutdown (fixed addresses); seq_table(seq) gives a
 //   live sequence's table (block ids covering seq_capacity, or {slot}). Two live sequences
 //   reach the same row only for positions where they share KV (a cached prefix, blocks shared

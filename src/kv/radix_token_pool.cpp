@@ -195,17 +195,19 @@ Status RadixTokenPool::grow(SeqId seq, const TokenContent& content, uint32_t num
   return {};
 }
 
-void RadixTokenPool::insert_into_tree(Seq& s, const TokenContent& content) {
-  const uint32_t aligned = s.tokens / page_size() * page_size();
+void RadixTokenPool::insert_into_tree(Seq& s, uint32_t computed) {
+  // [0, cached) is in the tree already (and computed); the rest up to `computed` joins it.
+  const uint32_t aligned =
+      std::max(s.cached, std::min(s.tokens, computed) / page_size() * page_size());
   if (aligned == 0) return;
   tree_.begin_op();
-  const RadixTree::Descent d = tree_.descend(content, aligned, true);
+  const RadixTree::Descent d = tree_.descend(s.content, aligned, true);
   // The sequence's own locked path matches, so d.tokens >= s.cached.
   const size_t dup = (d.tokens - s.cached) / page_size();
   uint32_t node = d.node, end = d.tokens;
   if (d.tokens < aligned && !d.blocked) {
     const size_t last = (aligned - s.cached) / page_size();
-    node = tree_.add_leaf(d.node, content, aligned,
+    node = tree_.add_leaf(d.node, s.content, aligned,
                           std::vector<uint32_t>(s.pages.begin() + dup, s.pages.begin() + last));
     end = aligned;
   }
@@ -236,7 +238,7 @@ Status RadixTokenPool::fork(SeqId parent, SeqId child) {
     const uint64_t need = ps.tokens % page_size() ? 1 : 0;
     const uint64_t available = available_pages() + dup - m.unlocked_pages;
     if (need > available) return out_of_pages(need, available);
-    insert_into_tree(ps, ps.content);  // SGLang cache_unfinished_req
+    insert_into_tree(ps, ps.tokens);  // SGLang cache_unfinished_req
   }
   // The child shares the parent's tree path and copies its private pages (the partial tail).
   const uint64_t copies = ps.pages.size();
@@ -263,12 +265,13 @@ Status RadixTokenPool::fork(SeqId parent, SeqId child) {
 }
 
 void RadixTokenPool::release(SeqId seq, const TokenContent& content) {
-  (void)content;  // the sequence's own content (identical on its tokens) keys the insert
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   Seq& s = it->second;
   if (!config_.disable_radix_cache) {  // SGLang cache_finished_req
-    insert_into_tree(s, s.content);
+    // Only the KV the caller computed, [0, content.size()) (SGLang inserts kv_committed_len
+    // tokens); its pages past that, allocated for a step that never ran, are freed below.
+    insert_into_tree(s, content.size());
     tree_.unlock(s.node);
   }
   give_pages(s.pages.data(), s.pages.size());  // the unaligned tail (or everything, disabled)

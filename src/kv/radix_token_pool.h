@@ -36,10 +36,12 @@ struct RadixTokenPoolConfig {
 //   and fails with kOutOfMemory having changed nothing, not even evicting [the scheduler's
 //   PrefillAdder admits against available + evictable the same way]; otherwise it evicts the
 //   shortfall, whole leaves, lowest priority first [evict_from_tree_cache].
-// - release inserts the page-aligned part of the sequence's tokens with its pages, frees its
-//   duplicates of pages already in the tree and its unaligned tail, and unlocks its path
-//   [cache_finished_req]. The sequence's own content (from its last grow) keys the insert; the
-//   `content` argument is equal on those tokens and is not needed.
+// - release inserts the page-aligned part of the tokens whose KV was computed (the first
+//   content.size() of its tokens) with their pages, frees its duplicates of pages already in the
+//   tree and every other private page (the unaligned tail, pages of tokens never computed), and
+//   unlocks its path [cache_finished_req: the insert covers kv_committed_len tokens, the
+//   over-allocated rest is freed]. The sequence's own content (from its last grow) keys the
+//   insert; the `content` argument only bounds it.
 // - fork inserts the parent's full pages [cache_unfinished_req], locks that path for the child
 //   too and copies the parent's partial tail page (Backend::copy; cow_copies); the two then
 //   grow independently. With disable_radix_cache every page is copied.
@@ -101,10 +103,11 @@ class RadixTokenPool final : public KvCacheManager {
   void take_pages(uint64_t n, std::vector<uint32_t>* out);
   void give_pages(const uint32_t* first, size_t n);  // back to the free list (SGLang order)
   // SGLang cache_unfinished_req / the insert of cache_finished_req: puts the sequence's full
-  // pages into the tree under `content`, frees its private duplicates of pages already there and
-  // moves its lock to the new deepest node. Returns nothing; afterwards s.pages holds only the
-  // pages past the tree (the partial tail page, or more after a hash collision).
-  void insert_into_tree(Seq& s, const TokenContent& content);
+  // pages of tokens [0, computed) into the tree under its content, frees its private duplicates
+  // of pages already there and moves its lock to the new deepest node. Afterwards s.pages holds
+  // only the pages past the tree (the partial tail page, pages past `computed`, or more after a
+  // hash collision).
+  void insert_into_tree(Seq& s, uint32_t computed);
   Status copy_page(uint32_t dst, uint32_t src);
 
   RadixTokenPoolConfig config_;

@@ -167,7 +167,7 @@ void Engine::reshuffle_beams(Group& G) {
     parent[p] = true;
     Sequence& s = G.seqs[b];
     state_->sync(s);
-    kv_->release(s.id, s.content);
+    kv_->release(s.id, s.content.slice(0, G.computed));
     s.kv_tokens = s.synced = s.capacity = 0;
     s.content = G.seqs[p].content.slice(0, G.computed);
     s.content.append(output_stream(G.spec.id, ++forks_),

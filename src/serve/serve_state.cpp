@@ -111,7 +111,8 @@ void ServeState::release_seqs(Group& G) {
   for (Sequence& s : G.seqs) {
     if (s.fork_from < 0) {
       sync(s);
-      kv_.release(s.id, s.content);
+      // Only [0, computed) holds KV: a preempted group may have grown for a step that never ran.
+      kv_.release(s.id, s.content.slice(0, G.computed));
     }
     s.kv_tokens = s.synced = s.capacity = 0;
   }
@@ -164,7 +165,8 @@ bool ServeState::swap_in(uint32_t g) {
   for (size_t i = 0; i < G.seqs.size(); ++i) {
     if (!grow_seq(G.seqs[i], G.num_tokens(), 0, false)) {
       for (size_t j = 0; j < i; ++j) {
-        kv_.release(G.seqs[j].id, G.seqs[j].content);
+        // Nothing was swapped back into the KV it grew: it holds no tokens to cache.
+        kv_.release(G.seqs[j].id, G.seqs[j].content.slice(0, 0));
         G.seqs[j].kv_tokens = G.seqs[j].synced = G.seqs[j].capacity = 0;
       }
       return false;
