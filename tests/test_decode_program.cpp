@@ -2,9 +2,11 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "sim/workload/alloc_program.h"
 #include "sim/workload/model_shape.h"
@@ -144,6 +146,45 @@ TEST_CASE("other model weight counts match the published parameter counts") {
   CHECK(q25.weight_bytes() == 7'615'616'512ull * 2);
   // 2 x 28 x 4 x 128 x 2
   CHECK(q25.kv_bytes_per_token() == 57344);
+}
+
+TEST_CASE("RoPE inverse frequencies: default and Llama 3.1's llama3 scaling") {
+  ModelShape q = llama31_8b();
+  q.rope_theta = 1e6;
+  const std::vector<float> plain = q.rope_inv_freq();
+  REQUIRE(plain.size() == 64);
+  CHECK(plain[0] == 1.0f);
+  CHECK(plain[32] == 1.0f / std::pow(1e6f, 0.5f));  // theta^(-64/128)
+  for (size_t i = 1; i < plain.size(); ++i) CHECK(plain[i] < plain[i - 1]);
+
+  ModelShape l = llama31_8b();
+  l.rope_theta = 500000;
+  l.rope_scaling.factor = 8;  // low 1, high 4, original 8192 (config.json)
+  const std::vector<float> f = l.rope_inv_freq();
+  l.rope_scaling.factor = 0;
+  const std::vector<float> base = l.rope_inv_freq();
+  // Wavelength 2 pi / f: under 8192 / 4 = 2048 unchanged, over 8192 / 1 divided by 8, between
+  // them a ramp from f / 8 to f.
+  int kept = 0, divided = 0, ramped = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double wavelen = 2 * 3.14159265358979 / base[i];
+    if (wavelen < 2048) {
+      CHECK(f[i] == base[i]);
+      ++kept;
+    } else if (wavelen > 8192) {
+      CHECK(f[i] == base[i] / 8);
+      ++divided;
+    } else {
+      CHECK(f[i] > base[i] / 8);
+      CHECK(f[i] < base[i]);
+      ++ramped;
+    }
+  }
+  // theta 500000, head_dim 128: wavelen = 2 pi 500000^(i / 64): pairs 0..28 keep, 29..34
+  // ramp, 35..63 are divided.
+  CHECK(kept == 29);
+  CHECK(ramped == 6);
+  CHECK(divided == 29);
 }
 
 TEST_CASE("decode program inputs") {

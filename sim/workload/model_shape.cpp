@@ -1,6 +1,8 @@
 // Model shapes: dtype sizes and names, and the weight / KV-cache byte counts of a model.
 #include "sim/workload/model_shape.h"
 
+#include <cmath>
+
 namespace memsim {
 
 uint64_t dtype_bytes(DType t) {
@@ -69,6 +71,37 @@ uint64_t ModelShape::weight_bytes() const {
 
 uint64_t ModelShape::kv_bytes_per_token() const {
   return 2 * uint64_t{layers} * kv_heads * head_dim * dtype_bytes(dtype);
+}
+
+std::vector<float> ModelShape::rope_inv_freq() const {
+  const uint32_t pairs = static_cast<uint32_t>(head_dim / 2);
+  std::vector<float> f(pairs);
+  constexpr float kPi = 3.14159265358979f;
+  const auto& r = rope_scaling;
+  const float old_len = static_cast<float>(r.original_max_position);
+  const float low_wavelen = old_len / static_cast<float>(r.low_freq_factor);
+  const float high_wavelen = old_len / static_cast<float>(r.high_freq_factor);
+  for (uint32_t i = 0; i < pairs; ++i) {
+    const float base = 1.0f / std::pow(static_cast<float>(rope_theta),
+                                       static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    if (r.factor <= 0) {
+      f[i] = base;
+      continue;
+    }
+    // Llama 3.1: long wavelengths divided by factor, short ones kept, a smooth ramp between.
+    const float factor = static_cast<float>(r.factor);
+    const float wavelen = 2 * kPi / base;
+    if (wavelen < high_wavelen) {
+      f[i] = base;
+    } else if (wavelen > low_wavelen) {
+      f[i] = base / factor;
+    } else {
+      const float smooth = (old_len / wavelen - static_cast<float>(r.low_freq_factor)) /
+                           static_cast<float>(r.high_freq_factor - r.low_freq_factor);
+      f[i] = (1 - smooth) * base / factor + smooth * base;
+    }
+  }
+  return f;
 }
 
 }  // namespace memsim

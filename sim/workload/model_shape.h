@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace memsim {
 
@@ -23,6 +24,16 @@ struct ModelShape {
   bool tie_embeddings = false;       // lm_head shares the embedding matrix
   bool qkv_bias = false;             // q/k/v projections carry biases (Qwen2/Qwen2.5)
   bool qk_norm = false;              // per-head RMSNorm on q and k, head_dim weights each (Qwen3)
+  // Numerics the model executor needs (config.json's rope_theta, rms_norm_eps, rope_scaling).
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  struct RopeScaling {  // rope_type "llama3" (Llama 3.1); factor 0 = none
+    double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+    uint64_t original_max_position = 8192;
+  } rope_scaling;
+  // RoPE inverse frequencies of the head_dim / 2 dimension pairs, in fp32 as the executor and
+  // transformers' _compute_default_rope_parameters / _compute_llama3_parameters compute them.
+  std::vector<float> rope_inv_freq() const;
 
   uint64_t weight_bytes() const;          // embeddings, attention, MLP, norms, lm_head
   uint64_t kv_bytes_per_token() const;    // 2 (K and V) x layers x kv_heads x head_dim x dtype

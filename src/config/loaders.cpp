@@ -90,7 +90,8 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
 
 ModelShape load_model_shape(const ConfigNode& node) {
   node.expect_keys({"name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                    "vocab", "dtype", "tie_embeddings", "qkv_bias", "qk_norm"});
+                    "vocab", "dtype", "tie_embeddings", "qkv_bias", "qk_norm", "rope_theta",
+                    "rms_norm_eps", "rope_scaling"});
   ModelShape m;
   m.name = node["name"].as_string();
   m.layers = static_cast<uint32_t>(node["layers"].as_uint_in(1, 1024));
@@ -109,6 +110,21 @@ ModelShape load_model_shape(const ConfigNode& node) {
   if (auto v = node.find("tie_embeddings")) m.tie_embeddings = v->as_bool();
   if (auto v = node.find("qkv_bias")) m.qkv_bias = v->as_bool();
   if (auto v = node.find("qk_norm")) m.qk_norm = v->as_bool();
+  if (auto v = node.find("rope_theta")) m.rope_theta = v->as_double_in(1, 1e12);
+  if (auto v = node.find("rms_norm_eps")) m.rms_norm_eps = v->as_double_in(1e-12, 1e-1);
+  if (auto v = node.find("rope_scaling")) {
+    v->expect_keys({"rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings"});
+    (void)(*v)["rope_type"].as_choice({"llama3"});
+    auto& r = m.rope_scaling;
+    r.factor = (*v)["factor"].as_double_in(1, 1e6);
+    if (auto f = v->find("low_freq_factor")) r.low_freq_factor = f->as_double_in(1e-6, 1e6);
+    if (auto f = v->find("high_freq_factor")) r.high_freq_factor = f->as_double_in(1e-6, 1e6);
+    if (r.high_freq_factor <= r.low_freq_factor)
+      (*v)["high_freq_factor"].fail("must exceed low_freq_factor");
+    if (auto f = v->find("original_max_position_embeddings"))
+      r.original_max_position = f->as_uint_in(1, 1ull << 32);
+  }
   return m;
 }
 
