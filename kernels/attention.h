@@ -31,9 +31,10 @@ cudaError_t read_bandwidth(uint64_t p, uint64_t bytes, uint32_t* sink, cudaStrea
 cudaError_t synth_rows(KvDtype dtype, uint64_t out, uint32_t rows, uint32_t row_elems,
                        const uint32_t* a, const uint32_t* b, uint32_t salt, cudaStream_t stream);
 
-// Fills `count` elements at `ptr` with uniform values in [-1, 1) of `dtype`, a deterministic
-// function of (seed, index) (benchmark and test data: never zeros, never NaN).
+// Fills `count` elements at `ptr` with offset + scale x (uniform in [-1, 1)) of `dtype`, a
+// deterministic function of (seed, index) (benchmark and test data, model weights; with the
+// default scale and offset never zero, never NaN).
 cudaError_t random_half(KvDtype dtype, uint64_t ptr, uint64_t count, uint64_t seed,
-                        cudaStream_t stream);
+                        cudaStream_t stream, float scale = 1.0f, float offset = 0.0f);
 
 }  // namespace memsim::kernels

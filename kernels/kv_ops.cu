@@ -120,9 +120,11 @@ struct RandomParams {
   uint64_t n;
   uint64_t seed;
   bool fp16;
+  float scale, offset;
 };
 
-// Element i = uniform in [-1, 1) from a 64-bit mix of (seed, i), rounded to bf16 or fp16.
+// Element i = offset + scale x (uniform in [-1, 1) from a 64-bit mix of (seed, i)), computed in
+// fp32 and rounded to bf16 or fp16.
 __global__ void __launch_bounds__(256) RandomHalfKernel(const __grid_constant__ RandomParams p) {
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < p.n;
        i += uint64_t{gridDim.x} * blockDim.x) {
@@ -130,7 +132,8 @@ __global__ void __launch_bounds__(256) RandomHalfKernel(const __grid_constant__ 
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    const float x = static_cast<float>(z >> 40) * (2.f / 16777216.f) - 1.f;
+    const float u = static_cast<float>(z >> 40) * (2.f / 16777216.f) - 1.f;
+    const float x = p.offset + p.scale * u;
     p.p[i] = p.fp16 ? __half_as_ushort(__float2half_rn(x))
                     : __bfloat16_as_ushort(__float2bfloat16_rn(x));
   }
@@ -206,11 +209,12 @@ cudaError_t read_bandwidth(uint64_t ptr, uint64_t bytes, uint32_t* sink, cudaStr
 }
 
 cudaError_t random_half(KvDtype dtype, uint64_t ptr, uint64_t count, uint64_t seed,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, float scale, float offset) {
   if (count == 0) return cudaSuccess;
   if (ptr % 2 != 0) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 8192));
-  RandomParams p{reinterpret_cast<uint16_t*>(ptr), count, seed, dtype == KvDtype::kFp16};
+  RandomParams p{reinterpret_cast<uint16_t*>(ptr), count, seed, dtype == KvDtype::kFp16, scale,
+                 offset};
   RandomHalfKernel<<<blocks, 256, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,0 +1,46 @@
+// The model step's GEMMs through cuBLASLt, loaded at run time (dlopen of the toolkit's
+// libcublasLt.so.<major>), so memsim binaries start on machines without it and only the model
+// executor needs it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "kernels/attention_types.h"
+
+namespace memsim::kernels {
+
+// Y[m, n] = X[m, k] x W[n, k]^T (+ bias[n]): PyTorch Linear on row-major tensors, bf16 or fp16
+// in and out, fp32 accumulation, cuBLASLt's heuristic algorithm for the shape (cached).
+class LtGemm {
+ public:
+  // Loads cuBLASLt and creates a handle. `workspace` (device memory, may be 0 with 0 bytes) is
+  // the scratch cuBLASLt may use; 32 MiB is what PyTorch gives it on Hopper. Null with *why set
+  // when the library is missing or fails; MEMSIM_CUBLASLT names the library file to try first.
+  static std::unique_ptr<LtGemm> open(uint64_t workspace, uint64_t workspace_bytes,
+                                      std::string* why);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // Empty on success, else what failed (and the cuBLASLt status).
+  std::string matmul(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias, uint64_t y, uint32_t m,
+                     uint32_t n, uint32_t k, cudaStream_t stream);
+  std::string library() const;  // the file that was loaded
+
+ private:
+  struct Api;
+  struct Plan;
+  LtGemm() = default;
+  std::unique_ptr<Api> api_;
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  uint64_t workspace_ = 0, workspace_bytes_ = 0;
+  std::map<std::tuple<int, uint32_t, uint32_t, uint32_t, bool>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace memsim::kernels

@@ -1,0 +1,300 @@
+// Model-step kernels: RMSNorm (fused residual add, per-head q/k norm), rotary embedding,
+// SiLU-and-mul, embedding gather, row gather and greedy argmax. One warp per row where rows are
+// short (norms, argmax over a row), one thread per element pair elsewhere.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+
+#include "kernels/model_ops.h"
+
+namespace memsim::kernels {
+namespace {
+
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_f(__half x) {
+  return __half2float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+template <class F>
+cudaError_t by_dtype(KvDtype dtype, F&& f) {
+  return dtype == KvDtype::kBf16 ? f.template operator()<__nv_bfloat16>()
+                                 : f.template operator()<__half>();
+}
+
+unsigned grid_for(uint64_t items, unsigned per_block, unsigned cap = 65535u * 16) {
+  return static_cast<unsigned>(std::clamp<uint64_t>((items + per_block - 1) / per_block, 1, cap));
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+
+template <typename T>
+struct RmsNormParams {
+  const T* x;
+  T* out;
+  T* residual;  // null: plain norm
+  const T* weight;
+  uint32_t tokens, heads, dim;
+  uint64_t token_stride;
+  float eps;
+};
+
+constexpr int kNormWarps = 8;
+
+// One warp per row: pass 1 sums squares (and stores the residual sum), pass 2 normalizes.
+template <typename T>
+__global__ void __launch_bounds__(kNormWarps * 32)
+    RmsNormKernel(const __grid_constant__ RmsNormParams<T> p) {
+  const uint64_t rows = uint64_t{p.tokens} * p.heads;
+  const uint32_t lane = threadIdx.x % 32;
+  for (uint64_t r = uint64_t{blockIdx.x} * kNormWarps + threadIdx.x / 32; r < rows;
+       r += uint64_t{gridDim.x} * kNormWarps) {
+    const uint64_t base = (r / p.heads) * p.token_stride + (r % p.heads) * p.dim;
+    float ss = 0;
+    for (uint32_t i = lane; i < p.dim; i += 32) {
+      float v = to_f(p.x[base + i]);
+      if (p.residual) {
+        const T sum = from_f<T>(v + to_f(p.residual[base + i]));
+        p.residual[base + i] = sum;
+        v = to_f(sum);
+      }
+      ss += v * v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
+    __syncwarp();
+    const T* src = p.residual ? p.residual : p.x;
+    for (uint32_t i = lane; i < p.dim; i += 32)
+      p.out[base + i] = from_f<T>(to_f(from_f<T>(to_f(src[base + i]) * inv)) * to_f(p.weight[i]));
+  }
+}
+
+// ---- rotary embedding --------------------------------------------------------------------------
+
+template <typename T>
+struct RopeParams {
+  T* qkv;
+  T* q_out;
+  const int32_t* positions;
+  const float* inv_freq;
+  uint32_t tokens, q_heads, kv_heads, head_dim;
+};
+
+// One thread per (token, head, pair i < head_dim / 2); heads [0, q_heads) are q, the next
+// kv_heads are k.
+template <typename T>
+__global__ void RopeKernel(const __grid_constant__ RopeParams<T> p) {
+  const uint32_t half = p.head_dim / 2;
+  const uint32_t heads = p.q_heads + p.kv_heads;
+  const uint64_t n = uint64_t{p.tokens} * heads * half;
+  const uint64_t row = uint64_t{p.q_heads + 2 * p.kv_heads} * p.head_dim;
+  for (uint64_t idx = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n;
+       idx += uint64_t{gridDim.x} * blockDim.x) {
+    const uint32_t i = static_cast<uint32_t>(idx % half);
+    const uint32_t h = static_cast<uint32_t>((idx / half) % heads);
+    const uint64_t t = idx / (uint64_t{half} * heads);
+    float s, c;
+    sincosf(static_cast<float>(p.positions[t]) * p.inv_freq[i], &s, &c);
+    const T* in = p.qkv + t * row + uint64_t{h} * p.head_dim;
+    const float x0 = to_f(in[i]), x1 = to_f(in[i + half]);
+    T* out = h < p.q_heads ? p.q_out + (t * p.q_heads + h) * p.head_dim
+                           : p.qkv + t * row + uint64_t{h} * p.head_dim;
+    out[i] = from_f<T>(x0 * c - x1 * s);
+    out[i + half] = from_f<T>(x1 * c + x0 * s);
+  }
+}
+
+// ---- SiLU and mul, gathers ---------------------------------------------------------------------
+
+template <typename T>
+struct SiluMulParams {
+  const T* gate_up;
+  T* out;
+  uint32_t tokens, inter;
+};
+
+template <typename T>
+__global__ void SiluMulKernel(const __grid_constant__ SiluMulParams<T> p) {
+  const uint64_t n = uint64_t{p.tokens} * p.inter;
+  for (uint64_t idx = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n;
+       idx += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t t = idx / p.inter, j = idx % p.inter;
+    const float g = to_f(p.gate_up[t * 2 * p.inter + j]);
+    const float u = to_f(p.gate_up[t * 2 * p.inter + p.inter + j]);
+    const float act = to_f(from_f<T>(g / (1.0f + expf(-g))));
+    p.out[idx] = from_f<T>(act * u);
+  }
+}
+
+struct GatherParams {
+  const uint4* src;
+  uint4* dst;
+  const int32_t* rows;
+  uint32_t tokens, row_vecs;  // 16-byte vectors per row
+  uint32_t limit;             // rows[t] < limit (0: unchecked)
+};
+
+// dst row t = src row rows[t], 16 bytes a thread; an out-of-range id writes zeros.
+__global__ void GatherRowsKernel(const __grid_constant__ GatherParams p) {
+  const uint64_t n = uint64_t{p.tokens} * p.row_vecs;
+  for (uint64_t idx = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n;
+       idx += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t t = idx / p.row_vecs, j = idx % p.row_vecs;
+    const int32_t r = p.rows[t];
+    const bool ok = r >= 0 && (p.limit == 0 || static_cast<uint32_t>(r) < p.limit);
+    p.dst[idx] = ok ? p.src[uint64_t(r) * p.row_vecs + j] : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ---- greedy sampling ---------------------------------------------------------------------------
+
+template <typename T>
+struct ArgmaxParams {
+  const T* logits;
+  uint32_t rows, vocab;
+  uint64_t stride;
+  int32_t* ids;
+};
+
+constexpr int kArgmaxThreads = 512;
+
+__device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+// One CTA per row: per-thread best, then warp and CTA reductions keeping the lowest index.
+template <typename T>
+__global__ void __launch_bounds__(kArgmaxThreads)
+    ArgmaxKernel(const __grid_constant__ ArgmaxParams<T> p) {
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ uint32_t si[kArgmaxThreads / 32];
+  const T* row = p.logits + uint64_t{blockIdx.x} * p.stride;
+  float bv = -FLT_MAX;
+  uint32_t bi = UINT32_MAX;
+  for (uint32_t i = threadIdx.x; i < p.vocab; i += blockDim.x) {
+    const float v = to_f(row[i]);
+    if (better(v, i, bv, bi)) bv = v, bi = i;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  if (threadIdx.x % 32 == 0) sv[threadIdx.x / 32] = bv, si[threadIdx.x / 32] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w)
+      if (better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
+    p.ids[blockIdx.x] = static_cast<int32_t>(bi);
+  }
+}
+
+bool aligned16(uint64_t v) {
+  return v % 16 == 0;
+}
+
+}  // namespace
+
+cudaError_t rms_norm(KvDtype dtype, const RmsNormArgs& a, cudaStream_t stream) {
+  const uint64_t rows = uint64_t{a.tokens} * a.heads;
+  if (rows == 0) return cudaSuccess;
+  if (!a.x || !a.out || !a.weight || a.dim == 0 || (a.residual && a.heads != 1))
+    return cudaErrorInvalidValue;
+  const uint64_t stride = a.token_stride ? a.token_stride : uint64_t{a.heads} * a.dim;
+  if (stride < uint64_t{a.heads} * a.dim) return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&]<typename T>() {
+    RmsNormParams<T> p{reinterpret_cast<const T*>(a.x),
+                       reinterpret_cast<T*>(a.out),
+                       reinterpret_cast<T*>(a.residual),
+                       reinterpret_cast<const T*>(a.weight),
+                       a.tokens,
+                       a.heads,
+                       a.dim,
+                       stride,
+                       a.eps};
+    RmsNormKernel<T><<<grid_for(rows, kNormWarps), kNormWarps * 32, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t rope(KvDtype dtype, const RopeArgs& a, cudaStream_t stream) {
+  if (a.tokens == 0) return cudaSuccess;
+  if (!a.qkv || !a.q_out || !a.positions || !a.inv_freq || a.head_dim == 0 || a.head_dim % 2 ||
+      a.q_heads == 0 || a.kv_heads == 0)
+    return cudaErrorInvalidValue;
+  const uint64_t n = uint64_t{a.tokens} * (a.q_heads + a.kv_heads) * (a.head_dim / 2);
+  return by_dtype(dtype, [&]<typename T>() {
+    RopeParams<T> p{reinterpret_cast<T*>(a.qkv), reinterpret_cast<T*>(a.q_out),
+                    a.positions,                 a.inv_freq,
+                    a.tokens,                    a.q_heads,
+                    a.kv_heads,                  a.head_dim};
+    RopeKernel<T><<<grid_for(n, 256), 256, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t silu_and_mul(KvDtype dtype, uint64_t gate_up, uint64_t out, uint32_t tokens,
+                         uint32_t inter, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (!gate_up || !out || inter == 0) return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&]<typename T>() {
+    SiluMulParams<T> p{reinterpret_cast<const T*>(gate_up), reinterpret_cast<T*>(out), tokens,
+                       inter};
+    SiluMulKernel<T><<<grid_for(uint64_t{tokens} * inter, 256), 256, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+namespace {
+cudaError_t gather(uint64_t src, const int32_t* rows, uint64_t dst, uint32_t tokens,
+                   uint64_t row_bytes, uint32_t limit, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (!src || !rows || !dst || row_bytes == 0 || !aligned16(src) || !aligned16(dst) ||
+      !aligned16(row_bytes))
+    return cudaErrorInvalidValue;
+  GatherParams p{reinterpret_cast<const uint4*>(src), reinterpret_cast<uint4*>(dst), rows, tokens,
+                 static_cast<uint32_t>(row_bytes / 16), limit};
+  GatherRowsKernel<<<grid_for(uint64_t{tokens} * p.row_vecs, 256), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t embedding(KvDtype dtype, uint64_t table, const int32_t* ids, uint64_t out,
+                      uint32_t tokens, uint32_t dim, uint32_t vocab, cudaStream_t stream) {
+  if (vocab == 0) return cudaErrorInvalidValue;
+  return gather(table, ids, out, tokens, uint64_t{dim} * dtype_bytes(dtype), vocab, stream);
+}
+
+cudaError_t gather_rows(KvDtype dtype, uint64_t x, const int32_t* rows, uint64_t out,
+                        uint32_t tokens, uint32_t dim, cudaStream_t stream) {
+  return gather(x, rows, out, tokens, uint64_t{dim} * dtype_bytes(dtype), 0, stream);
+}
+
+cudaError_t argmax_rows(KvDtype dtype, uint64_t logits, uint32_t rows, uint32_t vocab,
+                        uint64_t stride, int32_t* ids, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (!logits || !ids || vocab == 0 || stride < vocab) return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&]<typename T>() {
+    ArgmaxParams<T> p{reinterpret_cast<const T*>(logits), rows, vocab, stride, ids};
+    ArgmaxKernel<T><<<rows, kArgmaxThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace memsim::kernels

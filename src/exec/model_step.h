@@ -1,0 +1,102 @@
+// One model-shaped forward step on the GPU (CUDA builds): a decoder of a configs/models shape with
+// random weights, run over a KV cache the caller's strategy lays out, for a ragged batch of
+// decode tokens and prefill chunks, returning each sequence's greedy next token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "sim/workload/model_shape.h"
+#include "src/alloc/caching_allocator.h"
+#include "src/kv/kv_cache_manager.h"
+
+namespace memsim {
+
+struct ModelStepConfig {
+  ModelShape model;
+  uint32_t layers_run = 0;      // layers executed (0 = all); the KV layout still has every layer
+  uint32_t max_tokens = 8192;   // tokens of one step (max_num_batched_tokens)
+  uint32_t max_seqs = 256;      // sequences of one step
+  uint64_t seed = 1;            // weights: see weight_seed()
+  bool return_logits = false;   // copy each step's logits to the host (checks; slows the step)
+};
+
+// A sequence of a step: its KV table (block ids for paged layouts, {slot} for contiguous ones),
+// the tokens already in the cache (positions [0, cached)) and the new tokens it computes now
+// (positions [cached, cached + tokens.size())).
+struct StepSeqInput {
+  std::vector<int32_t> table;
+  uint32_t cached = 0;
+  std::vector<int32_t> tokens;
+};
+
+struct StepResult {
+  std::vector<int32_t> next_tokens;  // greedy token after each sequence's last new token
+  double gpu_ms = 0;                 // the step's kernels, CUDA events on its stream
+  bool decode = false;               // every sequence had one new token (the decode kernel ran)
+  std::vector<uint16_t> logits;      // [sequences, vocab] bf16/fp16 bits (return_logits)
+};
+
+// Per layer: input RMSNorm (fused with the residual add after the first layer), QKV projection
+// (+ bias), q/k RMSNorm per head (qk_norm), RoPE, KV write into the caller's cache, paged decode
+// (all sequences one token) or prefill attention, output projection, fused residual add +
+// RMSNorm, gate/up projection, SiLU x up, down projection; then the final norm on each
+// sequence's last token, the LM head and argmax. GEMMs through cuBLASLt (kernels/gemm.h), the
+// rest through kernels/. Weights are device_malloc'd through the Backend (tag "weights");
+// activations, step metadata and attention workspaces come from a torch_caching allocator over
+// the Backend (tag "activations"), allocated and freed as PyTorch's eager forward would, so a
+// step is an allocation program like any other.
+//
+// Weights are uniform random (kernels::random_half), tensor i of layer l seeded with
+// weight_seed(seed, l, i) (global tensors use layer kGlobalLayer): linear weights in
+// +-1/sqrt(in_features), biases in +-0.1, norm weights in 1 +- 0.1, embeddings in +-1 (so
+// tools/model_check.py can rebuild the same model in PyTorch).
+class ModelStep {
+ public:
+  static constexpr uint32_t kGlobalLayer = 4096;
+  enum Tensor : uint32_t {  // weight_seed's tensor index
+    kInputNorm = 0,
+    kQkv = 1,
+    kQkvBias = 2,
+    kQNorm = 3,
+    kKNorm = 4,
+    kO = 5,
+    kPostNorm = 6,
+    kGateUp = 7,
+    kDown = 8,
+    kEmbedding = 0,  // of kGlobalLayer
+    kFinalNorm = 1,
+    kLmHead = 2,
+  };
+  static uint64_t weight_seed(uint64_t seed, uint32_t layer, uint32_t tensor) {
+    return seed * 1000003ull + uint64_t{layer} * 16 + tensor;
+  }
+
+  // Needs the CUDA backend (device pointers); kNotSupported for a model the kernels do not take
+  // (dtype not bf16/fp16, head_dim not 64/128/256, more than 8 query heads per KV head) or when
+  // cuBLASLt cannot be loaded.
+  static Result<std::unique_ptr<ModelStep>> create(const ModelStepConfig& config, Backend& backend);
+  ~ModelStep();
+  ModelStep(const ModelStep&) = delete;
+  ModelStep& operator=(const ModelStep&) = delete;
+
+  // Runs one step over `kv` (the strategy's layout: layer l reads and writes kv.k[l], kv.v[l]);
+  // every sequence's table must cover cached + tokens.size() positions. Synchronizes its stream.
+  // A failed step may leave activations allocated until the ModelStep is destroyed.
+  Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
+
+  const ModelStepConfig& config() const;
+  uint64_t weight_bytes() const;
+  AllocatorStats activation_stats() const;
+  uint64_t stream() const;  // the cudaStream_t the step runs on
+
+ private:
+  struct Impl;
+  explicit ModelStep(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memsim
