@@ -36,6 +36,10 @@ cudaError_t by_dtype(KvDtype dtype, F&& f) {
                                  : f.template operator()<__half>();
 }
 
+bool aligned16(uint64_t v) {
+  return v % 16 == 0;
+}
+
 unsigned grid_for(uint64_t items, unsigned per_block, unsigned cap = 65535u * 16) {
   return static_cast<unsigned>(std::clamp<uint64_t>((items + per_block - 1) / per_block, 1, cap));
 }
@@ -53,34 +57,68 @@ struct RmsNormParams {
   float eps;
 };
 
-constexpr int kNormWarps = 8;
+constexpr int kNormThreads = 256;
+constexpr int kNormVecs = 4;  // 16-byte vectors a thread keeps in registers: dim <= R x 32
 
-// One warp per row: pass 1 sums squares (and stores the residual sum), pass 2 normalizes.
-template <typename T>
-__global__ void __launch_bounds__(kNormWarps * 32)
+// Rows held in registers, 16-byte loads: R threads per row (32: a warp a row, for per-head norms;
+// 256: a CTA a row, for hidden rows), each with up to kNormVecs vectors of 8 elements. One read
+// of x (and residual), one write of residual and out: no re-read after a store, so aliasing of
+// x, out and residual costs nothing.
+template <typename T, int R>
+__global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const __grid_constant__ RmsNormParams<T> p) {
+  constexpr int kRowsPerCta = kNormThreads / R;
   const uint64_t rows = uint64_t{p.tokens} * p.heads;
-  const uint32_t lane = threadIdx.x % 32;
-  for (uint64_t r = uint64_t{blockIdx.x} * kNormWarps + threadIdx.x / 32; r < rows;
-       r += uint64_t{gridDim.x} * kNormWarps) {
-    const uint64_t base = (r / p.heads) * p.token_stride + (r % p.heads) * p.dim;
-    float ss = 0;
-    for (uint32_t i = lane; i < p.dim; i += 32) {
-      float v = to_f(p.x[base + i]);
-      if (p.residual) {
-        const T sum = from_f<T>(v + to_f(p.residual[base + i]));
-        p.residual[base + i] = sum;
-        v = to_f(sum);
-      }
-      ss += v * v;
+  const uint64_t r = uint64_t{blockIdx.x} * kRowsPerCta + threadIdx.x / R;
+  const uint32_t lane = threadIdx.x % R;
+  const uint32_t nvec = p.dim / 8;
+  const bool live = r < rows;
+  const uint64_t base = live ? (r / p.heads) * p.token_stride + (r % p.heads) * p.dim : 0;
+  float v[kNormVecs][8];
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < kNormVecs; ++k) {
+    const uint32_t j = lane + k * R;
+    if (!live || j >= nvec) continue;
+    uint4 raw = *reinterpret_cast<const uint4*>(p.x + base + j * 8);
+    const T* e = reinterpret_cast<const T*>(&raw);
+    if (p.residual) {
+      uint4 res = *reinterpret_cast<const uint4*>(p.residual + base + j * 8);
+      T* f = reinterpret_cast<T*>(&res);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = from_f<T>(to_f(e[i]) + to_f(f[i]));
+      *reinterpret_cast<uint4*>(p.residual + base + j * 8) = res;
+      raw = res;
     }
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
-    __syncwarp();
-    const T* src = p.residual ? p.residual : p.x;
-    for (uint32_t i = lane; i < p.dim; i += 32)
-      p.out[base + i] = from_f<T>(to_f(from_f<T>(to_f(src[base + i]) * inv)) * to_f(p.weight[i]));
+    for (int i = 0; i < 8; ++i) {
+      v[k][i] = to_f(e[i]);
+      ss += v[k][i] * v[k][i];
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if constexpr (R > 32) {
+    __shared__ float part[kNormThreads / 32];
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    ss = 0;
+#pragma unroll
+    for (int w = 0; w < kNormThreads / 32; ++w) ss += part[w];
+  }
+  if (!live) return;
+  const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
+#pragma unroll
+  for (int k = 0; k < kNormVecs; ++k) {
+    const uint32_t j = lane + k * R;
+    if (j >= nvec) continue;
+    const uint4 wraw = *reinterpret_cast<const uint4*>(p.weight + j * 8);
+    const T* w = reinterpret_cast<const T*>(&wraw);
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = from_f<T>(to_f(from_f<T>(v[k][i] * inv)) * to_f(w[i]));
+    *reinterpret_cast<uint4*>(p.out + base + j * 8) = out;
   }
 }
 
@@ -128,16 +166,32 @@ struct SiluMulParams {
   uint32_t tokens, inter;
 };
 
-template <typename T>
+// 8 elements a thread (16-byte loads and stores) when inter is a multiple of 8, else 1.
+template <typename T, int V>
 __global__ void SiluMulKernel(const __grid_constant__ SiluMulParams<T> p) {
-  const uint64_t n = uint64_t{p.tokens} * p.inter;
+  const uint64_t groups = p.inter / V;
+  const uint64_t n = uint64_t{p.tokens} * groups;
   for (uint64_t idx = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n;
        idx += uint64_t{gridDim.x} * blockDim.x) {
-    const uint64_t t = idx / p.inter, j = idx % p.inter;
-    const float g = to_f(p.gate_up[t * 2 * p.inter + j]);
-    const float u = to_f(p.gate_up[t * 2 * p.inter + p.inter + j]);
-    const float act = to_f(from_f<T>(g / (1.0f + expf(-g))));
-    p.out[idx] = from_f<T>(act * u);
+    const uint64_t t = idx / groups, j = (idx % groups) * V;
+    T g[V], u[V], o[V];
+    const T* row = p.gate_up + t * 2 * p.inter;
+    if constexpr (V == 8) {
+      *reinterpret_cast<uint4*>(g) = *reinterpret_cast<const uint4*>(row + j);
+      *reinterpret_cast<uint4*>(u) = *reinterpret_cast<const uint4*>(row + p.inter + j);
+    } else {
+      g[0] = row[j];
+      u[0] = row[p.inter + j];
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float x = to_f(g[i]);
+      o[i] = from_f<T>(to_f(from_f<T>(x / (1.0f + expf(-x)))) * to_f(u[i]));
+    }
+    if constexpr (V == 8)
+      *reinterpret_cast<uint4*>(p.out + t * p.inter + j) = *reinterpret_cast<const uint4*>(o);
+    else
+      p.out[t * p.inter + j] = o[0];
   }
 }
 
@@ -205,10 +259,6 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
-bool aligned16(uint64_t v) {
-  return v % 16 == 0;
-}
-
 }  // namespace
 
 cudaError_t rms_norm(KvDtype dtype, const RmsNormArgs& a, cudaStream_t stream) {
@@ -218,6 +268,10 @@ cudaError_t rms_norm(KvDtype dtype, const RmsNormArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const uint64_t stride = a.token_stride ? a.token_stride : uint64_t{a.heads} * a.dim;
   if (stride < uint64_t{a.heads} * a.dim) return cudaErrorInvalidValue;
+  // 16-byte rows held in registers: dim a multiple of 8 up to 256 x 32, aligned rows.
+  if (a.dim % 8 || stride % 8 || a.dim > kNormThreads * kNormVecs * 8 || !aligned16(a.x) ||
+      !aligned16(a.out) || !aligned16(a.weight) || (a.residual && !aligned16(a.residual)))
+    return cudaErrorInvalidValue;
   return by_dtype(dtype, [&]<typename T>() {
     RmsNormParams<T> p{reinterpret_cast<const T*>(a.x),
                        reinterpret_cast<T*>(a.out),
@@ -228,7 +282,12 @@ cudaError_t rms_norm(KvDtype dtype, const RmsNormArgs& a, cudaStream_t stream) {
                        a.dim,
                        stride,
                        a.eps};
-    RmsNormKernel<T><<<grid_for(rows, kNormWarps), kNormWarps * 32, 0, stream>>>(p);
+    if (a.dim <= 32 * kNormVecs * 8) {
+      constexpr int kRows = kNormThreads / 32;
+      RmsNormKernel<T, 32><<<grid_for(rows, kRows, 0x7fffffffu), kNormThreads, 0, stream>>>(p);
+    } else {
+      RmsNormKernel<T, kNormThreads><<<grid_for(rows, 1, 0x7fffffffu), kNormThreads, 0, stream>>>(p);
+    }
     return cudaGetLastError();
   });
 }
@@ -256,7 +315,10 @@ cudaError_t silu_and_mul(KvDtype dtype, uint64_t gate_up, uint64_t out, uint32_t
   return by_dtype(dtype, [&]<typename T>() {
     SiluMulParams<T> p{reinterpret_cast<const T*>(gate_up), reinterpret_cast<T*>(out), tokens,
                        inter};
-    SiluMulKernel<T><<<grid_for(uint64_t{tokens} * inter, 256), 256, 0, stream>>>(p);
+    if (inter % 8 == 0 && aligned16(gate_up) && aligned16(out))
+      SiluMulKernel<T, 8><<<grid_for(uint64_t{tokens} * inter / 8, 256), 256, 0, stream>>>(p);
+    else
+      SiluMulKernel<T, 1><<<grid_for(uint64_t{tokens} * inter, 256), 256, 0, stream>>>(p);
     return cudaGetLastError();
   });
 }

@@ -16,7 +16,8 @@ namespace memsim::kernels {
 // t * token_stride + h * dim of x (and of out, residual). out = x / rms(x) * weight, with
 // rms = sqrt(mean(x^2) + eps) in fp32 and out rounded once (PyTorch / vLLM rms_norm).
 // With `residual` (heads == 1), vLLM's fused_add_rms_norm: residual = x + residual (rounded to
-// the storage type) first, then out = norm(residual). out may alias x (in place).
+// the storage type) first, then out = norm(residual). out may alias x (in place). dim a multiple
+// of 8 up to 8192, rows 16-byte aligned (token_stride a multiple of 8).
 struct RmsNormArgs {
   uint64_t x = 0, out = 0;
   uint64_t residual = 0;  // 0: none
