@@ -63,9 +63,9 @@ Pool make_pool(Backend& b, const ModelShape& m, uint32_t block_size, uint64_t by
   Pool p;
   p.blocks = bytes / block_bytes;
   const DevPtr base = must(b.device_malloc(p.blocks * block_bytes, "kv_cache"), "KV pool");
-  if (cudaError_t e = kernels::random_half(m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16
-                                                                   : kernels::KvDtype::kBf16,
-                                           base, p.blocks * block_bytes / 2, 7, nullptr);
+  if (cudaError_t e = kernels::random_half(
+          m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16, base,
+          p.blocks * block_bytes / 2, 7, nullptr);
       e != cudaSuccess)
     die(cudaGetErrorString(e));
   p.layout = block_major_layout(base, init, block_size, block_bytes, p.blocks);
@@ -115,7 +115,8 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
     for (uint32_t s = 0; s < prompt.size(); ++s) {
       const uint32_t upto = in[s].cached + static_cast<uint32_t>(in[s].tokens.size());
       std::string toks;
-      for (uint32_t i = 0; i < upto; ++i) toks += fmt::format("{}{}", i ? "," : "", seq_tokens[s][i]);
+      for (uint32_t i = 0; i < upto; ++i)
+        toks += fmt::format("{}{}", i ? "," : "", seq_tokens[s][i]);
       seqs += fmt::format("{}{{\"tokens\": [{}], \"cached\": {}, \"next\": {}}}", s ? ", " : "",
                           toks, in[s].cached, r.next_tokens[s]);
       cached[s] = upto;
@@ -127,15 +128,16 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
   std::ofstream meta(dir + "/model.json");
   meta << fmt::format(
       "{{\"name\": \"{}\", \"layers_run\": {}, \"hidden\": {}, \"heads\": {}, \"kv_heads\": {}, "
-      "\"head_dim\": {}, \"intermediate\": {}, \"vocab\": {}, \"fp16\": {}, \"tie_embeddings\": {}, "
+      "\"head_dim\": {}, \"intermediate\": {}, \"vocab\": {}, \"fp16\": {}, \"tie_embeddings\": "
+      "{}, "
       "\"qkv_bias\": {}, \"qk_norm\": {}, \"rope_theta\": {}, \"rms_norm_eps\": {}, "
       "\"rope_factor\": {}, \"rope_low\": {}, \"rope_high\": {}, \"rope_original\": {}, "
       "\"seed\": {}}}\n",
-      mm.name, step.config().layers_run ? step.config().layers_run : mm.layers, mm.hidden,
-      mm.heads, mm.kv_heads, mm.head_dim, mm.intermediate, mm.vocab,
-      mm.dtype == DType::kFP16, mm.tie_embeddings, mm.qkv_bias, mm.qk_norm, mm.rope_theta,
-      mm.rms_norm_eps, mm.rope_scaling.factor, mm.rope_scaling.low_freq_factor,
-      mm.rope_scaling.high_freq_factor, mm.rope_scaling.original_max_position, step.config().seed);
+      mm.name, step.config().layers_run ? step.config().layers_run : mm.layers, mm.hidden, mm.heads,
+      mm.kv_heads, mm.head_dim, mm.intermediate, mm.vocab, mm.dtype == DType::kFP16,
+      mm.tie_embeddings, mm.qkv_bias, mm.qk_norm, mm.rope_theta, mm.rms_norm_eps,
+      mm.rope_scaling.factor, mm.rope_scaling.low_freq_factor, mm.rope_scaling.high_freq_factor,
+      mm.rope_scaling.original_max_position, step.config().seed);
   std::printf("check: %u steps written to %s\n", decodes + 2, dir.c_str());
 }
 
@@ -171,7 +173,8 @@ int main(int argc, char** argv) {
   }
   const ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + model_name + ".yaml"));
-  const GpuSpec gpu = load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + gpu_name + ".yaml"));
+  const GpuSpec gpu =
+      load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + gpu_name + ".yaml"));
   SimClock clock;
   auto backend = must(CudaBackend::create(unpriced_gpu_spec(gpu_name), clock, nullptr), "backend");
   ModelStepConfig cfg;
@@ -181,13 +184,14 @@ int main(int argc, char** argv) {
   cfg.max_seqs = 512;
   cfg.return_logits = !check_dir.empty();
   auto step = must(ModelStep::create(cfg, *backend), "model step");
-  Pool pool = make_pool(*backend, model, block_size,
-                        static_cast<uint64_t>(pool_gib * (1ull << 30)));
+  Pool pool =
+      make_pool(*backend, model, block_size, static_cast<uint64_t>(pool_gib * (1ull << 30)));
   const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
-  std::printf("memsim-model-bench: %s (%u of %u layers), weights %.2f GiB, KV pool %.1f GiB, "
-              "block %u\n",
-              model.name.c_str(), run_layers, model.layers,
-              double(step->weight_bytes()) / (1ull << 30), pool_gib, block_size);
+  std::printf(
+      "memsim-model-bench: %s (%u of %u layers), weights %.2f GiB, KV pool %.1f GiB, "
+      "block %u\n",
+      model.name.c_str(), run_layers, model.layers, double(step->weight_bytes()) / (1ull << 30),
+      pool_gib, block_size);
   if (!check_dir.empty()) {
     check(*step, pool, check_dir, decodes);
     return 0;

@@ -36,8 +36,8 @@ int memsim_random(int fp16, uint64_t ptr, uint64_t count, uint64_t seed, float s
 }
 
 int memsim_rms_norm(int fp16, uint64_t x, uint64_t out, uint64_t residual, uint64_t weight,
-                    uint32_t tokens, uint32_t heads, uint32_t dim, uint64_t token_stride,
-                    float eps, uint64_t stream) {
+                    uint32_t tokens, uint32_t heads, uint32_t dim, uint64_t token_stride, float eps,
+                    uint64_t stream) {
   RmsNormArgs a;
   a.x = x;
   a.out = out;
@@ -54,7 +54,8 @@ int memsim_rms_norm(int fp16, uint64_t x, uint64_t out, uint64_t residual, uint6
 int memsim_rope(int fp16, uint64_t qkv, uint64_t q_out, const int32_t* positions,
                 const float* inv_freq, uint32_t tokens, uint32_t q_heads, uint32_t kv_heads,
                 uint32_t head_dim, uint64_t stream) {
-  return rope(dtype_of(fp16), {qkv, q_out, positions, inv_freq, tokens, q_heads, kv_heads, head_dim},
+  return rope(dtype_of(fp16),
+              {qkv, q_out, positions, inv_freq, tokens, q_heads, kv_heads, head_dim},
               stream_of(stream));
 }
 
@@ -81,8 +82,8 @@ void* memsim_gemm_open(uint64_t workspace, uint64_t workspace_bytes, char* err, 
   return g.release();
 }
 
-int memsim_gemm(void* gemm, int fp16, uint64_t x, uint64_t w, uint64_t bias, uint64_t y,
-                uint32_t m, uint32_t n, uint32_t k, uint64_t stream, char* err, uint64_t cap) {
+int memsim_gemm(void* gemm, int fp16, uint64_t x, uint64_t w, uint64_t bias, uint64_t y, uint32_t m,
+                uint32_t n, uint32_t k, uint64_t stream, char* err, uint64_t cap) {
   const std::string why =
       static_cast<LtGemm*>(gemm)->matmul(dtype_of(fp16), x, w, bias, y, m, n, k, stream_of(stream));
   put(why, err, cap);

@@ -58,7 +58,8 @@ std::vector<std::string> candidates() {
       c.push_back(fmt::format("{}/lib64/{}", root, so));
   c.push_back("/usr/local/cuda/lib64/" + so);
   c.push_back("/usr/local/cuda/targets/x86_64-linux/lib/" + so);
-  c.push_back(fmt::format("/usr/local/cuda-{}.0/targets/x86_64-linux/lib/{}", CUBLAS_VER_MAJOR, so));
+  c.push_back(
+      fmt::format("/usr/local/cuda-{}.0/targets/x86_64-linux/lib/{}", CUBLAS_VER_MAJOR, so));
   return c;
 }
 
@@ -188,8 +189,8 @@ std::string LtGemm::matmul(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias,
   Plan& p = *it->second;
   if (bias) {
     const void* b = reinterpret_cast<const void*>(bias);
-    if (cublasStatus_t s =
-            api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b));
+    if (cublasStatus_t s = api.cublasLtMatmulDescSetAttribute(
+            p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b));
         s != CUBLAS_STATUS_SUCCESS)
       return "matmul bias: " + status(s);
   }

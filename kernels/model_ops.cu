@@ -286,7 +286,8 @@ cudaError_t rms_norm(KvDtype dtype, const RmsNormArgs& a, cudaStream_t stream) {
       constexpr int kRows = kNormThreads / 32;
       RmsNormKernel<T, 32><<<grid_for(rows, kRows, 0x7fffffffu), kNormThreads, 0, stream>>>(p);
     } else {
-      RmsNormKernel<T, kNormThreads><<<grid_for(rows, 1, 0x7fffffffu), kNormThreads, 0, stream>>>(p);
+      RmsNormKernel<T, kNormThreads>
+          <<<grid_for(rows, 1, 0x7fffffffu), kNormThreads, 0, stream>>>(p);
     }
     return cudaGetLastError();
   });
@@ -299,10 +300,14 @@ cudaError_t rope(KvDtype dtype, const RopeArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const uint64_t n = uint64_t{a.tokens} * (a.q_heads + a.kv_heads) * (a.head_dim / 2);
   return by_dtype(dtype, [&]<typename T>() {
-    RopeParams<T> p{reinterpret_cast<T*>(a.qkv), reinterpret_cast<T*>(a.q_out),
-                    a.positions,                 a.inv_freq,
-                    a.tokens,                    a.q_heads,
-                    a.kv_heads,                  a.head_dim};
+    RopeParams<T> p{reinterpret_cast<T*>(a.qkv),
+                    reinterpret_cast<T*>(a.q_out),
+                    a.positions,
+                    a.inv_freq,
+                    a.tokens,
+                    a.q_heads,
+                    a.kv_heads,
+                    a.head_dim};
     RopeKernel<T><<<grid_for(n, 256), 256, 0, stream>>>(p);
     return cudaGetLastError();
   });
@@ -330,8 +335,12 @@ cudaError_t gather(uint64_t src, const int32_t* rows, uint64_t dst, uint32_t tok
   if (!src || !rows || !dst || row_bytes == 0 || !aligned16(src) || !aligned16(dst) ||
       !aligned16(row_bytes))
     return cudaErrorInvalidValue;
-  GatherParams p{reinterpret_cast<const uint4*>(src), reinterpret_cast<uint4*>(dst), rows, tokens,
-                 static_cast<uint32_t>(row_bytes / 16), limit};
+  GatherParams p{reinterpret_cast<const uint4*>(src),
+                 reinterpret_cast<uint4*>(dst),
+                 rows,
+                 tokens,
+                 static_cast<uint32_t>(row_bytes / 16),
+                 limit};
   GatherRowsKernel<<<grid_for(uint64_t{tokens} * p.row_vecs, 256), 256, 0, stream>>>(p);
   return cudaGetLastError();
 }

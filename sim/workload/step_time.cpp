@@ -1,6 +1,8 @@
 // Roofline step-time model: parameter and byte counts from the model shape, rates from the GPU.
 #include "sim/workload/step_time.h"
 
+#include "sim/workload/step_profile.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -28,7 +30,9 @@ void require_positive(double v, const char* what) {
 
 }  // namespace
 
-StepTimeModel::StepTimeModel(const ModelShape& model, const GpuSpec& gpu) {
+StepTimeModel::StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
+                             std::shared_ptr<const ProfiledStepTime> profile)
+    : profile_(std::move(profile)) {
   const ComputeSpec& c = gpu.compute;
   require_positive(c.peak_flops, "peak_flops");
   require_positive(c.hbm_bytes_per_s, "hbm_bytes_per_s");
@@ -59,6 +63,16 @@ StepTimeModel::StepTimeModel(const ModelShape& model, const GpuSpec& gpu) {
   bytes_per_s_ = c.hbm_bytes_per_s * c.bandwidth_efficiency;
   pcie_bytes_per_s_ = c.pcie_bytes_per_s;
   overhead_ns_ = static_cast<SimTime>(std::llround(c.step_overhead_us * 1000.0));
+}
+
+SimTime StepTimeModel::step_time(const StepShape& s) const {
+  return profile_ ? profile_->step_time(s) : breakdown(s).total_ns;
+}
+
+std::string StepTimeModel::source() const {
+  if (!profile_) return "roofline";
+  const StepProfile& p = profile_->profile();
+  return "profile " + p.gpu + "/" + p.model + " (" + p.mode + ")";
 }
 
 StepBreakdown StepTimeModel::breakdown(const StepShape& s) const {

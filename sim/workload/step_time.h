@@ -30,6 +30,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "backends/backend.h"
 #include "backends/sim/cost_model.h"
@@ -58,13 +60,20 @@ struct StepBreakdown {
   StepBound bound = StepBound::kMemory;  // the larger of the two (memory on a tie)
 };
 
+class ProfiledStepTime;
+
 class StepTimeModel {
  public:
   // Throws std::invalid_argument when gpu.compute has a non-positive rate or efficiency (the
   // GPU loader never produces one; a hand-built GpuSpec might).
-  StepTimeModel(const ModelShape& model, const GpuSpec& gpu);
+  // With `profile`, step_time() interpolates its measurements (sim/workload/step_profile.h)
+  // instead of the roofline; breakdown() and attention_time() stay the roofline's.
+  StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
+                std::shared_ptr<const ProfiledStepTime> profile = nullptr);
 
-  SimTime step_time(const StepShape& s) const { return breakdown(s).total_ns; }
+  SimTime step_time(const StepShape& s) const;
+  // "roofline", or "profile <gpu>/<model> (<mode>)".
+  std::string source() const;
   StepBreakdown breakdown(const StepShape& s) const;
   // The attention share of a step (every layer), for comparison with the attention kernels
   // measured on a GPU: max(attention FLOPs / achieved FLOP/s, (KV read + KV written) bytes /
@@ -91,6 +100,7 @@ class StepTimeModel {
   double bytes_per_s_ = 0;  // achieved
   double pcie_bytes_per_s_ = 0;
   SimTime overhead_ns_ = 0;
+  std::shared_ptr<const ProfiledStepTime> profile_;
 };
 
 }  // namespace memsim

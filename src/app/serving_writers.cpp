@@ -111,6 +111,12 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
       o << fmt::format("KV budget ({}, {}):\n{}", c.model.name, c.gpu.name, text);
   }
   for (const RequestSet& s : c.request_sets) o << "requests: " << s.summary.describe() << "\n";
+  std::set<std::string> sources;
+  for (const ServingRunResult& r : results.runs)
+    if (!r.result.step_time_source.empty()) sources.insert(r.result.step_time_source);
+  for (const std::string& s : sources)
+    o << "step time: " << s << (s == "roofline" ? "" : fmt::format(" ({})", c.step_profile_path))
+      << "\n";
   o << fmt::format(
       "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>9} {:>8} {:>8} {:>8}  "
       "{}\n",
@@ -176,6 +182,7 @@ std::string write_serving_outputs(const ServingConfig& c, const ServingResults& 
         << ", \"kv\": " << json_string(r.spec.kv_impl)
         << ", \"kv_params\": " << json_string(r.spec.kv_params)
         << ", \"scheduler\": " << json_string(r.spec.scheduler)
+        << ", \"step_time\": " << json_string(r.result.step_time_source)
         << ", \"outcome\": " << json_string(outcome(r))
         << ", \"error\": " << json_string(r.result.error.empty() ? r.budget_error : r.result.error)
         << ",\n     \"budget\": {\"capacity\": " << b.capacity << ", \"usable\": " << b.usable

@@ -34,7 +34,7 @@ Status gemm_status(const std::string& why) {
 }
 
 constexpr uint64_t kGemmWorkspace = 32ull << 20;  // PyTorch's cuBLASLt workspace on Hopper
-constexpr uint64_t kElem = 2;                      // bf16 / fp16
+constexpr uint64_t kElem = 2;                     // bf16 / fp16
 
 uint64_t align16(uint64_t v) {
   return (v + 15) / 16 * 16;
@@ -61,8 +61,7 @@ struct ModelStep::Impl {
   }
 
   Status init();
-  Result<DevPtr> weight(uint64_t elems, uint32_t layer, uint32_t tensor, float scale,
-                        float offset);
+  Result<DevPtr> weight(uint64_t elems, uint32_t layer, uint32_t tensor, float scale, float offset);
   Result<DevPtr> act(uint64_t bytes) { return alloc.malloc(std::max<uint64_t>(bytes, 1), {}); }
   Status free(DevPtr p) { return p ? alloc.free(p) : Status{}; }
   Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
@@ -152,8 +151,8 @@ Status ModelStep::Impl::init() {
   const std::vector<float> freqs = m.rope_inv_freq();
   MEMSIM_ASSIGN_OR_RETURN(inv_freq, backend.device_malloc(freqs.size() * 4, "weights"));
   weights.push_back(inv_freq);
-  MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(inv_freq), freqs.data(),
-                                 freqs.size() * 4, cudaMemcpyHostToDevice, stream));
+  MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(inv_freq), freqs.data(), freqs.size() * 4,
+                                 cudaMemcpyHostToDevice, stream));
   MEMSIM_ASSIGN_OR_RETURN(gemm_ws, backend.device_malloc(kGemmWorkspace, "gemm_workspace"));
   weights.push_back(gemm_ws);
   std::string why;
@@ -198,14 +197,13 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
     for (uint32_t i = 0; i < s.tokens.size(); ++i) {
       const uint32_t pos = s.cached + i;
       if (s.tokens[i] < 0 || static_cast<uint64_t>(s.tokens[i]) >= vocab)
-        return make_error(ErrorCode::kInvalidArgument, fmt::format("token {} outside the vocab",
-                                                                   s.tokens[i]));
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("token {} outside the vocab", s.tokens[i]));
       ids.push_back(s.tokens[i]);
       positions.push_back(static_cast<int32_t>(pos));
-      slot_mapping.push_back(
-          kv.paged ? int64_t{s.table[pos / kv.block_tokens]} * kv.block_tokens +
-                         pos % kv.block_tokens
-                   : int64_t{s.table[0]} * kv.block_tokens + pos);
+      slot_mapping.push_back(kv.paged ? int64_t{s.table[pos / kv.block_tokens]} * kv.block_tokens +
+                                            pos % kv.block_tokens
+                                      : int64_t{s.table[0]} * kv.block_tokens + pos);
     }
     const uint32_t len = s.cached + static_cast<uint32_t>(s.tokens.size());
     indptr.push_back(static_cast<int32_t>(ids.size()));
@@ -337,8 +335,8 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
     }
     MEMSIM_ASSIGN_OR_RETURN(DevPtr q, act(uint64_t{T} * q_cols * kElem));
     MEMSIM_STEP_CU(rope(dtype,
-                        {qkv, q, d_pos, reinterpret_cast<const float*>(inv_freq), T,
-                         shape.q_heads, shape.kv_heads, shape.head_dim},
+                        {qkv, q, d_pos, reinterpret_cast<const float*>(inv_freq), T, shape.q_heads,
+                         shape.kv_heads, shape.head_dim},
                         stream));
     KvLayerView view;
     view.k = kv.k[l];
@@ -390,16 +388,15 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
     pn.eps = eps;
     MEMSIM_STEP_CU(rms_norm(dtype, pn, stream));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr gu, act(uint64_t{T} * 2 * inter * kElem));
-    MEMSIM_TRY(gemm_status(gemm->matmul(dtype, o, L.gate_up, 0, gu, T,
-                                        static_cast<uint32_t>(2 * inter),
-                                        static_cast<uint32_t>(hidden), stream)));
+    MEMSIM_TRY(
+        gemm_status(gemm->matmul(dtype, o, L.gate_up, 0, gu, T, static_cast<uint32_t>(2 * inter),
+                                 static_cast<uint32_t>(hidden), stream)));
     MEMSIM_TRY(free(o));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr h, act(uint64_t{T} * inter * kElem));
     MEMSIM_STEP_CU(silu_and_mul(dtype, gu, h, T, static_cast<uint32_t>(inter), stream));
     MEMSIM_TRY(free(gu));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr down, act(uint64_t{T} * hidden * kElem));
-    MEMSIM_TRY(gemm_status(gemm->matmul(dtype, h, L.down, 0, down, T,
-                                        static_cast<uint32_t>(hidden),
+    MEMSIM_TRY(gemm_status(gemm->matmul(dtype, h, L.down, 0, down, T, static_cast<uint32_t>(hidden),
                                         static_cast<uint32_t>(inter), stream)));
     MEMSIM_TRY(free(h));
     x = down;
@@ -421,13 +418,13 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
   }
   MEMSIM_STEP_CU(rms_norm(dtype, fn, stream));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr last, act(uint64_t{S} * hidden * kElem));
-  MEMSIM_STEP_CU(gather_rows(dtype, final_rows, d_last, last, S, static_cast<uint32_t>(hidden),
-                             stream));
+  MEMSIM_STEP_CU(
+      gather_rows(dtype, final_rows, d_last, last, S, static_cast<uint32_t>(hidden), stream));
   MEMSIM_TRY(free(final_rows));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr logits, act(uint64_t{S} * vocab * kElem));
-  MEMSIM_TRY(gemm_status(gemm->matmul(dtype, last, lm_head, 0, logits, S,
-                                      static_cast<uint32_t>(vocab),
-                                      static_cast<uint32_t>(hidden), stream)));
+  MEMSIM_TRY(
+      gemm_status(gemm->matmul(dtype, last, lm_head, 0, logits, S, static_cast<uint32_t>(vocab),
+                               static_cast<uint32_t>(hidden), stream)));
   MEMSIM_TRY(free(last));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr next, act(uint64_t{S} * 4));
   MEMSIM_STEP_CU(argmax_rows(dtype, logits, S, static_cast<uint32_t>(vocab), vocab,

@@ -17,11 +17,11 @@ namespace memsim {
 
 struct ModelStepConfig {
   ModelShape model;
-  uint32_t layers_run = 0;      // layers executed (0 = all); the KV layout still has every layer
-  uint32_t max_tokens = 8192;   // tokens of one step (max_num_batched_tokens)
-  uint32_t max_seqs = 256;      // sequences of one step
-  uint64_t seed = 1;            // weights: see weight_seed()
-  bool return_logits = false;   // copy each step's logits to the host (checks; slows the step)
+  uint32_t layers_run = 0;     // layers executed (0 = all); the KV layout still has every layer
+  uint32_t max_tokens = 8192;  // tokens of one step (max_num_batched_tokens)
+  uint32_t max_seqs = 256;     // sequences of one step
+  uint64_t seed = 1;           // weights: see weight_seed()
+  bool return_logits = false;  // copy each step's logits to the host (checks; slows the step)
 };
 
 // A sequence of a step: its KV table (block ids for paged layouts, {slot} for contiguous ones),

@@ -58,7 +58,7 @@ class Engine {
         requests_(requests),
 
         metrics_(clock_),
-        model_(c.model, c.gpu) {}
+        model_(c.model, c.gpu, c.step_profile) {}
 
   ServingResult run();
 
@@ -396,6 +396,7 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
 
 ServingResult Engine::run() {
   r_.label = c_.label;
+  r_.step_time_source = model_.source();
   r_.kv_impl = c_.kv_impl;
   r_.scheduler = c_.scheduler;
   r_.requests = requests_.size();

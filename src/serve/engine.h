@@ -14,6 +14,7 @@
 #include "sim/metrics.h"
 #include "sim/workload/model_shape.h"
 #include "sim/workload/requests.h"
+#include "sim/workload/step_profile.h"
 #include "src/kv/registry.h"
 #include "src/serve/serve_state.h"
 #include "src/serve/step_executor.h"
@@ -30,6 +31,8 @@ struct EngineConfig {
   KvFactory kv_factory;  // built from the run's `kv:` map
   uint64_t kv_budget_bytes = 0;
   SimTime sample_interval = 100'000'000;  // gauges are sampled every 100 ms of simulated time
+  // Measured step times (null: the roofline of gpu.compute).
+  std::shared_ptr<const ProfiledStepTime> step_profile;
   // Run stretches of pure-decode steps together (same results, fewer KV calls); off = the
   // step-by-step reference path, which tests compare against. An executor needs every step, so
   // it turns this off.
@@ -51,6 +54,7 @@ struct Percentiles {
 struct ServingResult {
   std::string label, kv_impl, scheduler;
   std::string error;  // a broken invariant or internal error: the run failed (not an outcome)
+  std::string step_time_source;  // StepTimeModel::source(): roofline or the profile used
   uint64_t requests = 0, finished = 0, truncated = 0, rejected = 0;
   uint64_t length_capped = 0;  // outputs cut at max_model_len (vLLM finish reason "length")
   uint64_t steps = 0;

@@ -1,6 +1,9 @@
 // Serving experiments: YAML -> typed runs (base engine/scheduler/kv/requests + per-run
 // overrides), KV budgets (cached per distinct input), and runs executed in parallel.
 #include "src/serve/serving_experiment.h"
+#include "src/config/step_profile_loader.h"
+
+#include <filesystem>
 
 #include <algorithm>
 #include <atomic>
@@ -30,11 +33,14 @@ struct EngineSettings {
   bool validate_content = false;
   double validate_sample = 0.1;
   uint32_t gpu_layers = 0;
+  std::string step_time = "auto";
 };
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys({"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget",
-                    "max_model_len", "validate_content", "validate_sample", "gpu_layers"});
+                    "max_model_len", "validate_content", "validate_sample", "gpu_layers",
+                    "step_time"});
+  if (auto v = node.find("step_time")) e.step_time = v->as_choice({"auto", "roofline", "profile"});
   if (auto v = node.find("gpu_memory_utilization"))
     e.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
   if (auto v = node.find("enforce_eager")) e.enforce_eager = v->as_bool();
@@ -123,10 +129,20 @@ ServingConfig load_serving_config(const std::string& path,
   ServingConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_string();
-  c.gpu = load_gpu_spec(
-      ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
+  const std::string gpu_file = resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus");
+  c.gpu = load_gpu_spec(ConfigNode::load_file(gpu_file));
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
+  // The measured step-time profile of (gpu, model), when one was calibrated.
+  c.step_profile_path = step_profile_path(gpu_file, c.model.name);
+  if (std::filesystem::exists(c.step_profile_path)) {
+    const ConfigNode pnode = ConfigNode::load_file(c.step_profile_path);
+    StepProfile prof = load_step_profile(pnode);
+    if (prof.model != c.model.name)
+      pnode["model"].fail("is not the experiment's model " + c.model.name);
+    if (std::string why = check_step_profile(prof); !why.empty()) pnode.fail(why);
+    c.step_profile = std::make_shared<const ProfiledStepTime>(std::move(prof));
+  }
   if (auto v = root.find("sample_interval_ms"))
     c.sample_interval = static_cast<SimTime>(v->as_double_in(0.001, 3.6e6) * 1e6);
 
@@ -175,6 +191,12 @@ ServingConfig load_serving_config(const std::string& path,
     run.validate_content = e.validate_content;
     run.validate_sample = e.validate_sample;
     run.gpu_layers = e.gpu_layers;
+    if (e.step_time == "profile" && !c.step_profile)
+      at.fail(
+          fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
+                      "--backend cuda --model {} writes it)",
+                      c.step_profile_path, c.model.name));
+    run.step_time = e.step_time;
     run.requests = *req;
     if (run.label.empty()) run.label = k->params.empty() ? k->impl : k->impl + " " + k->params;
     for (const ServingRunSpec& other : c.runs)
@@ -246,6 +268,7 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
       e.kv_factory = o.spec.kv_factory;
       e.kv_budget_bytes = o.budget.kv_bytes;
       e.sample_interval = c.sample_interval;
+      if (o.spec.step_time != "roofline") e.step_profile = c.step_profile;
       if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
       e.validate_sample = o.spec.validate_sample;
       if (hooks.customize) hooks.customize(o.spec, e);

@@ -32,6 +32,8 @@ struct ServingRunSpec {
   bool validate_content = false;    // engine.validate_content: the content executor checks tables
   double validate_sample = 0.1;     // engine.validate_sample
   uint32_t gpu_layers = 0;          // engine.gpu_layers: layers run on the GPU (0 = all)
+  std::string step_time =
+      "auto";  // engine.step_time: auto (profile if one exists), roofline, profile
 };
 
 struct ServingConfig {
@@ -40,7 +42,9 @@ struct ServingConfig {
   GpuSpec gpu;
   ModelShape model;
   SimTime sample_interval = 100'000'000;
-  std::vector<RequestSet> request_sets;  // one per distinct `requests:` block
+  std::string step_profile_path;  // where the (gpu, model) profile is or would be
+  std::shared_ptr<const ProfiledStepTime> step_profile;  // null: none exists
+  std::vector<RequestSet> request_sets;                  // one per distinct `requests:` block
   std::vector<ServingRunSpec> runs;
 };
 

@@ -1,0 +1,96 @@
+// Step-time profiles: validation and the piecewise-linear interpolation over measured grids.
+#include "sim/workload/step_profile.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace memsim {
+namespace {
+
+// Linear through (x0, y0), (x1, y1) at x (flat when the two x coincide).
+double lerp(double x0, double y0, double x1, double y1, double x) {
+  if (x1 == x0) return y0;
+  return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+}
+
+// Index i of the segment [i, i + 1] of ascending `xs` to interpolate (or extend) at x.
+template <class V>
+size_t segment(const V& xs, double x) {
+  if (xs.size() < 2) return 0;
+  const auto it = std::upper_bound(xs.begin(), xs.end(), x,
+                                   [](double v, const auto& e) { return v < double(e); });
+  const size_t hi =
+      static_cast<size_t>(std::clamp<ptrdiff_t>(it - xs.begin(), 1, ptrdiff_t(xs.size()) - 1));
+  return hi - 1;
+}
+
+double row_at(const ProfileRow& r, double point) {
+  if (r.points.size() == 1) return r.ms[0];
+  const size_t i = segment(r.points, point);
+  const double y = lerp(r.points[i], r.ms[i], r.points[i + 1], r.ms[i + 1], point);
+  return std::max(y, *std::min_element(r.ms.begin(), r.ms.end()));
+}
+
+double grid_at(const std::vector<ProfileRow>& rows, double size, double point) {
+  if (rows.size() == 1) return row_at(rows[0], point);
+  std::vector<double> sizes;
+  for (const ProfileRow& r : rows) sizes.push_back(r.size);
+  const size_t i = segment(sizes, size);
+  const double y =
+      lerp(sizes[i], row_at(rows[i], point), sizes[i + 1], row_at(rows[i + 1], point), size);
+  return std::max(y, 0.0);
+}
+
+std::string check_rows(const std::vector<ProfileRow>& rows, const char* what) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ProfileRow& r = rows[i];
+    if (r.size == 0) return fmt::format("{} row {}: size must be positive", what, i);
+    if (i && r.size <= rows[i - 1].size)
+      return fmt::format("{} rows must ascend by size ({} after {})", what, r.size,
+                         rows[i - 1].size);
+    if (r.points.empty() || r.points.size() != r.ms.size())
+      return fmt::format("{} row {}: {} points but {} times", what, r.size, r.points.size(),
+                         r.ms.size());
+    for (size_t j = 0; j < r.points.size(); ++j) {
+      if (j && r.points[j] <= r.points[j - 1])
+        return fmt::format("{} row {}: points must ascend ({} after {})", what, r.size, r.points[j],
+                           r.points[j - 1]);
+      if (!(r.ms[j] > 0) || !std::isfinite(r.ms[j]))
+        return fmt::format("{} row {}: time {} at point {} is not a positive number", what, r.size,
+                           r.ms[j], r.points[j]);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string check_step_profile(const StepProfile& p) {
+  if (p.decode.empty()) return "a profile needs at least one decode row";
+  if (std::string why = check_rows(p.decode, "decode"); !why.empty()) return why;
+  return check_rows(p.prefill, "prefill");
+}
+
+ProfiledStepTime::ProfiledStepTime(StepProfile profile) : p_(std::move(profile)) {
+  if (std::string why = check_step_profile(p_); !why.empty())
+    throw std::invalid_argument("step profile: " + why);
+}
+
+SimTime ProfiledStepTime::step_time(const StepShape& s) const {
+  if (s.new_tokens == 0 || s.num_seqs == 0) return 0;
+  double ms = 0;
+  if (s.new_tokens == s.num_seqs || p_.prefill.empty()) {
+    const double b = s.num_seqs;
+    ms = grid_at(p_.decode, b, static_cast<double>(s.kv_read_tokens) / b);
+  } else {
+    const double t = static_cast<double>(s.new_tokens);
+    const double prefix = std::max(0.0, (s.attn_pairs - t * (t + 1) / 2) / t);
+    ms = grid_at(p_.prefill, t, prefix);
+  }
+  return static_cast<SimTime>(std::llround(ms * 1e6));
+}
+
+}  // namespace memsim

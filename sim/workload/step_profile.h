@@ -1,0 +1,54 @@
+// Measured step times of one model on one GPU (a profile, written by `memsim calibrate --backend
+// cuda --model NAME` beside the GPU's YAML) and the step-time prediction interpolated from them,
+// which the serving engine uses instead of the roofline when a profile exists.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "sim/workload/step_time.h"
+
+namespace memsim {
+
+// One row of a grid: steps of `size` (decode: sequences; prefill: chunk tokens) measured at
+// several `points` (decode: context tokens per sequence; prefill: cached prefix tokens),
+// ascending, with the median step time at each.
+struct ProfileRow {
+  uint32_t size = 0;
+  std::vector<uint32_t> points;
+  std::vector<double> ms;
+};
+
+struct StepProfile {
+  std::string gpu, model;
+  std::string mode = "eager";       // eager: kernels launched one by one; graphs: captured steps
+  std::string measured;             // free text: device, driver, date
+  std::vector<ProfileRow> decode;   // one new token per sequence, by batch size (ascending)
+  std::vector<ProfileRow> prefill;  // one sequence's chunk, by chunk tokens (ascending)
+};
+
+// Empty when the profile is usable, else what is wrong (rows ascending by size and non-empty,
+// points ascending, one time per point, times positive and finite, at least one decode row).
+std::string check_step_profile(const StepProfile& p);
+
+// Step time from a profile. A step whose every sequence computes one token is a decode step of
+// B = num_seqs sequences at context kv_read_tokens / B: interpolated linearly in context within
+// the two decode rows around B, then linearly in B between them. Any other step is treated as
+// one prefill chunk of new_tokens tokens whose prefix p makes its attention work equal the
+// step's (new_tokens x p + new_tokens (new_tokens + 1) / 2 = attn_pairs), interpolated the same
+// way over the prefill rows. Outside a grid the nearest segment's slope extends it (times never
+// below the smallest measured one of the row); a grid with one row or point is flat in that
+// direction.
+class ProfiledStepTime {
+ public:
+  explicit ProfiledStepTime(StepProfile profile);
+  SimTime step_time(const StepShape& s) const;
+  const StepProfile& profile() const { return p_; }
+
+ private:
+  StepProfile p_;
+};
+
+}  // namespace memsim

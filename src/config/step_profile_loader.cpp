@@ -1,0 +1,82 @@
+// Step-time profile files: typed load with located errors, YAML write, file location.
+#include "src/config/step_profile_loader.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+namespace memsim {
+namespace {
+
+std::vector<ProfileRow> load_rows(const ConfigNode& list, const char* size_key,
+                                  const char* points_key) {
+  std::vector<ProfileRow> rows;
+  for (const ConfigNode& item : list.items()) {
+    item.expect_keys({size_key, points_key, "ms"});
+    ProfileRow r;
+    r.size = static_cast<uint32_t>(item[size_key].as_uint_in(1, 1u << 24));
+    for (const ConfigNode& p : item[points_key].items())
+      r.points.push_back(static_cast<uint32_t>(p.as_uint_in(0, 1u << 24)));
+    for (const ConfigNode& t : item["ms"].items()) r.ms.push_back(t.as_double_in(1e-6, 1e9));
+    if (r.points.size() != r.ms.size())
+      item["ms"].fail(fmt::format("{} times for {} {}", r.ms.size(), r.points.size(), points_key));
+    for (size_t j = 1; j < r.points.size(); ++j)
+      if (r.points[j] <= r.points[j - 1]) item[points_key].fail("must ascend");
+    if (r.points.empty()) item[points_key].fail("must list at least one value");
+    if (!rows.empty() && r.size <= rows.back().size)
+      item[size_key].fail(fmt::format("rows must ascend ({} after {})", r.size, rows.back().size));
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::string list(const std::vector<uint32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", v[i]);
+  return s;
+}
+std::string list(const std::vector<double>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{:.4f}", i ? ", " : "", v[i]);
+  return s;
+}
+
+}  // namespace
+
+StepProfile load_step_profile(const ConfigNode& node) {
+  node.expect_keys({"gpu", "model", "mode", "measured", "decode", "prefill"});
+  StepProfile p;
+  p.gpu = node["gpu"].as_string();
+  p.model = node["model"].as_string();
+  if (auto v = node.find("mode")) p.mode = v->as_choice({"eager", "graphs"});
+  if (auto v = node.find("measured")) p.measured = v->as_string();
+  p.decode = load_rows(node["decode"], "batch", "contexts");
+  if (p.decode.empty()) node["decode"].fail("must list at least one row");
+  if (auto v = node.find("prefill")) p.prefill = load_rows(*v, "chunk", "prefixes");
+  return p;
+}
+
+std::string format_step_profile(const StepProfile& p, const std::vector<std::string>& header) {
+  std::string o;
+  for (const std::string& h : header) o += "# " + h + "\n";
+  o += fmt::format("gpu: {}\nmodel: {}\nmode: {}\nmeasured: \"{}\"\n", p.gpu, p.model, p.mode,
+                   p.measured);
+  o += "decode:    # one new token per sequence: step ms by batch x context tokens per sequence\n";
+  for (const ProfileRow& r : p.decode)
+    o += fmt::format("  - {{batch: {}, contexts: [{}], ms: [{}]}}\n", r.size, list(r.points),
+                     list(r.ms));
+  if (!p.prefill.empty()) {
+    o += "prefill:   # one sequence's chunk: step ms by chunk tokens x cached prefix tokens\n";
+    for (const ProfileRow& r : p.prefill)
+      o += fmt::format("  - {{chunk: {}, prefixes: [{}], ms: [{}]}}\n", r.size, list(r.points),
+                       list(r.ms));
+  }
+  return o;
+}
+
+std::string step_profile_path(const std::string& gpu_file, const std::string& model) {
+  const std::filesystem::path g(gpu_file);
+  return (g.parent_path() / (g.stem().string() + ".profiles") / (model + ".yaml")).string();
+}
+
+}  // namespace memsim

@@ -1,0 +1,20 @@
+// Step-time profile files (configs/gpus/<gpu>.profiles/<model>.yaml): reading with located
+// errors, writing, and where a GPU's profile of a model lives.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/workload/step_profile.h"
+#include "src/config/config_node.h"
+
+namespace memsim {
+
+// Errors name the file, line and key (ConfigError), as every loader's do.
+StepProfile load_step_profile(const ConfigNode& node);
+// The YAML load_step_profile reads back; `header` lines become comments at the top.
+std::string format_step_profile(const StepProfile& p, const std::vector<std::string>& header);
+// <directory of gpu_file>/<gpu_file's stem>.profiles/<model>.yaml
+std::string step_profile_path(const std::string& gpu_file, const std::string& model);
+
+}  // namespace memsim

@@ -1,0 +1,186 @@
+// Measured step-time profiles: exact interpolation and extension over the decode and prefill
+// grids, validation, the YAML file (round trip, located errors), the serving experiment picking
+// up a (gpu, model) profile beside the GPU file, and the engine using it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "sim/workload/step_profile.h"
+#include "src/config/loaders.h"
+#include "src/config/step_profile_loader.h"
+#include "src/serve/serving_experiment.h"
+#include "tests/config_test_util.h"
+
+using namespace memsim;
+using namespace memsim::test;
+
+namespace {
+
+// decode: batch 1 rises 10 -> 20 ms over contexts 100 -> 1100, batch 3 12 -> 32 ms; prefill:
+// chunk 100 rises 5 -> 15 ms over prefixes 0 -> 1000, chunk 200 8 -> 28 ms.
+StepProfile grid() {
+  StepProfile p;
+  p.gpu = "h200";
+  p.model = "llama-3.1-8b";
+  p.decode = {{1, {100, 1100}, {10, 20}}, {3, {100, 1100}, {12, 32}}};
+  p.prefill = {{100, {0, 1000}, {5, 15}}, {200, {0, 1000}, {8, 28}}};
+  return p;
+}
+
+StepShape decode_step(uint32_t b, uint64_t ctx) {
+  StepShape s;
+  s.num_seqs = b;
+  s.new_tokens = b;
+  s.kv_read_tokens = b * ctx;
+  s.attn_pairs = double(b * ctx);
+  return s;
+}
+
+SimTime ms(double v) {
+  return static_cast<SimTime>(std::llround(v * 1e6));
+}
+
+}  // namespace
+
+TEST_CASE("profile: decode steps interpolate in context, then in batch") {
+  const ProfiledStepTime t(grid());
+  CHECK(t.step_time(decode_step(1, 100)) == ms(10));
+  CHECK(t.step_time(decode_step(1, 600)) == ms(15));
+  CHECK(t.step_time(decode_step(3, 600)) == ms(22));
+  CHECK(t.step_time(decode_step(2, 600)) == ms(18.5));  // halfway between 15 and 22
+  // Beyond the grid the nearest segment extends it: 0.01 ms a token of context at batch 1, and
+  // in batch from rows 1 and 3 (7 ms more a sequence at 600 tokens each).
+  CHECK(t.step_time(decode_step(1, 2100)) == ms(30));
+  CHECK(t.step_time(decode_step(5, 600)) == ms(29));
+  // Never below a row's fastest measured step.
+  CHECK(t.step_time(decode_step(1, 1)) == ms(10));
+  CHECK(t.step_time(StepShape{}) == 0);
+}
+
+TEST_CASE("profile: other steps are a prefill chunk with the step's attention work") {
+  const ProfiledStepTime t(grid());
+  StepShape s;  // 150 new tokens of 3 sequences, attention equal to one chunk over 500 cached
+  s.num_seqs = 3;
+  s.new_tokens = 150;
+  s.attn_pairs = 150.0 * 500 + 150.0 * 151 / 2;
+  s.kv_read_tokens = 650;
+  CHECK(t.step_time(s) == ms(14));  // chunk 100 at 500: 10, chunk 200: 18
+  s.attn_pairs = 150.0 * 151 / 2;   // no prefix
+  CHECK(t.step_time(s) == ms(6.5));
+  StepProfile decode_only = grid();
+  decode_only.prefill.clear();  // without prefill rows a mixed step reads the decode grid
+  CHECK(ProfiledStepTime(decode_only).step_time(s) > 0);
+}
+
+TEST_CASE("profile: one row or one point is flat in that direction") {
+  StepProfile p = grid();
+  p.decode = {{8, {1000}, {7}}};
+  const ProfiledStepTime t(p);
+  CHECK(t.step_time(decode_step(1, 10)) == ms(7));
+  CHECK(t.step_time(decode_step(64, 5000)) == ms(7));
+}
+
+TEST_CASE("profile: validation names what is wrong") {
+  StepProfile p = grid();
+  CHECK(check_step_profile(p).empty());
+  p.decode[1].size = 1;
+  CHECK(check_step_profile(p).find("ascend by size") != std::string::npos);
+  p = grid();
+  p.prefill[0].ms.pop_back();
+  CHECK(check_step_profile(p).find("2 points but 1 times") != std::string::npos);
+  p = grid();
+  p.decode[0].ms[1] = NAN;
+  CHECK(check_step_profile(p).find("not a positive number") != std::string::npos);
+  p = grid();
+  p.decode.clear();
+  CHECK_THROWS_AS(ProfiledStepTime(p), std::invalid_argument);
+}
+
+TEST_CASE("profile file: round trip and located errors") {
+  TempDir dir;
+  StepProfile p = grid();
+  p.measured = "NVIDIA H200, test";
+  const std::string text = format_step_profile(p, {"written by a test"});
+  const std::string path = dir.write("p.yaml", text);
+  const StepProfile back = load_step_profile(ConfigNode::load_file(path));
+  CHECK(back.gpu == "h200");
+  CHECK(back.model == "llama-3.1-8b");
+  CHECK(back.measured == "NVIDIA H200, test");
+  REQUIRE(back.decode.size() == 2);
+  CHECK(back.decode[1].size == 3);
+  CHECK(back.decode[1].points == std::vector<uint32_t>{100, 1100});
+  CHECK(back.decode[1].ms == std::vector<double>{12, 32});
+  REQUIRE(back.prefill.size() == 2);
+  CHECK(back.prefill[1].ms == std::vector<double>{8, 28});
+
+  const std::string bad = dir.write(
+      "bad.yaml", replace_once(text, "{batch: 3, contexts: [100, 1100], ms: [12.0000, 32.0000]}",
+                               "{batch: 3, contexts: [1100, 100], ms: [12, 32]}"));
+  try {
+    load_step_profile(ConfigNode::load_file(bad));
+    FAIL("a descending context list loaded");
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find(bad + ":" + std::to_string(line_of(text, "  - {batch: 3")) + ":") == 0);
+    CHECK(msg.find("decode[1].contexts: must ascend") != std::string::npos);
+  }
+  const std::string typo = dir.write("typo.yaml", replace_once(text, "mode:", "mdoe:"));
+  CHECK_THROWS_WITH(load_step_profile(ConfigNode::load_file(typo)),
+                    Catch::Contains("mdoe") && Catch::Contains("did you mean 'mode'"));
+  CHECK(step_profile_path("/x/configs/gpus/h200.yaml", "qwen3-8b") ==
+        "/x/configs/gpus/h200.profiles/qwen3-8b.yaml");
+}
+
+TEST_CASE("a serving experiment uses the (gpu, model) profile beside the GPU file") {
+  TempDir dir;
+  const std::string root = source_root();
+  fs::create_directories(dir.path() / "gpus" / "h200.profiles");
+  fs::copy_file(fs::path(root) / "configs/gpus/h200.yaml", dir.path() / "gpus/h200.yaml");
+  const std::string exp = R"(experiment: profiled
+gpu: gpus/h200.yaml
+model: )" + model_file() + R"(
+engine: {kv_budget: 4GiB, max_model_len: 4096}
+kv: {impl: paged_block_pool}
+requests: {source: synthetic, count: 40, arrival: {process: poisson, rate: 10},
+           prompt: {dist: fixed, value: 200}, output: {dist: fixed, value: 50}}
+runs:
+  - label: auto
+  - label: roofline
+    engine: {step_time: roofline}
+)";
+  const std::string path = dir.write("exp.yaml", exp);
+  // No profile yet: both runs use the roofline, and step_time: profile is an error.
+  ServingConfig plain = load_serving_config(path, {});
+  CHECK(plain.step_profile == nullptr);
+  CHECK_THROWS_WITH(load_serving_config(path, {"engine.step_time=profile"}),
+                    Catch::Contains("h200.profiles/llama-3.1-8b.yaml does not exist"));
+
+  StepProfile p = grid();
+  p.decode = {{1, {100, 10000}, {40, 40}}, {256, {100, 10000}, {40, 40}}};  // 40 ms a step
+  p.prefill = {{1, {0, 10000}, {40, 40}}, {8192, {0, 10000}, {40, 40}}};
+  dir.write("gpus/h200.profiles/llama-3.1-8b.yaml", format_step_profile(p, {}));
+  const ServingConfig c = load_serving_config(path, {});
+  REQUIRE(c.step_profile != nullptr);
+  const ServingResults r = run_serving_experiment(c);
+  REQUIRE(r.runs.size() == 2);
+  const ServingResult& prof = r.runs[0].result;
+  const ServingResult& roof = r.runs[1].result;
+  REQUIRE(prof.error.empty());
+  REQUIRE(roof.error.empty());
+  CHECK(prof.step_time_source == "profile h200/llama-3.1-8b (eager)");
+  CHECK(roof.step_time_source == "roofline");
+  // Every step takes 40 ms with the profile, and a running request is in every step: its time per
+  // output token is exactly that. The roofline's steps take a few ms.
+  CHECK(prof.tpot_ms.p50 == Approx(40.0).margin(1e-6));
+  CHECK(prof.tpot_ms.p99 == Approx(40.0).margin(1e-6));
+  CHECK(roof.tpot_ms.p50 < 20.0);
+
+  StepProfile other = p;
+  other.model = "qwen3-8b";
+  dir.write("gpus/h200.profiles/llama-3.1-8b.yaml", format_step_profile(other, {}));
+  CHECK_THROWS_WITH(load_serving_config(path, {}),
+                    Catch::Contains("model: is not the experiment's model llama-3.1-8b"));
+}
