@@ -1,5 +1,6 @@
 // memsim-model-bench: the model-shaped step (src/exec/model_step.h) on the GPU: measured decode
-// and prefill step times over a grid, next to the roofline step-time model's prediction; with
+// and prefill step times over the profile grid (src/exec/step_profiler.h, the one `memsim
+// calibrate --model` writes), next to the roofline step-time model's prediction; with
 // --check DIR, a short ragged serving run (prefill chunks, a cached prefix, decodes) whose logits
 // tools/model_check.py compares with PyTorch. Exits 77 without a GPU.
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/exec/model_step.h"
+#include "src/exec/step_profiler.h"
 
 namespace {
 
@@ -44,6 +47,7 @@ T must(Result<T> r, const char* what) {
 // paged_block_pool lays them out), filled with random values so attention reads real numbers.
 struct Pool {
   KvLayout layout;
+  DevPtr base = 0;
   uint64_t blocks = 0;
   uint32_t next = 0;  // block ids are handed out in order
   std::vector<int32_t> take(uint32_t tokens) {
@@ -63,6 +67,7 @@ Pool make_pool(Backend& b, const ModelShape& m, uint32_t block_size, uint64_t by
   Pool p;
   p.blocks = bytes / block_bytes;
   const DevPtr base = must(b.device_malloc(p.blocks * block_bytes, "kv_cache"), "KV pool");
+  p.base = base;
   if (cudaError_t e = kernels::random_half(
           m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16, base,
           p.blocks * block_bytes / 2, 7, nullptr);
@@ -79,10 +84,6 @@ std::vector<int32_t> tokens_of(uint32_t seq, uint32_t n, uint64_t vocab) {
   return t;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Prefill chunks and decodes of three sequences over block boundaries; each step's inputs and
 // logits go to DIR/steps.jsonl and DIR/logits_<step>.bin for tools/model_check.py.
@@ -147,10 +148,9 @@ int main(int argc, char** argv) {
   CLI::App app{"memsim-model-bench: the model-shaped step on the GPU"};
   std::string model_name = "llama-3.1-8b", gpu_name = "h200", check_dir;
   uint32_t layers = 0, block_size = 16, reps = 5, decodes = 4;
-  std::vector<uint32_t> batches = {1, 8, 32, 64, 128, 256};
-  std::vector<uint32_t> contexts = {128, 1024, 4096, 16384};
-  std::vector<uint32_t> chunks = {16, 128, 512, 2048, 8192};
-  std::vector<uint32_t> prefixes = {0, 4096};
+  const ProfileGrid defaults;
+  std::vector<uint32_t> batches = defaults.batches, contexts = defaults.contexts;
+  std::vector<uint32_t> chunks = defaults.chunks, prefixes = defaults.prefixes;
   double pool_gib = 60;
   app.add_option("--model", model_name, "configs/models/NAME.yaml");
   app.add_option("--gpu", gpu_name, "configs/gpus/NAME.yaml: the roofline to compare with");
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
   app.add_option("--chunks", chunks, "prefill chunk sizes (one sequence)")->delimiter(',');
   app.add_option("--prefixes", prefixes, "cached prefix before each prefill chunk")->delimiter(',');
   app.add_option("--reps", reps, "timed steps per point (median)");
-  app.add_option("--pool-gib", pool_gib, "KV pool size");
+  app.add_option("--pool-gib", pool_gib, "KV pool of the check run");
   app.add_option("--check", check_dir, "write a check run for tools/model_check.py to DIR");
   app.add_option("--check-decodes", decodes, "decode steps of the check run");
   CLI11_PARSE(app, argc, argv);
@@ -184,76 +184,50 @@ int main(int argc, char** argv) {
   cfg.max_seqs = 512;
   cfg.return_logits = !check_dir.empty();
   auto step = must(ModelStep::create(cfg, *backend), "model step");
-  Pool pool =
-      make_pool(*backend, model, block_size, static_cast<uint64_t>(pool_gib * (1ull << 30)));
+  // The check run's pool (the grid measures on a pool of its own).
+  Pool pool = make_pool(*backend, model, block_size,
+                        static_cast<uint64_t>((check_dir.empty() ? 1 : pool_gib) * (1ull << 30)));
+  const DevPtr pool_base = pool.base;
   const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
-  std::printf(
-      "memsim-model-bench: %s (%u of %u layers), weights %.2f GiB, KV pool %.1f GiB, "
-      "block %u\n",
-      model.name.c_str(), run_layers, model.layers, double(step->weight_bytes()) / (1ull << 30),
-      pool_gib, block_size);
+  std::printf("memsim-model-bench: %s (%u of %u layers), weights %.2f GiB, block %u\n",
+              model.name.c_str(), run_layers, model.layers,
+              double(step->weight_bytes()) / (1ull << 30), block_size);
   if (!check_dir.empty()) {
     check(*step, pool, check_dir, decodes);
     return 0;
   }
+  // The grid through the profiler (what `memsim calibrate --model` writes), each point next to
+  // the roofline's prediction for the same step.
+  ProfileGrid grid;
+  grid.batches = batches;
+  grid.contexts = contexts;
+  grid.chunks = chunks;
+  grid.prefixes = prefixes;
+  grid.block_size = block_size;
+  grid.reps = reps;
+  pool.layout = {};
+  if (const Status st = backend->device_free(pool_base); !st.ok()) die(st.error().message);
+  std::ostringstream log;
+  const StepProfile prof = must(measure_step_profile(*step, *backend, grid, log), "profile");
   const StepTimeModel roofline(model, gpu);
-  const double layer_share = double(run_layers) / model.layers;  // for the roofline's body part
-  std::printf("%-8s %7s %8s %10s %10s %9s %12s\n", "kind", "batch", "context", "measured",
-              "roofline", "m/r", "act. peak");
-  auto report = [&](const char* kind, uint32_t b, uint32_t ctx, double ms, const StepShape& s) {
-    const StepBreakdown br = roofline.breakdown(s);
-    const double sim = double(br.total_ns) / 1e6;
-    std::printf("%-8s %7u %8u %8.3fms %8.3fms %9.2f %9.1fMiB%s\n", kind, b, ctx, ms, sim,
-                sim > 0 ? ms / sim : 0,
-                double(step->activation_stats().peak_reserved_bytes) / (1 << 20),
-                run_layers == model.layers ? "" : " (roofline: all layers)");
-    (void)layer_share;
+  std::printf("%-8s %7s %8s %10s %10s %7s%s\n", "kind", "size", "point", "measured", "roofline",
+              "m/r", run_layers == model.layers ? "" : "   (roofline: all layers)");
+  auto print = [&](const char* kind, const ProfileRow& r, bool decode) {
+    for (size_t i = 0; i < r.points.size(); ++i) {
+      StepShape sh;
+      const double n = r.size, pt = r.points[i];
+      sh.num_seqs = decode ? r.size : 1;
+      sh.new_tokens = r.size;
+      sh.kv_read_tokens = decode ? uint64_t(n * pt) : uint64_t(pt + n);
+      sh.attn_pairs = decode ? n * pt : n * pt + n * (n + 1) / 2;
+      const double sim = double(roofline.step_time(sh)) / 1e6;
+      std::printf("%-8s %7u %8u %8.3fms %8.3fms %7.2f\n", kind, r.size, r.points[i], r.ms[i], sim,
+                  sim > 0 ? r.ms[i] / sim : 0);
+    }
   };
-  for (uint32_t b : batches)
-    for (uint32_t ctx : contexts) {
-      const uint64_t need = uint64_t{b} * ((ctx + block_size) / block_size + 1);
-      if (need > pool.blocks) {
-        std::printf("%-8s %7u %8u  skipped: %lu blocks needed, pool has %lu\n", "decode", b, ctx,
-                    static_cast<unsigned long>(need), static_cast<unsigned long>(pool.blocks));
-        continue;
-      }
-      pool.next = 0;
-      std::vector<StepSeqInput> in(b);
-      for (uint32_t s = 0; s < b; ++s) {
-        in[s].table = pool.take(ctx + 1);
-        in[s].cached = ctx - 1;
-        in[s].tokens = {static_cast<int32_t>(s % model.vocab)};
-      }
-      std::vector<double> ms;
-      for (uint32_t r = 0; r < reps + 1; ++r) {
-        const StepResult res = must(step->run(pool.layout, in), "decode step");
-        if (r) ms.push_back(res.gpu_ms);  // the first step warms caches and the allocator
-      }
-      StepShape sh;
-      sh.num_seqs = b;
-      sh.new_tokens = b;
-      sh.kv_read_tokens = uint64_t{b} * ctx;
-      sh.attn_pairs = double(b) * ctx;
-      report("decode", b, ctx, median(ms), sh);
-    }
-  for (uint32_t c : chunks)
-    for (uint32_t p : prefixes) {
-      pool.next = 0;
-      std::vector<StepSeqInput> in(1);
-      in[0].table = pool.take(p + c);
-      in[0].cached = p;
-      in[0].tokens = tokens_of(0, c, model.vocab);
-      std::vector<double> ms;
-      for (uint32_t r = 0; r < reps + 1; ++r) {
-        const StepResult res = must(step->run(pool.layout, in), "prefill step");
-        if (r) ms.push_back(res.gpu_ms);
-      }
-      StepShape sh;
-      sh.num_seqs = 1;
-      sh.new_tokens = c;
-      sh.kv_read_tokens = uint64_t{p} + c;
-      sh.attn_pairs = double(c) * p + double(c) * (c + 1) / 2;
-      report("prefill", c, p, median(ms), sh);
-    }
+  for (const ProfileRow& r : prof.decode) print("decode", r, true);
+  for (const ProfileRow& r : prof.prefill) print("prefill", r, false);
+  std::printf("activation peak reserved: %.1f MiB\n",
+              double(step->activation_stats().peak_reserved_bytes) / (1 << 20));
   return 0;
 }

@@ -7,6 +7,9 @@
 #include "memsim_config.h"
 #if MEMSIM_HAVE_CUDA
 #include "src/app/calibrate.h"
+#if MEMSIM_HAVE_CUDA
+#include "src/app/calibrate_model.h"
+#endif
 #include "src/app/cuda_serving.h"
 #include "src/app/cuda_validation.h"
 #endif
@@ -94,7 +97,14 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   calibrate->add_option(
       "--out", cal_out,
-      "calibrated GPU YAML to write (default configs/gpus/<name>.calibrated.yaml)");
+      "calibrated GPU YAML to write (default configs/gpus/<name>.calibrated.yaml); with --model, "
+      "the profile to write (default configs/gpus/<name>.profiles/<model>.yaml)");
+  std::string cal_model;
+  uint32_t cal_layers = 0;
+  calibrate->add_option("--model", cal_model,
+                        "measure this model's step times (configs/models/NAME.yaml) and write its "
+                        "step-time profile instead of the primitive costs");
+  calibrate->add_option("--layers", cal_layers, "with --model: layers to run (0 = all)");
   try {
     app.parse(argc, argv);
     if (!calibrate->parsed() && config_opt->count() == 0) throw CLI::RequiredError("--config");
@@ -109,6 +119,14 @@ int main(int argc, char** argv) {
       return kExitConfigError;
     }
 #if MEMSIM_HAVE_CUDA
+    if (!cal_model.empty()) {
+      memsim::CalibrateModelOptions m;
+      m.gpu_path = cal_gpu;
+      m.model = cal_model;
+      m.out_path = cal_out;
+      m.layers = cal_layers;
+      return memsim::run_calibrate_model(m, std::cout, std::cerr);
+    }
     memsim::CalibrateOptions options;
     options.backend = cal_backend;
     options.gpu_path = cal_gpu;

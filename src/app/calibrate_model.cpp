@@ -1,0 +1,101 @@
+// The model calibration subcommand: CudaBackend, ModelStep, the profile grid, the profile file
+// (written, read back and checked).
+#include "src/app/calibrate_model.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "backends/cuda/cuda_backend.h"
+#include "src/config/config_node.h"
+#include "src/config/loaders.h"
+#include "src/config/step_profile_loader.h"
+#include "src/exec/step_profiler.h"
+
+namespace memsim {
+
+int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::ostream& err) {
+  GpuSpec gpu;
+  ModelShape model;
+  std::string model_path = o.model;
+  try {
+    gpu = load_gpu_spec(ConfigNode::load_file(o.gpu_path));
+    if (model_path.find('/') == std::string::npos &&
+        std::filesystem::path(model_path).extension() != ".yaml") {
+      const std::filesystem::path gdir = std::filesystem::path(o.gpu_path).parent_path();
+      model_path = (gdir / ".." / "models" / (o.model + ".yaml")).lexically_normal().string();
+    }
+    model = load_model_shape(ConfigNode::load_file(model_path));
+  } catch (const ConfigError& e) {
+    err << "memsim calibrate: " << e.what() << "\n";
+    return 2;
+  }
+  SimClock clock;
+  auto backend = CudaBackend::create(unpriced_gpu_spec(gpu.name), clock, nullptr, o.device);
+  if (!backend.ok()) {
+    err << "memsim calibrate: --backend cuda: " << backend.error().message << "\n";
+    return 2;
+  }
+  ModelStepConfig cfg;
+  cfg.model = model;
+  cfg.layers_run = o.layers;
+  cfg.max_tokens = 8192;
+  cfg.max_seqs = 512;
+  auto step = ModelStep::create(cfg, **backend);
+  if (!step.ok()) {
+    err << "memsim calibrate: model step: " << step.error().message << "\n";
+    return 1;
+  }
+  auto profile = measure_step_profile(**step, **backend, ProfileGrid{}, out);
+  if (!profile.ok()) {
+    err << "memsim calibrate: " << profile.error().message << "\n";
+    return 1;
+  }
+  StepProfile p = std::move(profile).value();
+  p.gpu = gpu.name;
+  p.mode = "eager";
+  cudaDeviceProp prop{};
+  int driver = 0;
+  (void)cudaGetDeviceProperties(&prop, o.device);
+  (void)cudaDriverGetVersion(&driver);
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  p.measured = fmt::format("{}, CUDA driver {}.{}, {}{}", prop.name, driver / 1000,
+                           (driver % 1000) / 10, date,
+                           o.layers ? fmt::format(", {} of {} layers", o.layers, model.layers) : "");
+  const std::string path = o.out_path.empty() ? step_profile_path(o.gpu_path, model.name) : o.out_path;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  {
+    std::ofstream f(path);
+    f << format_step_profile(
+        p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}",
+                        model.name, gpu.name, model.name),
+            "ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block 16), eager "
+            "launches, median of 5 steps; the serving engine interpolates it (step_profile.h)"});
+    if (!f) {
+      err << "memsim calibrate: cannot write " << path << "\n";
+      return 1;
+    }
+  }
+  try {  // read back exactly as the serving engine will
+    const StepProfile back = load_step_profile(ConfigNode::load_file(path));
+    if (std::string why = check_step_profile(back); !why.empty()) {
+      err << "memsim calibrate: " << path << ": " << why << "\n";
+      return 1;
+    }
+  } catch (const ConfigError& e) {
+    err << "memsim calibrate: read-back: " << e.what() << "\n";
+    return 1;
+  }
+  out << fmt::format("wrote {} ({} decode rows, {} prefill rows)\n", path, p.decode.size(),
+                     p.prefill.size());
+  return 0;
+}
+
+}  // namespace memsim

@@ -1,0 +1,23 @@
+// `memsim calibrate --backend cuda --model NAME`: measures the model-shaped step over the profile
+// grid on the GPU and writes the (gpu, model) step-time profile the serving engine reads.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+namespace memsim {
+
+struct CalibrateModelOptions {
+  std::string gpu_path = "configs/gpus/h200.yaml";
+  std::string model;     // configs/models/<model>.yaml, or a path to a model YAML
+  std::string out_path;  // empty: step_profile_path(gpu_path, model)
+  uint32_t layers = 0;   // layers run (0 = all; fewer only for quick trials: times are per run)
+  int device = 0;
+};
+
+// Returns 0 on success, 1 when a measurement or the read-back failed, 2 for bad options or when
+// no GPU can be used.
+int run_calibrate_model(const CalibrateModelOptions& options, std::ostream& out,
+                        std::ostream& err);
+
+}  // namespace memsim

@@ -1,0 +1,115 @@
+// The profile grid: a block-major paged pool (as paged_block_pool lays it out) filled with random
+// K/V, decode steps of B sequences at a context, prefill chunks of one sequence over a prefix.
+#include "src/exec/step_profiler.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kernels/attention.h"
+
+namespace memsim {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, const ProfileGrid& g,
+                                         std::ostream& log) {
+  const ModelShape& m = step.config().model;
+  uint64_t pool = g.pool_bytes;
+  if (pool == 0) {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess)
+      return make_error(ErrorCode::kDriverError, "cudaMemGetInfo failed");
+    if (free <= g.headroom)
+      return make_error(ErrorCode::kOutOfMemory, "no device memory left for a KV pool");
+    pool = free - g.headroom;
+  }
+  KvInit init;
+  init.layers = m.layers;
+  init.kv_bytes_per_token = m.kv_bytes_per_token();
+  const uint64_t block_bytes = uint64_t{g.block_size} * m.kv_bytes_per_token();
+  const uint64_t blocks = pool / block_bytes;
+  if (blocks == 0) return make_error(ErrorCode::kOutOfMemory, "KV pool holds no block");
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr base, backend.device_malloc(blocks * block_bytes, "kv_cache"));
+  const auto dtype = m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16;
+  if (cudaError_t e = kernels::random_half(dtype, base, blocks * block_bytes / 2, 7, nullptr);
+      e != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess) {
+    (void)backend.device_free(base);
+    return make_error(ErrorCode::kDriverError, cudaGetErrorString(e));
+  }
+  const KvLayout layout = block_major_layout(base, init, g.block_size, block_bytes, blocks);
+  log << fmt::format("profile: {} on a KV pool of {} blocks of {} tokens ({:.1f} GiB)\n", m.name,
+                     blocks, g.block_size, double(blocks * block_bytes) / (1ull << 30));
+
+  auto time = [&](const std::vector<StepSeqInput>& in) -> Result<double> {
+    std::vector<double> ms;
+    for (uint32_t r = 0; r <= g.reps; ++r) {
+      MEMSIM_ASSIGN_OR_RETURN(StepResult res, step.run(layout, in));
+      if (r) ms.push_back(res.gpu_ms);  // the first step warms caches and the allocator
+    }
+    return median(ms);
+  };
+  auto blocks_for = [&](uint32_t tokens) {
+    return (uint64_t{tokens} + g.block_size - 1) / g.block_size;
+  };
+  auto seqs = [&](uint32_t n, uint32_t cached, uint32_t new_tokens) {
+    std::vector<StepSeqInput> in(n);
+    int32_t next = 0;
+    for (uint32_t s = 0; s < n; ++s) {
+      for (uint64_t b = 0; b < blocks_for(cached + new_tokens); ++b) in[s].table.push_back(next++);
+      in[s].cached = cached;
+      for (uint32_t t = 0; t < new_tokens; ++t)
+        in[s].tokens.push_back(static_cast<int32_t>((uint64_t{s} * 7919 + t * 104729) % m.vocab));
+    }
+    return in;
+  };
+
+  StepProfile p;
+  p.model = m.name;
+  Status failed;
+  for (uint32_t b : g.batches) {
+    if (b > step.config().max_seqs) continue;
+    ProfileRow row{b, {}, {}};
+    for (uint32_t ctx : g.contexts) {
+      if (uint64_t{b} * blocks_for(ctx) > blocks) continue;
+      auto ms = time(seqs(b, ctx - 1, 1));
+      if (!ms.ok()) {
+        failed = ms.error();
+        break;
+      }
+      row.points.push_back(ctx);
+      row.ms.push_back(*ms);
+      log << fmt::format("  decode  batch {:>5} context {:>6}: {:9.3f} ms\n", b, ctx, *ms);
+    }
+    if (!failed.ok()) break;
+    if (!row.points.empty()) p.decode.push_back(std::move(row));
+  }
+  for (uint32_t c : g.chunks) {
+    if (!failed.ok() || c > step.config().max_tokens) break;
+    ProfileRow row{c, {}, {}};
+    for (uint32_t pre : g.prefixes) {
+      if (blocks_for(pre + c) > blocks) continue;
+      auto ms = time(seqs(1, pre, c));
+      if (!ms.ok()) {
+        failed = ms.error();
+        break;
+      }
+      row.points.push_back(pre);
+      row.ms.push_back(*ms);
+      log << fmt::format("  prefill chunk {:>5} prefix  {:>6}: {:9.3f} ms\n", c, pre, *ms);
+    }
+    if (!row.points.empty()) p.prefill.push_back(std::move(row));
+  }
+  (void)backend.device_free(base);
+  if (!failed.ok()) return failed.error();
+  return p;
+}
+
+}  // namespace memsim

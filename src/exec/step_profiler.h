@@ -1,0 +1,32 @@
+// Measures a StepProfile on the GPU: ModelStep over a decode grid (batch x context) and a prefill
+// grid (chunk x cached prefix), on a paged KV pool of its own (CUDA builds).
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "sim/workload/step_profile.h"
+#include "src/exec/model_step.h"
+
+namespace memsim {
+
+struct ProfileGrid {
+  std::vector<uint32_t> batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  std::vector<uint32_t> contexts = {128, 512, 2048, 8192, 32768};
+  std::vector<uint32_t> chunks = {16, 64, 256, 1024, 2048, 4096, 8192};
+  std::vector<uint32_t> prefixes = {0, 1024, 4096, 16384};
+  uint32_t block_size = 16;
+  uint32_t reps = 5;          // timed steps per point (the median is kept), after one warm-up
+  uint64_t pool_bytes = 0;    // KV pool; 0 = free device memory less `headroom`
+  uint64_t headroom = 8ull << 30;
+};
+
+// Runs the grid (points whose KV does not fit the pool are left out of their row; a row with no
+// point is dropped) and returns the profile; one line per point goes to `log`.
+Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, const ProfileGrid& grid,
+                                         std::ostream& log);
+
+}  // namespace memsim
