@@ -84,7 +84,6 @@ std::vector<int32_t> tokens_of(uint32_t seq, uint32_t n, uint64_t vocab) {
   return t;
 }
 
-
 // Prefill chunks and decodes of three sequences over block boundaries; each step's inputs and
 // logits go to DIR/steps.jsonl and DIR/logits_<step>.bin for tools/model_check.py.
 void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes) {
@@ -161,7 +160,11 @@ int main(int argc, char** argv) {
   app.add_option("--chunks", chunks, "prefill chunk sizes (one sequence)")->delimiter(',');
   app.add_option("--prefixes", prefixes, "cached prefix before each prefill chunk")->delimiter(',');
   app.add_option("--reps", reps, "timed steps per point (median)");
-  app.add_option("--pool-gib", pool_gib, "KV pool of the check run");
+  bool graphs = false, graph_check = false;
+  app.add_flag("--graphs", graphs, "decode steps as captured CUDA graphs");
+  app.add_flag("--graph-check", graph_check,
+               "check that a captured decode step gives the eager step's tokens");
+  app.add_option("--pool-gib", pool_gib, "KV pool of the check runs");
   app.add_option("--check", check_dir, "write a check run for tools/model_check.py to DIR");
   app.add_option("--check-decodes", decodes, "decode steps of the check run");
   CLI11_PARSE(app, argc, argv);
@@ -184,9 +187,10 @@ int main(int argc, char** argv) {
   cfg.max_seqs = 512;
   cfg.return_logits = !check_dir.empty();
   auto step = must(ModelStep::create(cfg, *backend), "model step");
-  // The check run's pool (the grid measures on a pool of its own).
-  Pool pool = make_pool(*backend, model, block_size,
-                        static_cast<uint64_t>((check_dir.empty() ? 1 : pool_gib) * (1ull << 30)));
+  // The check runs' pool (the grid measures on a pool of its own).
+  Pool pool = make_pool(
+      *backend, model, block_size,
+      static_cast<uint64_t>((check_dir.empty() && !graph_check ? 1 : pool_gib) * (1ull << 30)));
   const DevPtr pool_base = pool.base;
   const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
   std::printf("memsim-model-bench: %s (%u of %u layers), weights %.2f GiB, block %u\n",
@@ -195,6 +199,23 @@ int main(int argc, char** argv) {
   if (!check_dir.empty()) {
     check(*step, pool, check_dir, decodes);
     return 0;
+  }
+  if (graph_check) {  // a captured decode step must give the eager step's tokens, bit for bit
+    const uint32_t b = 8, ctx = 1000;
+    std::vector<StepSeqInput> in(b);
+    for (uint32_t s = 0; s < b; ++s) {
+      in[s].table = pool.take(ctx + 1);
+      in[s].cached = ctx - 1;
+      in[s].tokens = {static_cast<int32_t>((s * 7919 + 11) % model.vocab)};
+    }
+    const StepResult eager = must(step->run(pool.layout, in), "eager decode");
+    if (const Status st = step->capture_decode(pool.layout, b, ctx); !st.ok())
+      die(st.error().message);
+    const StepResult replay = must(step->run(pool.layout, in), "graph decode");
+    const bool same = replay.graph && replay.next_tokens == eager.next_tokens;
+    std::printf("graph check: batch %u context %u: eager %.3f ms, graph %.3f ms, next tokens %s\n",
+                b, ctx, eager.gpu_ms, replay.gpu_ms, same ? "identical" : "DIFFER");
+    return same ? 0 : 1;
   }
   // The grid through the profiler (what `memsim calibrate --model` writes), each point next to
   // the roofline's prediction for the same step.
@@ -205,6 +226,7 @@ int main(int argc, char** argv) {
   grid.prefixes = prefixes;
   grid.block_size = block_size;
   grid.reps = reps;
+  grid.graphs = graphs;
   pool.layout = {};
   if (const Status st = backend->device_free(pool_base); !st.ok()) die(st.error().message);
   std::ostringstream log;

@@ -50,14 +50,15 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
     err << "memsim calibrate: model step: " << step.error().message << "\n";
     return 1;
   }
-  auto profile = measure_step_profile(**step, **backend, ProfileGrid{}, out);
+  ProfileGrid grid;
+  grid.graphs = o.graphs;
+  auto profile = measure_step_profile(**step, **backend, grid, out);
   if (!profile.ok()) {
     err << "memsim calibrate: " << profile.error().message << "\n";
     return 1;
   }
   StepProfile p = std::move(profile).value();
   p.gpu = gpu.name;
-  p.mode = "eager";
   cudaDeviceProp prop{};
   int driver = 0;
   (void)cudaGetDeviceProperties(&prop, o.device);
@@ -65,10 +66,11 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  p.measured = fmt::format("{}, CUDA driver {}.{}, {}{}", prop.name, driver / 1000,
-                           (driver % 1000) / 10, date,
-                           o.layers ? fmt::format(", {} of {} layers", o.layers, model.layers) : "");
-  const std::string path = o.out_path.empty() ? step_profile_path(o.gpu_path, model.name) : o.out_path;
+  p.measured =
+      fmt::format("{}, CUDA driver {}.{}, {}{}", prop.name, driver / 1000, (driver % 1000) / 10,
+                  date, o.layers ? fmt::format(", {} of {} layers", o.layers, model.layers) : "");
+  const std::string path =
+      o.out_path.empty() ? step_profile_path(o.gpu_path, model.name) : o.out_path;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   {
@@ -76,8 +78,11 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
     f << format_step_profile(
         p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}",
                         model.name, gpu.name, model.name),
-            "ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block 16), eager "
-            "launches, median of 5 steps; the serving engine interpolates it (step_profile.h)"});
+            fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
+                        "16), {}, median of 5 steps; the serving engine interpolates it "
+                        "(step_profile.h)",
+                        o.graphs ? "decode steps replayed as CUDA graphs, prefill eager"
+                                 : "eager launches")});
     if (!f) {
       err << "memsim calibrate: cannot write " << path << "\n";
       return 1;

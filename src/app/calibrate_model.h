@@ -12,12 +12,12 @@ struct CalibrateModelOptions {
   std::string model;     // configs/models/<model>.yaml, or a path to a model YAML
   std::string out_path;  // empty: step_profile_path(gpu_path, model)
   uint32_t layers = 0;   // layers run (0 = all; fewer only for quick trials: times are per run)
+  bool graphs = false;   // decode steps as captured CUDA graphs (profile mode "graphs")
   int device = 0;
 };
 
 // Returns 0 on success, 1 when a measurement or the read-back failed, 2 for bad options or when
 // no GPU can be used.
-int run_calibrate_model(const CalibrateModelOptions& options, std::ostream& out,
-                        std::ostream& err);
+int run_calibrate_model(const CalibrateModelOptions& options, std::ostream& out, std::ostream& err);
 
 }  // namespace memsim

@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
                         "measure this model's step times (configs/models/NAME.yaml) and write its "
                         "step-time profile instead of the primitive costs");
   calibrate->add_option("--layers", cal_layers, "with --model: layers to run (0 = all)");
+  bool cal_graphs = false;
+  calibrate->add_flag("--graphs", cal_graphs,
+                      "with --model: decode steps as captured CUDA graphs (as vLLM runs them)");
   try {
     app.parse(argc, argv);
     if (!calibrate->parsed() && config_opt->count() == 0) throw CLI::RequiredError("--config");
@@ -125,6 +128,7 @@ int main(int argc, char** argv) {
       m.model = cal_model;
       m.out_path = cal_out;
       m.layers = cal_layers;
+      m.graphs = cal_graphs;
       return memsim::run_calibrate_model(m, std::cout, std::cerr);
     }
     memsim::CalibrateOptions options;

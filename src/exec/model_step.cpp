@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -51,6 +52,11 @@ struct ModelStep::Impl {
   Impl(const ModelStepConfig& c, Backend& b)
       : cfg(c), backend(b), source(b, "activations"), alloc(source) {}
   ~Impl() {
+    for (auto& [b, g] : graphs) {
+      cudaGraphExecDestroy(g.exec);
+      if (g.host_in) (void)backend.host_free_pinned(g.host_in);
+      if (g.host_out) (void)backend.host_free_pinned(g.host_out);
+    }
     gemm.reset();
     (void)alloc.release_all();
     for (DevPtr p : weights) (void)backend.device_free(p);
@@ -64,7 +70,33 @@ struct ModelStep::Impl {
   Result<DevPtr> weight(uint64_t elems, uint32_t layer, uint32_t tensor, float scale, float offset);
   Result<DevPtr> act(uint64_t bytes) { return alloc.malloc(std::max<uint64_t>(bytes, 1), {}); }
   Status free(DevPtr p) { return p ? alloc.free(p) : Status{}; }
+  // A step's metadata, packed for one upload: [ids | positions | slot_mapping | indptr | kv_lens |
+  // tables | last_rows | prefill work], each section 16-byte aligned (at[] its offsets).
+  struct Packed {
+    std::vector<uint8_t> bytes;
+    uint64_t at[8] = {};
+    uint32_t T = 0, S = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
+    bool decode = true;
+    DecodePlan dplan;
+  };
+  // A decode step of `batch` sequences captured as a CUDA graph over one KV layout: fixed
+  // metadata buffer (uploaded before each replay), pinned host buffers in and out.
+  struct Graph {
+    uint32_t batch = 0, max_context = 0;
+    DevPtr kv_k0 = 0;
+    Packed layout;
+    DevPtr meta = 0, host_in = 0, host_out = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  Status pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs, uint32_t min_bt_stride,
+              Packed* out);
+  // Enqueues the step from the embedding to the next tokens' copy into host_next (pinned);
+  // allocates and frees its activations. Captured as it is by capture_decode.
+  Status forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next, bool logits);
   Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
+  Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
+  Result<StepResult> replay(const Graph& g, const KvLayout& kv,
+                            const std::vector<StepSeqInput>& seqs);
 
   ModelStepConfig cfg;
   Backend& backend;
@@ -83,7 +115,8 @@ struct ModelStep::Impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   std::vector<uint16_t> logits_host;
-  DevPtr staging = 0;  // pinned host: step metadata up, next tokens down
+  std::map<uint32_t, Graph> graphs;  // captured decode steps by batch
+  DevPtr staging = 0;                // pinned host: step metadata up, next tokens down
   uint64_t staging_bytes = 0;
 };
 
@@ -162,9 +195,10 @@ Status ModelStep::Impl::init() {
   return {};
 }
 
-Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs) {
+Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs,
+                             uint32_t min_bt_stride, Packed* out) {
   const uint32_t S = static_cast<uint32_t>(seqs.size());
-  if (S == 0) return StepResult{};
+  if (S == 0) return make_error(ErrorCode::kInvalidArgument, "a step needs a sequence");
   if (S > cfg.max_seqs)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("step of {} sequences exceeds max_seqs {}", S, cfg.max_seqs));
@@ -176,7 +210,7 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
   // ---- host metadata -----------------------------------------------------------------------
   std::vector<int32_t> ids, positions, indptr{0}, kv_lens, q_lens, last_rows, tables;
   std::vector<int64_t> slot_mapping;
-  uint32_t bt_stride = 1, max_kv = 0;
+  uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0;
   bool decode = true;
   for (const StepSeqInput& s : seqs) {
     if (s.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "a sequence has no token");
@@ -249,24 +283,28 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
     x.at = meta_bytes;
     meta_bytes += align16(x.bytes);
   }
-  const uint64_t down_bytes = align16(uint64_t{S} * 4);
-  if (staging_bytes < meta_bytes + down_bytes) {
-    if (staging) MEMSIM_TRY(backend.host_free_pinned(staging));
-    staging = 0;
-    staging_bytes = 0;
-    MEMSIM_ASSIGN_OR_RETURN(staging, backend.host_malloc_pinned(meta_bytes + down_bytes));
-    staging_bytes = meta_bytes + down_bytes;
+  Packed& p = *out;
+  p.bytes.assign(meta_bytes, 0);
+  for (size_t i = 0; i < sec.size(); ++i) {
+    p.at[i] = sec[i].at;
+    if (sec[i].bytes) std::memcpy(p.bytes.data() + sec[i].at, sec[i].data, sec[i].bytes);
   }
-  auto* host = reinterpret_cast<uint8_t*>(staging);
-  for (const Section& x : sec)
-    if (x.bytes) std::memcpy(host + x.at, x.data, x.bytes);
+  p.T = T;
+  p.S = S;
+  p.bt_stride = bt_stride;
+  p.max_kv = max_kv;
+  p.decode = decode;
+  p.dplan = dplan;
+  p.num_tiles = pplan.num_tiles;
+  return {};
+}
 
-  // ---- device work -------------------------------------------------------------------------
-  MEMSIM_STEP_CU(cudaEventRecord(ev0, stream));
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr meta, act(meta_bytes));
-  MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(meta), host, meta_bytes,
-                                 cudaMemcpyHostToDevice, stream));
-  auto dev = [&](size_t i) { return meta + sec[i].at; };
+Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next,
+                                bool logits_out) {
+  const uint32_t T = p.T, S = p.S, bt_stride = p.bt_stride;
+  const bool decode = p.decode;
+  const DecodePlan& dplan = p.dplan;
+  auto dev = [&](size_t i) { return meta + p.at[i]; };
   const auto* d_ids = reinterpret_cast<const int32_t*>(dev(0));
   const auto* d_pos = reinterpret_cast<const int32_t*>(dev(1));
   const auto* d_slots = reinterpret_cast<const int64_t*>(dev(2));
@@ -370,7 +408,7 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
       a.cache = view;
       a.seqs = st;
       a.work = d_work;
-      a.num_tiles = pplan.num_tiles;
+      a.num_tiles = p.num_tiles;
       MEMSIM_STEP_CU(paged_prefill(shape, a, stream));
     }
     MEMSIM_TRY(free(q));
@@ -429,29 +467,139 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
   MEMSIM_ASSIGN_OR_RETURN(DevPtr next, act(uint64_t{S} * 4));
   MEMSIM_STEP_CU(argmax_rows(dtype, logits, S, static_cast<uint32_t>(vocab), vocab,
                              reinterpret_cast<int32_t*>(next), stream));
-  if (cfg.return_logits) {
+  if (logits_out) {
     logits_host.resize(uint64_t{S} * vocab);
     MEMSIM_STEP_CU(cudaMemcpyAsync(logits_host.data(), reinterpret_cast<void*>(logits),
                                    logits_host.size() * kElem, cudaMemcpyDeviceToHost, stream));
   }
   MEMSIM_TRY(free(logits));
-  MEMSIM_STEP_CU(cudaMemcpyAsync(host + meta_bytes, reinterpret_cast<void*>(next), uint64_t{S} * 4,
+  MEMSIM_STEP_CU(cudaMemcpyAsync(host_next, reinterpret_cast<void*>(next), uint64_t{S} * 4,
                                  cudaMemcpyDeviceToHost, stream));
-  MEMSIM_STEP_CU(cudaEventRecord(ev1, stream));
   MEMSIM_TRY(free(next));
   MEMSIM_TRY(free(residual));
   MEMSIM_TRY(free(workspace));
+  return {};
+}
+
+Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs) {
+  if (seqs.empty()) return StepResult{};
+  // A decode step whose batch has a captured graph of the same layout replays it.
+  if (auto g = graphs.find(static_cast<uint32_t>(seqs.size()));
+      g != graphs.end() && g->second.kv_k0 == (kv.k.empty() ? 0 : kv.k[0]) &&
+      std::all_of(seqs.begin(), seqs.end(),
+                  [](const StepSeqInput& s) { return s.tokens.size() == 1; }))
+    return replay(g->second, kv, seqs);
+  Packed p;
+  MEMSIM_TRY(pack(kv, seqs, 0, &p));
+  const uint64_t down_bytes = align16(uint64_t{p.S} * 4);
+  if (staging_bytes < p.bytes.size() + down_bytes) {
+    if (staging) MEMSIM_TRY(backend.host_free_pinned(staging));
+    staging = 0;
+    staging_bytes = 0;
+    MEMSIM_ASSIGN_OR_RETURN(staging, backend.host_malloc_pinned(p.bytes.size() + down_bytes));
+    staging_bytes = p.bytes.size() + down_bytes;
+  }
+  auto* host = reinterpret_cast<uint8_t*>(staging);
+  std::memcpy(host, p.bytes.data(), p.bytes.size());
+  MEMSIM_STEP_CU(cudaEventRecord(ev0, stream));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr meta, act(p.bytes.size()));
+  MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(meta), host, p.bytes.size(),
+                                 cudaMemcpyHostToDevice, stream));
+  MEMSIM_TRY(forward(kv, p, meta, host + p.bytes.size(), cfg.return_logits));
+  MEMSIM_STEP_CU(cudaEventRecord(ev1, stream));
   MEMSIM_TRY(free(meta));
   MEMSIM_STEP_CU(cudaStreamSynchronize(stream));
-
   StepResult r;
-  r.decode = decode;
-  r.next_tokens.resize(S);
-  std::memcpy(r.next_tokens.data(), host + meta_bytes, uint64_t{S} * 4);
+  r.decode = p.decode;
+  r.next_tokens.resize(p.S);
+  std::memcpy(r.next_tokens.data(), host + p.bytes.size(), uint64_t{p.S} * 4);
   float ms = 0;
   MEMSIM_STEP_CU(cudaEventElapsedTime(&ms, ev0, ev1));
   r.gpu_ms = ms;
   if (cfg.return_logits) r.logits = std::move(logits_host);
+  return r;
+}
+
+Status ModelStep::Impl::capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context) {
+  if (batch == 0 || batch > cfg.max_seqs || max_context == 0 || !kv.paged)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "capture_decode: a batch of 1..max_seqs over a paged layout");
+  if (graphs.count(batch)) return make_error(ErrorCode::kInvalidState, "batch already captured");
+  // A template batch: every sequence at max_context tokens reading block 0, its KV write skipped
+  // (slot -1), so the warm-up run touches no sequence's cache. Replays upload real metadata.
+  const uint32_t blocks = (max_context + kv.block_tokens - 1) / kv.block_tokens;
+  std::vector<StepSeqInput> tmpl(batch);
+  for (StepSeqInput& s : tmpl) {
+    s.table.assign(blocks, 0);
+    s.cached = max_context - 1;
+    s.tokens = {0};
+  }
+  Graph g;
+  g.batch = batch;
+  g.max_context = max_context;
+  g.kv_k0 = kv.k.empty() ? 0 : kv.k[0];
+  MEMSIM_TRY(pack(kv, tmpl, blocks, &g.layout));
+  for (uint32_t t = 0; t < g.layout.T; ++t) {
+    const int64_t skip = -1;
+    std::memcpy(g.layout.bytes.data() + g.layout.at[2] + t * 8, &skip, 8);
+  }
+  MEMSIM_ASSIGN_OR_RETURN(g.meta, act(g.layout.bytes.size()));
+  MEMSIM_ASSIGN_OR_RETURN(g.host_in, backend.host_malloc_pinned(g.layout.bytes.size()));
+  MEMSIM_ASSIGN_OR_RETURN(g.host_out, backend.host_malloc_pinned(align16(uint64_t{batch} * 4)));
+  std::memcpy(reinterpret_cast<void*>(g.host_in), g.layout.bytes.data(), g.layout.bytes.size());
+  auto fail = [&](Status st) {
+    (void)free(g.meta);
+    (void)backend.host_free_pinned(g.host_in);
+    (void)backend.host_free_pinned(g.host_out);
+    return st;
+  };
+  // Warm-up (allocator blocks, cuBLASLt plans), then the same forward captured.
+  Status st =
+      cu(cudaMemcpyAsync(reinterpret_cast<void*>(g.meta), reinterpret_cast<void*>(g.host_in),
+                         g.layout.bytes.size(), cudaMemcpyHostToDevice, stream),
+         "upload");
+  if (st.ok()) st = forward(kv, g.layout, g.meta, reinterpret_cast<void*>(g.host_out), false);
+  if (st.ok()) st = cu(cudaStreamSynchronize(stream), "warm-up");
+  if (!st.ok()) return fail(st);
+  cudaGraph_t graph = nullptr;
+  st = cu(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "begin capture");
+  if (st.ok()) {
+    const Status fw = forward(kv, g.layout, g.meta, reinterpret_cast<void*>(g.host_out), false);
+    st = cu(cudaStreamEndCapture(stream, &graph), "end capture");
+    if (!fw.ok()) st = fw;
+  }
+  if (st.ok()) st = cu(cudaGraphInstantiate(&g.exec, graph, 0), "instantiate");
+  if (graph) cudaGraphDestroy(graph);
+  if (!st.ok()) return fail(st);
+  graphs.emplace(batch, std::move(g));
+  return {};
+}
+
+Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
+                                           const std::vector<StepSeqInput>& seqs) {
+  Packed p;
+  MEMSIM_TRY(pack(kv, seqs, g.layout.bt_stride, &p));
+  if (p.bt_stride != g.layout.bt_stride || p.max_kv > g.max_context)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("decode step of context {} exceeds the graph of batch {} "
+                                  "(captured for {})",
+                                  p.max_kv, g.batch, g.max_context));
+  std::memcpy(reinterpret_cast<void*>(g.host_in), p.bytes.data(), p.bytes.size());
+  MEMSIM_STEP_CU(cudaEventRecord(ev0, stream));
+  MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(g.meta),
+                                 reinterpret_cast<void*>(g.host_in), p.bytes.size(),
+                                 cudaMemcpyHostToDevice, stream));
+  MEMSIM_STEP_CU(cudaGraphLaunch(g.exec, stream));
+  MEMSIM_STEP_CU(cudaEventRecord(ev1, stream));
+  MEMSIM_STEP_CU(cudaStreamSynchronize(stream));
+  StepResult r;
+  r.decode = true;
+  r.graph = true;
+  r.next_tokens.resize(p.S);
+  std::memcpy(r.next_tokens.data(), reinterpret_cast<void*>(g.host_out), uint64_t{p.S} * 4);
+  float ms = 0;
+  MEMSIM_STEP_CU(cudaEventElapsedTime(&ms, ev0, ev1));
+  r.gpu_ms = ms;
   return r;
 }
 
@@ -471,6 +619,10 @@ Result<std::unique_ptr<ModelStep>> ModelStep::create(const ModelStepConfig& conf
 
 Result<StepResult> ModelStep::run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs) {
   return impl_->run(kv, seqs);
+}
+
+Status ModelStep::capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context) {
+  return impl_->capture_decode(kv, batch, max_context);
 }
 
 const ModelStepConfig& ModelStep::config() const {

@@ -37,6 +37,7 @@ struct StepResult {
   std::vector<int32_t> next_tokens;  // greedy token after each sequence's last new token
   double gpu_ms = 0;                 // the step's kernels, CUDA events on its stream
   bool decode = false;               // every sequence had one new token (the decode kernel ran)
+  bool graph = false;                // replayed a captured CUDA graph (capture_decode)
   std::vector<uint16_t> logits;      // [sequences, vocab] bf16/fp16 bits (return_logits)
 };
 
@@ -87,6 +88,13 @@ class ModelStep {
   // every sequence's table must cover cached + tokens.size() positions. Synchronizes its stream.
   // A failed step may leave activations allocated until the ModelStep is destroyed.
   Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
+
+  // Captures the decode step of `batch` sequences of up to `max_context` tokens over `kv` (paged)
+  // as a CUDA graph, as vLLM captures its decode batch sizes: later run() calls of a decode step
+  // with exactly `batch` sequences over the same layout replay it (the metadata is uploaded into
+  // the graph's fixed buffer first; tables, lengths and positions are read on the device). The
+  // warm-up before the capture writes no KV (slot -1) and reads block 0.
+  Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
 
   const ModelStepConfig& config() const;
   uint64_t weight_bytes() const;

@@ -73,10 +73,21 @@ Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, cons
 
   StepProfile p;
   p.model = m.name;
+  p.mode = g.graphs ? "graphs" : "eager";
   Status failed;
   for (uint32_t b : g.batches) {
     if (b > step.config().max_seqs) continue;
     ProfileRow row{b, {}, {}};
+    if (g.graphs) {
+      uint32_t longest = 0;
+      for (uint32_t ctx : g.contexts)
+        if (uint64_t{b} * blocks_for(ctx) <= blocks) longest = std::max(longest, ctx);
+      if (longest == 0) continue;
+      if (Status st = step.capture_decode(layout, b, longest); !st.ok()) {
+        failed = st;
+        break;
+      }
+    }
     for (uint32_t ctx : g.contexts) {
       if (uint64_t{b} * blocks_for(ctx) > blocks) continue;
       auto ms = time(seqs(b, ctx - 1, 1));

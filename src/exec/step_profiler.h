@@ -19,9 +19,12 @@ struct ProfileGrid {
   std::vector<uint32_t> chunks = {16, 64, 256, 1024, 2048, 4096, 8192};
   std::vector<uint32_t> prefixes = {0, 1024, 4096, 16384};
   uint32_t block_size = 16;
-  uint32_t reps = 5;          // timed steps per point (the median is kept), after one warm-up
-  uint64_t pool_bytes = 0;    // KV pool; 0 = free device memory less `headroom`
+  uint32_t reps = 5;        // timed steps per point (the median is kept), after one warm-up
+  uint64_t pool_bytes = 0;  // KV pool; 0 = free device memory less `headroom`
   uint64_t headroom = 8ull << 30;
+  // Decode steps as captured CUDA graphs (one per batch row, for its longest context), as vLLM
+  // and SGLang run them; prefill chunks stay eager, as theirs do.
+  bool graphs = false;
 };
 
 // Runs the grid (points whose KV does not fit the pool are left out of their row; a row with no
