@@ -19,6 +19,9 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
                          const DecodeArgs& args, cudaStream_t stream);
 cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
                           cudaStream_t stream);
+// paged_decode or paged_prefill, as args.decode says.
+cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArgs& args,
+                            cudaStream_t stream);
 cudaError_t copy_blocks(const BlockCopyArgs& args, cudaStream_t stream);
 
 // The practical bandwidth ceiling: reads [p, p + bytes) with 16-byte loads and XORs what it read

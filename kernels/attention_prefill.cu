@@ -119,4 +119,28 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
   });
 }
 
+cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArgs& a,
+                            cudaStream_t stream) {
+  if (a.decode) {
+    DecodeArgs d;
+    d.q = a.q;
+    d.o = a.o;
+    d.cache = a.cache;
+    d.seqs = a.seqs;
+    d.workspace = a.workspace;
+    d.scale = a.scale;
+    return paged_decode(shape, a.dplan, d, stream);
+  }
+  PrefillArgs p;
+  p.q = a.q;
+  p.o = a.o;
+  p.qo_indptr = a.qo_indptr;
+  p.cache = a.cache;
+  p.seqs = a.seqs;
+  p.work = a.work;
+  p.num_tiles = a.num_tiles;
+  p.scale = a.scale;
+  return paged_prefill(shape, p, stream);
+}
+
 }  // namespace memsim::kernels

@@ -123,6 +123,23 @@ struct PrefillArgs {
   float scale = 0;
 };
 
+// ---- one layer of a step: decode or prefill -----------------------------------------------------
+
+// What an executor launches per layer: decode when every sequence has one query token (dplan and
+// workspace as for DecodeArgs), else prefill (qo_indptr, work, num_tiles as for PrefillArgs).
+struct LayerAttentionArgs {
+  bool decode = true;
+  uint64_t q = 0, o = 0;
+  KvLayerView cache;
+  SeqTables seqs;
+  DecodePlan dplan;
+  uint64_t workspace = 0;
+  const int32_t* qo_indptr = nullptr;
+  const int32_t* work = nullptr;
+  uint32_t num_tiles = 0;
+  float scale = 0;
+};
+
 // ---- KV write, block copies, swaps -------------------------------------------------------------
 
 // vLLM reshape_and_cache: token i's K and V rows go to slot slot_mapping[i] of the layer cache

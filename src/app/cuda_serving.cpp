@@ -336,25 +336,18 @@ Status CudaExecutor::finish_part(Part& p) {
 Status CudaExecutor::attend(const Part& p, const KvLayerView& v, uint64_t q, uint64_t o,
                             const SeqTables& t, const DecodePlan& dplan, uint64_t workspace,
                             const int32_t* indptr, const int32_t* work, uint32_t tiles) {
-  if (p.decode) {
-    DecodeArgs a;
-    a.q = q;
-    a.o = o;
-    a.cache = v;
-    a.seqs = t;
-    a.workspace = workspace;
-    MEMSIM_CU(paged_decode(c_.shape, dplan, a, stream_));
-  } else {
-    PrefillArgs a;
-    a.q = q;
-    a.o = o;
-    a.qo_indptr = indptr;
-    a.cache = v;
-    a.seqs = t;
-    a.work = work;
-    a.num_tiles = tiles;
-    MEMSIM_CU(paged_prefill(c_.shape, a, stream_));
-  }
+  LayerAttentionArgs a;
+  a.decode = p.decode;
+  a.q = q;
+  a.o = o;
+  a.cache = v;
+  a.seqs = t;
+  a.dplan = dplan;
+  a.workspace = workspace;
+  a.qo_indptr = indptr;
+  a.work = work;
+  a.num_tiles = tiles;
+  MEMSIM_CU(layer_attention(c_.shape, a, stream_));
   return {};
 }
 

@@ -392,25 +392,18 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
     w.slot_tokens = kv.block_tokens;
     MEMSIM_STEP_CU(paged_kv_write(shape, w, stream));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr attn, act(uint64_t{T} * q_cols * kElem));
-    if (decode) {
-      DecodeArgs a;
-      a.q = q;
-      a.o = attn;
-      a.cache = view;
-      a.seqs = st;
-      a.workspace = workspace;
-      MEMSIM_STEP_CU(paged_decode(shape, dplan, a, stream));
-    } else {
-      PrefillArgs a;
-      a.q = q;
-      a.o = attn;
-      a.qo_indptr = d_indptr;
-      a.cache = view;
-      a.seqs = st;
-      a.work = d_work;
-      a.num_tiles = p.num_tiles;
-      MEMSIM_STEP_CU(paged_prefill(shape, a, stream));
-    }
+    LayerAttentionArgs a;
+    a.decode = decode;
+    a.q = q;
+    a.o = attn;
+    a.cache = view;
+    a.seqs = st;
+    a.dplan = dplan;
+    a.workspace = workspace;
+    a.qo_indptr = d_indptr;
+    a.work = d_work;
+    a.num_tiles = p.num_tiles;
+    MEMSIM_STEP_CU(layer_attention(shape, a, stream));
     MEMSIM_TRY(free(q));
     MEMSIM_TRY(free(qkv));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr o, act(uint64_t{T} * hidden * kElem));

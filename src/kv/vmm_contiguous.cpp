@@ -304,26 +304,31 @@ Status VmmContiguous::unmap_groups(uint32_t slot, uint32_t count) {
   return first;
 }
 
+Status VmmContiguous::drop_cached(uint32_t slot, uint32_t count) {
+  Slot& v = slots_[slot];
+  const Status st = unmap_groups(slot, count);
+  cached_groups_ -= count;
+  if (v.where == Where::kDeferredFree && v.mapped == 0) {
+    list_remove(deferred_, slot);
+    v.where = Where::kEmptyFree;
+    empty_free_.push_back(slot);
+  } else if (v.where == Where::kLive && v.mapped == v.needed) {
+    list_remove(excess_, slot);
+  }
+  return st;
+}
+
 Status VmmContiguous::reclaim(uint64_t groups) {
   Status first;
   while (groups > 0) {
-    const bool from_free = deferred_.head != kNil;
-    const uint32_t victim = from_free ? deferred_.head : excess_.head;
+    const uint32_t victim = deferred_.head != kNil ? deferred_.head : excess_.head;
     if (victim == kNil) break;  // callers check availability first
-    Slot& v = slots_[victim];
+    const Slot& v = slots_[victim];
     const auto take = static_cast<uint32_t>(std::min<uint64_t>(groups, v.mapped - v.needed));
-    const Status st = unmap_groups(victim, take);
+    const Status st = drop_cached(victim, take);
     if (!st.ok() && first.ok()) first = st;
     groups -= take;
-    cached_groups_ -= take;
     evicted_groups_ += take;
-    if (from_free && v.mapped == 0) {
-      list_remove(deferred_, victim);
-      v.where = Where::kEmptyFree;
-      empty_free_.push_back(victim);
-    } else if (!from_free && v.mapped == v.needed) {
-      list_remove(excess_, victim);
-    }
   }
   return first;
 }
@@ -418,17 +423,8 @@ void VmmContiguous::background_step(const std::vector<SeqLength>& after_step) {
   // Doing too much in one step delays it: reclaim only when nothing was needed (vAttention's
   // do_reclaim_pages: with eager reclamation, one group per step of a free slot other than the
   // one the next request gets, which is deferred_.tail here).
-  if (required == 0 && !config_.deferred_reclaim && deferred_.head != deferred_.tail) {
-    const uint32_t victim = deferred_.head;
-    Slot& v = slots_[victim];
-    (void)unmap_groups(victim, 1);
-    --cached_groups_;
-    if (v.mapped == 0) {
-      list_remove(deferred_, victim);
-      v.where = Where::kEmptyFree;
-      empty_free_.push_back(victim);
-    }
-  }
+  if (required == 0 && !config_.deferred_reclaim && deferred_.head != deferred_.tail)
+    (void)drop_cached(deferred_.head, 1);
 }
 
 // ---- requests -------------------------------------------------------------------------------

@@ -155,7 +155,10 @@ class VmmContiguous final : public KvCacheManager {
   // Drops the top `count` groups: one unmap per tensor, one release per page (best effort,
   // returns the first error).
   Status unmap_groups(uint32_t slot, uint32_t count);
-  Status reclaim(uint64_t groups);  // unmaps cached groups of other slots
+  // Unmaps `count` cached (mapped, not needed) groups of a free or excess-listed slot, keeping the
+  // counters and the slot lists right.
+  Status drop_cached(uint32_t slot, uint32_t count);
+  Status reclaim(uint64_t groups);  // unmaps cached groups of other slots (evictions)
   // Makes live slot `slot` need `target` groups (>= its current need). All-or-nothing for the
   // slot; on failure the slot is as before (reclaimed cached groups of other slots stay freed).
   Status extend(uint32_t slot, uint32_t target);
