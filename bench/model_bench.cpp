@@ -8,6 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -88,6 +90,13 @@ std::vector<int32_t> tokens_of(uint32_t seq, uint32_t n, uint64_t vocab) {
 // logits go to DIR/steps.jsonl and DIR/logits_<step>.bin for tools/model_check.py.
 void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes) {
   const ModelShape& m = step.config().model;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "memsim-model-bench: cannot create %s: %s\n", dir.c_str(),
+                 ec.message().c_str());
+    std::exit(1);
+  }
   const std::vector<uint32_t> prompt = {37, 16, 5};
   std::vector<std::vector<int32_t>> seq_tokens, tables;
   for (uint32_t s = 0; s < prompt.size(); ++s) {

@@ -214,5 +214,62 @@ TEST_CASE("a wrong block table fails the run naming the request, sample and step
   CHECK(r.validation.failure == r.error);
 }
 
+// The content executor, timed: each step "takes" 1 ms plus 1 us per computed token.
+class TimedExecutor final : public StepExecutor {
+ public:
+  Status begin(KvCacheManager& kv, Backend& b, DevPtr swap, uint64_t bytes) override {
+    return inner_.begin(kv, b, swap, bytes);
+  }
+  Status run_step(const StepWork& w) override {
+    uint64_t tokens = 0;
+    for (const StepSeq& s : w.seqs) tokens += s.new_tokens;
+    last_ = 1'000'000 + 1'000 * static_cast<SimTime>(tokens);
+    return inner_.run_step(w);
+  }
+  Status swap_out(SeqId s, SeqId src, const TokenContent& c, uint32_t t) override {
+    return inner_.swap_out(s, src, c, t);
+  }
+  Status swap_in(SeqId s, const TokenContent& c, uint32_t t) override {
+    return inner_.swap_in(s, c, t);
+  }
+  Status swap_drop(SeqId s) override { return inner_.swap_drop(s); }
+  void end() override { inner_.end(); }
+  ExecutorReport report() const override { return inner_.report(); }
+  SimTime measured_step_ns() const override { return last_; }
+
+ private:
+  ContentExecutor inner_;
+  SimTime last_ = 0;
+};
+
+TEST_CASE("a measured clock advances each step by the executor's measured time") {
+  EngineConfig e = engine("{impl: paged_block_pool}", Load{"plain", 0});
+  e.executor = [] { return std::make_unique<TimedExecutor>(); };
+  e.measured_clock = true;
+  // One request: a 1,000-token prefill step (2 ms), then 4 decode steps (1.001 ms each).
+  std::vector<RequestSpec> one(1);
+  one[0].prompt_tokens = 1000;
+  one[0].output_tokens = 5;
+  const ServingResult r = run_serving(e, one);
+  REQUIRE(r.error.empty());
+  CHECK(r.step_time_source == "measured");
+  CHECK(r.steps == 5);
+  CHECK(r.sim_time == 2'000'000 + 4 * 1'001'000);
+  CHECK(r.ttft_ms.p50 == Approx(2.0).epsilon(1e-12));
+  CHECK(r.tpot_ms.p50 == Approx(1.001).epsilon(1e-12));
+  CHECK(r.e2e_ms.p50 == Approx(6.004).epsilon(1e-12));
+  REQUIRE(r.measured_steps.size() == 5);
+  CHECK(r.measured_steps[0].measured == 2'000'000);
+  CHECK(r.measured_steps[0].shape.new_tokens == 1000);
+  CHECK(r.measured_steps[4].measured == 1'001'000);
+  CHECK(r.measured_steps[4].shape.decode_seqs == 1);
+  CHECK(r.measured_steps[4].shape.decode_kv_tokens == 1004);
+  CHECK(r.measured_steps[4].predicted > 0);  // the roofline's figure for the same step
+
+  e.executor = nullptr;  // nothing measures the steps
+  const ServingResult none = run_serving(e, one);
+  CHECK(none.error == "measured_clock needs a step executor that times its steps");
+}
+
 }  // namespace
 }  // namespace memsim::test

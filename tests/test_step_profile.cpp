@@ -75,6 +75,28 @@ TEST_CASE("profile: other steps are a prefill chunk with the step's attention wo
   CHECK(ProfiledStepTime(decode_only).step_time(s) > 0);
 }
 
+TEST_CASE("profile: several prompts and decodes in one step") {
+  const ProfiledStepTime t(grid());
+  // Two 50-token prompts do half the attention of one 100-token chunk: prefix -25 on the chunk
+  // 100 row's first segment (0.01 ms a prefix token), 5 - 0.25 ms.
+  StepShape two;
+  two.num_seqs = 2;
+  two.new_tokens = 100;
+  two.attn_pairs = 2 * (50.0 * 51 / 2);
+  two.kv_read_tokens = 100;
+  CHECK(std::llabs(t.step_time(two) - ms(4.75)) <= 1);
+  // A 99-token prompt and one decode at context 601: the chunk of 100 tokens at prefix -1
+  // (4.99 ms) plus the decode's attention, batch 1 at 601 (15.01 ms) less at 0 (9 ms).
+  StepShape mixed;
+  mixed.num_seqs = 2;
+  mixed.new_tokens = 100;
+  mixed.decode_seqs = 1;
+  mixed.decode_kv_tokens = 601;
+  mixed.kv_read_tokens = 99 + 601;
+  mixed.attn_pairs = 99.0 * 100 / 2 + 601;
+  CHECK(std::llabs(t.step_time(mixed) - ms(4.99 + 6.01)) <= 1);
+}
+
 TEST_CASE("profile: one row or one point is flat in that direction") {
   StepProfile p = grid();
   p.decode = {{8, {1000}, {7}}};
@@ -157,6 +179,12 @@ runs:
   CHECK(plain.step_profile == nullptr);
   CHECK_THROWS_WITH(load_serving_config(path, {"engine.step_time=profile"}),
                     Catch::Contains("h200.profiles/llama-3.1-8b.yaml does not exist"));
+  // engine.gpu_step: model times every layer, so gpu_layers makes no sense with it.
+  CHECK(load_serving_config(path, {"engine.gpu_step=model"}).runs[0].gpu_step == "model");
+  CHECK_THROWS_WITH(load_serving_config(path, {"engine.gpu_step=model", "engine.gpu_layers=2"}),
+                    Catch::Contains("exp.yaml:") && Catch::Contains("drop engine.gpu_layers"));
+  CHECK_THROWS_WITH(load_serving_config(path, {"engine.gpu_step=modle"}),
+                    Catch::Contains("did you mean 'model'"));
 
   StepProfile p = grid();
   p.decode = {{1, {100, 10000}, {40, 40}}, {256, {100, 10000}, {40, 40}}};  // 40 ms a step

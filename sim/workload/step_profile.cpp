@@ -27,21 +27,23 @@ size_t segment(const V& xs, double x) {
   return hi - 1;
 }
 
-double row_at(const ProfileRow& r, double point) {
+// A row at `point`; below its first point the first segment extends it unfloored when `raw`,
+// else no time falls below the row's fastest measured step.
+double row_at(const ProfileRow& r, double point, bool raw = false) {
   if (r.points.size() == 1) return r.ms[0];
   const size_t i = segment(r.points, point);
   const double y = lerp(r.points[i], r.ms[i], r.points[i + 1], r.ms[i + 1], point);
-  return std::max(y, *std::min_element(r.ms.begin(), r.ms.end()));
+  return raw ? y : std::max(y, *std::min_element(r.ms.begin(), r.ms.end()));
 }
 
-double grid_at(const std::vector<ProfileRow>& rows, double size, double point) {
-  if (rows.size() == 1) return row_at(rows[0], point);
+double grid_at(const std::vector<ProfileRow>& rows, double size, double point, bool raw = false) {
+  if (rows.size() == 1) return row_at(rows[0], point, raw);
   std::vector<double> sizes;
   for (const ProfileRow& r : rows) sizes.push_back(r.size);
   const size_t i = segment(sizes, size);
-  const double y =
-      lerp(sizes[i], row_at(rows[i], point), sizes[i + 1], row_at(rows[i + 1], point), size);
-  return std::max(y, 0.0);
+  const double y = lerp(sizes[i], row_at(rows[i], point, raw), sizes[i + 1],
+                        row_at(rows[i + 1], point, raw), size);
+  return raw ? y : std::max(y, 0.0);
 }
 
 std::string check_rows(const std::vector<ProfileRow>& rows, const char* what) {
@@ -86,9 +88,20 @@ SimTime ProfiledStepTime::step_time(const StepShape& s) const {
     const double b = s.num_seqs;
     ms = grid_at(p_.decode, b, static_cast<double>(s.kv_read_tokens) / b);
   } else {
+    // One chunk of all t new tokens (their GEMMs) whose prefix gives the prefill sequences'
+    // attention work: below one chunk's own t (t + 1) / 2 pairs (several shorter prompts) the
+    // prefix is negative and the rows' first segment extends the grid.
     const double t = static_cast<double>(s.new_tokens);
-    const double prefix = std::max(0.0, (s.attn_pairs - t * (t + 1) / 2) / t);
-    ms = grid_at(p_.prefill, t, prefix);
+    const double pairs = std::max(0.0, s.attn_pairs - double(s.decode_kv_tokens));
+    ms = grid_at(p_.prefill, t, (pairs - t * (t + 1) / 2) / t, true);
+    // The decodes' attention: their decode step less the same step at context 0 (the GEMM part
+    // the chunk above already counts).
+    if (s.decode_seqs) {
+      const double d = s.decode_seqs;
+      ms += std::max(0.0, grid_at(p_.decode, d, double(s.decode_kv_tokens) / d, true) -
+                              grid_at(p_.decode, d, 0, true));
+    }
+    ms = std::max(ms, 0.0);
   }
   return static_cast<SimTime>(std::llround(ms * 1e6));
 }

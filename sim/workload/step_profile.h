@@ -35,12 +35,17 @@ std::string check_step_profile(const StepProfile& p);
 
 // Step time from a profile. A step whose every sequence computes one token is a decode step of
 // B = num_seqs sequences at context kv_read_tokens / B: interpolated linearly in context within
-// the two decode rows around B, then linearly in B between them. Any other step is treated as
-// one prefill chunk of new_tokens tokens whose prefix p makes its attention work equal the
-// step's (new_tokens x p + new_tokens (new_tokens + 1) / 2 = attn_pairs), interpolated the same
-// way over the prefill rows. Outside a grid the nearest segment's slope extends it (times never
-// below the smallest measured one of the row); a grid with one row or point is flat in that
-// direction.
+// the two decode rows around B, then linearly in B between them. Any other step runs its
+// decodes through the decode kernel and its prefill chunks through the prefill kernel (as
+// ModelStep and vLLM's FlashInfer backend do), so it costs
+//   one prefill chunk of all new_tokens tokens (t) whose prefix p makes its attention work equal
+//   the prefill sequences' (t x p + t (t + 1) / 2 = attn_pairs - decode_kv_tokens; p < 0 when
+//   several short prompts do less work than one chunk of t, the rows' first segment extended),
+// + the decodes' attention: the decode step of decode_seqs sequences at their mean context less
+//   the same step at context 0 (extended), whose GEMM share the chunk already counts.
+// Outside a grid the nearest segment's slope extends it (times never below the smallest
+// measured one of the row, except in the two extensions to negative prefix and context 0); a
+// grid with one row or point is flat in that direction.
 class ProfiledStepTime {
  public:
   explicit ProfiledStepTime(StepProfile profile);

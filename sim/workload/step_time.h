@@ -45,6 +45,9 @@ struct StepShape {
   uint64_t new_tokens = 0;      // tokens computed this step (sum over seqs; a decode = 1)
   uint64_t kv_read_tokens = 0;  // sum over seqs of KV tokens attended (context incl. new ones)
   double attn_pairs = 0;        // sum over computed tokens of positions attended (causal)
+  // Of those, the sequences computing one token (decodes) and the KV tokens they attend.
+  uint32_t decode_seqs = 0;
+  uint64_t decode_kv_tokens = 0;
 };
 
 enum class StepBound : uint8_t { kCompute, kMemory };

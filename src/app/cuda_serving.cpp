@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "kernels/attention.h"
 #include "kernels/synth.h"
+#include "src/exec/model_step.h"
 
 namespace memsim {
 namespace {
@@ -136,6 +138,7 @@ class CudaExecutor final : public StepExecutor {
   Status swap_drop(SeqId seq) override;
   void end() override;
   ExecutorReport report() const override;
+  SimTime measured_step_ns() const override { return last_step_ns_; }
 
  private:
   // A swapped-out sequence's rows: chunks of `chunk_tokens` tokens, each in one host slot that
@@ -178,6 +181,10 @@ class CudaExecutor final : public StepExecutor {
   Status run_layer(uint32_t layer);
   Status check_layer(const StepWork& w, uint32_t layer);
   Status check_part(const StepWork& w, Part& p, uint32_t layer);
+  // engine.gpu_step: model: the whole model step over the strategy's tables, timed.
+  Status run_model(const StepWork& w);
+  // Peak bytes the strategy held and the device lost (less the executor's own memory).
+  Status track_peaks();
 
   CudaExecutorConfig c_;
   KvCacheManager* kv_ = nullptr;
@@ -202,6 +209,9 @@ class CudaExecutor final : public StepExecutor {
   DevPtr swap_space_ = 0;
   std::vector<uint32_t> free_slots_;  // host swap slots (stack)
   std::map<SeqId, Swapped> swapped_;  // sequences whose rows are in host slots
+  std::unique_ptr<ModelStep> model_;  // engine.gpu_step: model
+  std::vector<StepSeqInput> inputs_;
+  SimTime last_step_ns_ = 0;
   ExecutorReport report_;
 };
 
@@ -248,8 +258,17 @@ Status CudaExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr swap_spa
   MEMSIM_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MEMSIM_CU(cudaEventCreate(&ev0_));
   MEMSIM_CU(cudaEventCreate(&ev1_));
-  MEMSIM_TRY(k_new_.reserve(uint64_t{c_.max_tokens} * row_elems() * elem()));
-  MEMSIM_TRY(v_new_.reserve(uint64_t{c_.max_tokens} * row_elems() * elem()));
+  if (c_.model_step) {
+    ModelStepConfig mc;
+    mc.model = c_.model;
+    mc.max_tokens = c_.max_tokens;
+    mc.max_seqs = c_.max_seqs;
+    MEMSIM_ASSIGN_OR_RETURN(model_, ModelStep::create(mc, backend));
+    report_.weight_bytes = model_->weight_bytes();
+  } else {
+    MEMSIM_TRY(k_new_.reserve(uint64_t{c_.max_tokens} * row_elems() * elem()));
+    MEMSIM_TRY(v_new_.reserve(uint64_t{c_.max_tokens} * row_elems() * elem()));
+  }
   std::vector<uint64_t> regions;
   for (uint32_t l = 0; l < c_.layers; ++l) {
     regions.push_back(layout_.k[l]);
@@ -385,21 +404,55 @@ Status CudaExecutor::run_layer(uint32_t layer) {
   return {};
 }
 
-Status CudaExecutor::run_step(const StepWork& work) {
-  ++report_.steps;
-  MEMSIM_CU(cudaDeviceSynchronize());  // the strategy's copies (backend stream) come first
-  MEMSIM_TRY(build(work));
-  // Peaks of the pool: what the strategy holds (shadow accounting) and what the device lost,
-  // less the executor's own buffers.
+Status CudaExecutor::track_peaks() {
+  // The strategy's bytes are the backend's less what the model step allocated through it.
+  const Usage u = backend_->usage();
+  uint64_t own = 0;
+  for (const char* tag : {"weights", "activations"})
+    if (auto it = u.per_tag.find(tag); it != u.per_tag.end()) own += it->second;
   report_.peak_strategy_bytes =
-      std::max(report_.peak_strategy_bytes, backend_->usage().physical_bytes);
+      std::max(report_.peak_strategy_bytes, u.physical_bytes - std::min(own, u.physical_bytes));
   if (c_.free_before_pool && *c_.free_before_pool) {
     size_t free = 0, total = 0;
     MEMSIM_CU(cudaMemGetInfo(&free, &total));
     const uint64_t drop = *c_.free_before_pool - std::min<uint64_t>(free, *c_.free_before_pool);
-    report_.peak_device_bytes =
-        std::max(report_.peak_device_bytes, drop - std::min(drop, own_bytes_));
+    own += own_bytes_;
+    report_.peak_device_bytes = std::max(report_.peak_device_bytes, drop - std::min(drop, own));
   }
+  return {};
+}
+
+Status CudaExecutor::run_model(const StepWork& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ++report_.steps;
+  MEMSIM_CU(cudaDeviceSynchronize());  // the strategy's copies (backend stream) come first
+  inputs_.resize(w.seqs.size());
+  for (size_t i = 0; i < w.seqs.size(); ++i) {
+    const StepSeq& s = w.seqs[i];
+    StepSeqInput& in = inputs_[i];
+    kv_->seq_table(s.id, &in.table);
+    in.cached = s.computed;
+    in.tokens.clear();
+    for (uint32_t pos = s.computed; pos < s.computed + s.new_tokens; ++pos)
+      in.tokens.push_back(static_cast<int32_t>(s.content->token(pos) % c_.model.vocab));
+  }
+  auto r = model_->run(layout_, inputs_);
+  if (!r.ok())
+    return fail(w.seqs.front(), w.step, fmt::format("model step: {}", r.error().message));
+  last_step_ns_ =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  report_.measured_step_s += double(last_step_ns_) / 1e9;
+  report_.gpu_step_s += r->gpu_ms / 1e3;
+  return track_peaks();
+}
+
+Status CudaExecutor::run_step(const StepWork& work) {
+  if (model_) return run_model(work);
+  ++report_.steps;
+  MEMSIM_CU(cudaDeviceSynchronize());  // the strategy's copies (backend stream) come first
+  MEMSIM_TRY(build(work));
+  MEMSIM_TRY(track_peaks());
   if (ka_.empty()) return {};
   const uint32_t last = layers_run_ - 1;
   float total_ms = 0;
@@ -640,6 +693,7 @@ Status CudaExecutor::swap_drop(SeqId seq) {
 }
 
 void CudaExecutor::end() {
+  model_.reset();  // its weights and activations go back to the backend before the pool does
   if (stream_) cudaStreamSynchronize(stream_);
   if (ev0_) cudaEventDestroy(ev0_);
   if (ev1_) cudaEventDestroy(ev1_);

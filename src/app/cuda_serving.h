@@ -1,7 +1,8 @@
 // The step executor of `--backend cuda` serving runs: every engine step's KV writes and attention
-// run on the GPU over the KV strategy's own tables, swaps move real rows through pinned memory,
-// and checked steps compare each sequence's attention output bit for bit with the same kernels
-// over K/V regenerated from its tokens in a layout of their own.
+// (or, with engine.gpu_step: model, the whole model step) run on the GPU over the KV strategy's
+// own tables, swaps move real rows through pinned memory, and checked steps compare each
+// sequence's attention output bit for bit with the same kernels over K/V regenerated from its
+// tokens in a layout of their own.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,11 @@ struct CudaExecutorConfig {
   uint32_t layers_run = 0;        // layers whose work runs each step (0 = all)
   uint32_t max_tokens = 0;        // tokens one step computes at most (max_num_batched_tokens)
   uint32_t max_seqs = 0;          // sequences one step runs at most
+  // engine.gpu_step: model: each step runs the whole model (src/exec/model_step.h) over the
+  // strategy's KV pool instead of synthesized K/V and attention, with no content checks; the
+  // executor times it (host wall clock) for the engine's measured clock.
+  bool model_step = false;
+  ModelShape model;
   // cudaMemGetInfo's free bytes just before the KV pool was created (set by the backend factory;
   // 0 = unknown): the executor reports the drop the pool caused.
   std::shared_ptr<uint64_t> free_before_pool;
@@ -35,9 +41,12 @@ std::unique_ptr<StepExecutor> make_cuda_executor(const CudaExecutorConfig& confi
 Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config);
 
 // Prints per run the strategy bytes, the cudaMemGetInfo drop of the KV pool, the checks passed
-// and measured against simulated attention time; writes DIR/validation.csv. Returns 0 when every
-// run finished with every check passing, 1 otherwise.
+// and measured against simulated attention time; writes DIR/validation.csv. With `predicted`
+// (the same experiment on the sim backend), runs with engine.gpu_step: model also get measured
+// against predicted throughput, TTFT, TPOT and end-to-end latency (DIR/sim_vs_measured.csv).
+// Returns 0 when every run finished with every check passing, 1 otherwise.
 int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
-                        const std::string& dir, std::ostream& out);
+                        const ServingResults* predicted, const std::string& dir,
+                        std::ostream& out);
 
 }  // namespace memsim

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -26,9 +27,12 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config) {
   base.layers = m.layers;
   ServingRunHooks hooks;
   hooks.serial = true;  // one GPU
-  hooks.customize = [base](const ServingRunSpec& spec, EngineConfig& e) {
+  hooks.customize = [base, m](const ServingRunSpec& spec, EngineConfig& e) {
     CudaExecutorConfig c = base;
     c.layers_run = spec.gpu_layers;
+    c.model_step = spec.gpu_step == "model";
+    c.model = m;
+    e.measured_clock = c.model_step;
     c.max_tokens = spec.serve.max_num_batched_tokens;
     c.max_seqs = spec.serve.max_num_seqs;
     c.free_before_pool = std::make_shared<uint64_t>(0);
@@ -46,8 +50,98 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config) {
   return hooks;
 }
 
+namespace {
+
+// Measured (the GPU's timed model steps) against predicted (the sim backend, same trace and
+// seed) for the runs with engine.gpu_step: model; error = predicted / measured - 1.
+void report_sim_vs_measured(const ServingConfig& config, const ServingResults& measured,
+                            const ServingResults& predicted, const std::string& dir,
+                            std::ostream& out) {
+  struct Metric {
+    const char* name;
+    double (*of)(const ServingResult&);
+  };
+  static const Metric kMetrics[] = {
+      {"tok/s", [](const ServingResult& r) { return r.output_tokens_per_s; }},
+      {"TTFT p50", [](const ServingResult& r) { return r.ttft_ms.p50; }},
+      {"TTFT p99", [](const ServingResult& r) { return r.ttft_ms.p99; }},
+      {"TPOT p50", [](const ServingResult& r) { return r.tpot_ms.p50; }},
+      {"TPOT p99", [](const ServingResult& r) { return r.tpot_ms.p99; }},
+      {"E2E p50", [](const ServingResult& r) { return r.e2e_ms.p50; }},
+      {"E2E p99", [](const ServingResult& r) { return r.e2e_ms.p99; }},
+  };
+  std::string source;
+  for (const ServingRunResult& r : predicted.runs)
+    if (!r.result.step_time_source.empty()) source = r.result.step_time_source;
+  out << fmt::format(
+      "\nmeasured (every step of the model timed on the GPU) vs predicted (sim backend, step "
+      "time: {}), same requests and seed; err = predicted / measured - 1; host = share of the "
+      "measured step time outside the GPU's kernels\n",
+      source == "roofline" ? source : config.step_profile_path);
+  out << fmt::format("{:<30}", "run");
+  for (const Metric& m : kMetrics) out << fmt::format(" {:>21}", m.name);
+  out << fmt::format(" {:>6}\n", "host");
+  std::ofstream csv(std::filesystem::path(dir) / "sim_vs_measured.csv");
+  csv << "run,metric,measured,predicted,error\n";
+  for (size_t i = 0; i < measured.runs.size() && i < predicted.runs.size(); ++i) {
+    const ServingRunResult& m = measured.runs[i];
+    const ServingRunResult& p = predicted.runs[i];
+    if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty()) continue;
+    out << fmt::format("{:<30}", m.spec.label);
+    for (const Metric& k : kMetrics) {
+      const double a = k.of(m.result), b = k.of(p.result);
+      const double err = a > 0 ? b / a - 1 : 0;
+      out << fmt::format(" {:>8.1f} {:>7.1f} {:>+4.0f}%", a, b, err * 100);
+      csv << fmt::format("\"{}\",{},{:.6f},{:.6f},{:.6f}\n", m.spec.label, k.name, a, b, err);
+    }
+    const ExecutorReport& v = m.result.validation;
+    const double host = v.measured_step_s > 0 ? 1 - v.gpu_step_s / v.measured_step_s : 0;
+    out << fmt::format(" {:>5.1f}%\n", host * 100);
+  }
+  out << fmt::format("wrote {}/sim_vs_measured.csv\n", dir);
+
+  // Step by step: the step-time model's prediction for each measured step's own shape.
+  out << "\nper step class: the step-time model's prediction for each measured step's shape; "
+         "ratio = predicted / measured over the class's total time\n";
+  out << fmt::format("{:<30} {:<8} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9}\n", "run", "steps",
+                     "count", "measured", "predicted", "ratio", "err p10", "err p90");
+  std::ofstream steps(std::filesystem::path(dir) / "steps.csv");
+  steps << "run,step,num_seqs,new_tokens,decode_seqs,decode_kv_tokens,kv_read_tokens,attn_pairs,"
+           "measured_ms,predicted_ms\n";
+  for (const ServingRunResult& m : measured.runs) {
+    const auto& ms = m.result.measured_steps;
+    const char* kClass[] = {"decode", "mixed", "prefill"};
+    std::vector<double> errs[3];
+    double meas[3] = {}, pred[3] = {};
+    for (size_t k = 0; k < ms.size(); ++k) {
+      const StepShape& sh = ms[k].shape;
+      const int c = sh.decode_seqs == sh.num_seqs ? 0 : sh.decode_seqs ? 1 : 2;
+      meas[c] += double(ms[k].measured) / 1e6;
+      pred[c] += double(ms[k].predicted) / 1e6;
+      if (ms[k].measured > 0) errs[c].push_back(double(ms[k].predicted) / ms[k].measured - 1);
+      steps << fmt::format("\"{}\",{},{},{},{},{},{},{:.0f},{:.4f},{:.4f}\n", m.spec.label, k,
+                           sh.num_seqs, sh.new_tokens, sh.decode_seqs, sh.decode_kv_tokens,
+                           sh.kv_read_tokens, sh.attn_pairs, double(ms[k].measured) / 1e6,
+                           double(ms[k].predicted) / 1e6);
+    }
+    for (int c = 0; c < 3; ++c) {
+      if (errs[c].empty()) continue;
+      std::sort(errs[c].begin(), errs[c].end());
+      const auto at = [&](double q) { return errs[c][size_t(q * double(errs[c].size() - 1))]; };
+      out << fmt::format(
+          "{:<30} {:<8} {:>7} {:>9.1f}ms {:>9.1f}ms {:>7.3f} {:>+8.1f}% {:>+8.1f}%\n", m.spec.label,
+          kClass[c], errs[c].size(), meas[c], pred[c], pred[c] / meas[c], at(0.1) * 100,
+          at(0.9) * 100);
+    }
+  }
+  out << fmt::format("wrote {}/steps.csv\n", dir);
+}
+
+}  // namespace
+
 int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
-                        const std::string& dir, std::ostream& out) {
+                        const ServingResults* predicted, const std::string& dir,
+                        std::ostream& out) {
   int status = 0;
   out << fmt::format("\n--backend cuda: {} on the GPU ({} model layers)\n", config.experiment,
                      config.model.layers);
@@ -92,6 +186,7 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
   }
   out << fmt::format("wrote {}/validation.csv\n", dir);
   if (!csv) return 1;
+  if (predicted) report_sim_vs_measured(config, results, *predicted, dir, out);
   return status;
 }
 

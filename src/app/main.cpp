@@ -1,6 +1,7 @@
 // memsim command line: runs an experiment YAML on a backend and writes its results.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -57,7 +58,15 @@ int run_serving_main(const std::string& config_path, const std::vector<std::stri
   std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv\n", dir);
   std::cout << memsim::plot_serving(config, dir) << "\n";
 #if MEMSIM_HAVE_CUDA
-  if (cuda) return memsim::report_cuda_serving(config, results, dir, std::cout);
+  if (cuda) {
+    // Runs that time the whole model step are compared with the sim backend's prediction.
+    const bool timed = std::any_of(config.runs.begin(), config.runs.end(),
+                                   [](const auto& r) { return r.gpu_step == "model"; });
+    memsim::ServingResults predicted;
+    if (timed) predicted = memsim::run_serving_experiment(config);
+    return memsim::report_cuda_serving(config, results, timed ? &predicted : nullptr, dir,
+                                       std::cout);
+  }
 #endif
   for (const auto& r : results.runs)
     if (!r.result.error.empty()) return kExitRunFailure;

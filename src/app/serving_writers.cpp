@@ -115,7 +115,10 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
   for (const ServingRunResult& r : results.runs)
     if (!r.result.step_time_source.empty()) sources.insert(r.result.step_time_source);
   for (const std::string& s : sources)
-    o << "step time: " << s << (s == "roofline" ? "" : fmt::format(" ({})", c.step_profile_path))
+    o << "step time: " << s
+      << (s == "roofline"   ? ""
+          : s == "measured" ? " (the GPU's wall time of each model step)"
+                            : fmt::format(" ({})", c.step_profile_path))
       << "\n";
   o << fmt::format(
       "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>9} {:>8} {:>8} {:>8}  "

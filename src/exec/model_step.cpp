@@ -71,13 +71,17 @@ struct ModelStep::Impl {
   Result<DevPtr> act(uint64_t bytes) { return alloc.malloc(std::max<uint64_t>(bytes, 1), {}); }
   Status free(DevPtr p) { return p ? alloc.free(p) : Status{}; }
   // A step's metadata, packed for one upload: [ids | positions | slot_mapping | indptr | kv_lens |
-  // tables | last_rows | prefill work], each section 16-byte aligned (at[] its offsets).
+  // tables | last_rows | prefill work], each section 16-byte aligned (at[] its offsets). The
+  // sequences are reordered decodes first (order[i] = the caller's index of packed sequence i):
+  // the first D run the decode kernel, the rest the prefill kernel (indptr and work are theirs,
+  // from their first query row), as vLLM orders a FlashInfer batch.
   struct Packed {
     std::vector<uint8_t> bytes;
     uint64_t at[8] = {};
-    uint32_t T = 0, S = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
-    bool decode = true;
-    DecodePlan dplan;
+    uint32_t T = 0, S = 0, D = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
+    bool decode = true;  // D == S
+    DecodePlan dplan;    // of the D decodes
+    std::vector<uint32_t> order;
   };
   // A decode step of `batch` sequences captured as a CUDA graph over one KV layout: fixed
   // metadata buffer (uploaded before each replay), pinned host buffers in and out.
@@ -208,10 +212,14 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
                       "KV layout does not match the model (layers, row bytes or block tokens)");
 
   // ---- host metadata -----------------------------------------------------------------------
-  std::vector<int32_t> ids, positions, indptr{0}, kv_lens, q_lens, last_rows, tables;
+  std::vector<int32_t> ids, positions, indptr{0}, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
   std::vector<int64_t> slot_mapping;
-  uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0;
-  bool decode = true;
+  uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0, max_kv_decode = 0;
+  std::vector<uint32_t> order;  // decodes first, each kind in the caller's order
+  for (int pass = 0; pass < 2; ++pass)
+    for (uint32_t i = 0; i < S; ++i)
+      if ((seqs[i].tokens.size() == 1) == (pass == 0)) order.push_back(i);
+  uint32_t D = 0;
   for (const StepSeqInput& s : seqs) {
     if (s.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "a sequence has no token");
     const uint32_t len = s.cached + static_cast<uint32_t>(s.tokens.size());
@@ -224,10 +232,14 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
     } else if (s.table.size() != 1 || len > kv.block_tokens) {
       return make_error(ErrorCode::kInvalidArgument, "contiguous layouts take one slot a sequence");
     }
-    decode = decode && s.tokens.size() == 1;
+    if (s.tokens.size() == 1) {
+      ++D;
+      max_kv_decode = std::max(max_kv_decode, len);
+    }
     max_kv = std::max(max_kv, len);
   }
-  for (const StepSeqInput& s : seqs) {
+  for (const uint32_t i : order) {
+    const StepSeqInput& s = seqs[i];
     for (uint32_t i = 0; i < s.tokens.size(); ++i) {
       const uint32_t pos = s.cached + i;
       if (s.tokens[i] < 0 || static_cast<uint64_t>(s.tokens[i]) >= vocab)
@@ -240,10 +252,13 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
                                       : int64_t{s.table[0]} * kv.block_tokens + pos);
     }
     const uint32_t len = s.cached + static_cast<uint32_t>(s.tokens.size());
-    indptr.push_back(static_cast<int32_t>(ids.size()));
+    if (s.tokens.size() > 1) {  // the prefill kernel's rows count from the first prefill row
+      indptr.push_back(static_cast<int32_t>(ids.size() - D));
+      q_lens.push_back(static_cast<int32_t>(s.tokens.size()));
+      pre_kv_lens.push_back(static_cast<int32_t>(len));
+    }
     last_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
     kv_lens.push_back(static_cast<int32_t>(len));
-    q_lens.push_back(static_cast<int32_t>(s.tokens.size()));
     if (kv.paged) {
       const size_t at = tables.size();
       tables.resize(at + bt_stride, 0);
@@ -259,10 +274,8 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
                       fmt::format("step of {} tokens exceeds max_tokens {}", T, cfg.max_tokens));
   DecodePlan dplan;
   PrefillPlan pplan;
-  if (decode)
-    dplan = plan_decode(shape, S, max_kv, limits);
-  else
-    pplan = plan_prefill(shape, q_lens, kv_lens);
+  if (D) dplan = plan_decode(shape, D, max_kv_decode, limits);
+  if (D < S) pplan = plan_prefill(shape, q_lens, pre_kv_lens);
 
   // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | work].
   struct Section {
@@ -293,16 +306,17 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
   p.S = S;
   p.bt_stride = bt_stride;
   p.max_kv = max_kv;
-  p.decode = decode;
+  p.D = D;
+  p.decode = D == S;
   p.dplan = dplan;
+  p.order = std::move(order);
   p.num_tiles = pplan.num_tiles;
   return {};
 }
 
 Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next,
                                 bool logits_out) {
-  const uint32_t T = p.T, S = p.S, bt_stride = p.bt_stride;
-  const bool decode = p.decode;
+  const uint32_t T = p.T, S = p.S, D = p.D, bt_stride = p.bt_stride;
   const DecodePlan& dplan = p.dplan;
   auto dev = [&](size_t i) { return meta + p.at[i]; };
   const auto* d_ids = reinterpret_cast<const int32_t*>(dev(0));
@@ -313,7 +327,7 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
   const auto* d_tables = reinterpret_cast<const int32_t*>(dev(5));
   const auto* d_last = reinterpret_cast<const int32_t*>(dev(6));
   const auto* d_work = reinterpret_cast<const int32_t*>(dev(7));
-  SeqTables st;
+  SeqTables st;  // the decodes' (sequences [0, D)); st_pre: the prefill chunks' ([D, S))
   st.kv_lens = d_kv_lens;
   if (kv.paged) {
     st.block_tables = d_tables;
@@ -321,8 +335,14 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
   } else {
     st.slots = d_tables;
   }
+  SeqTables st_pre = st;
+  st_pre.kv_lens = d_kv_lens + D;
+  if (kv.paged)
+    st_pre.block_tables = d_tables + uint64_t{D} * bt_stride;
+  else
+    st_pre.slots = d_tables + D;
   DevPtr workspace = 0;
-  if (decode && dplan.workspace_bytes) {
+  if (D && dplan.workspace_bytes) {
     MEMSIM_ASSIGN_OR_RETURN(workspace, act(dplan.workspace_bytes));
   }
   const float eps = static_cast<float>(cfg.model.rms_norm_eps);
@@ -392,18 +412,29 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
     w.slot_tokens = kv.block_tokens;
     MEMSIM_STEP_CU(paged_kv_write(shape, w, stream));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr attn, act(uint64_t{T} * q_cols * kElem));
-    LayerAttentionArgs a;
-    a.decode = decode;
-    a.q = q;
-    a.o = attn;
-    a.cache = view;
-    a.seqs = st;
-    a.dplan = dplan;
-    a.workspace = workspace;
-    a.qo_indptr = d_indptr;
-    a.work = d_work;
-    a.num_tiles = p.num_tiles;
-    MEMSIM_STEP_CU(layer_attention(shape, a, stream));
+    if (D) {  // rows [0, D)
+      LayerAttentionArgs a;
+      a.decode = true;
+      a.q = q;
+      a.o = attn;
+      a.cache = view;
+      a.seqs = st;
+      a.dplan = dplan;
+      a.workspace = workspace;
+      MEMSIM_STEP_CU(layer_attention(shape, a, stream));
+    }
+    if (D < S) {  // rows [D, T)
+      LayerAttentionArgs a;
+      a.decode = false;
+      a.q = q + uint64_t{D} * q_cols * kElem;
+      a.o = attn + uint64_t{D} * q_cols * kElem;
+      a.cache = view;
+      a.seqs = st_pre;
+      a.qo_indptr = d_indptr;
+      a.work = d_work;
+      a.num_tiles = p.num_tiles;
+      MEMSIM_STEP_CU(layer_attention(shape, a, stream));
+    }
     MEMSIM_TRY(free(q));
     MEMSIM_TRY(free(qkv));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr o, act(uint64_t{T} * hidden * kElem));
@@ -505,11 +536,18 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
   StepResult r;
   r.decode = p.decode;
   r.next_tokens.resize(p.S);
-  std::memcpy(r.next_tokens.data(), host + p.bytes.size(), uint64_t{p.S} * 4);
+  std::vector<int32_t> packed(p.S);
+  std::memcpy(packed.data(), host + p.bytes.size(), uint64_t{p.S} * 4);
+  for (uint32_t i = 0; i < p.S; ++i) r.next_tokens[p.order[i]] = packed[i];
   float ms = 0;
   MEMSIM_STEP_CU(cudaEventElapsedTime(&ms, ev0, ev1));
   r.gpu_ms = ms;
-  if (cfg.return_logits) r.logits = std::move(logits_host);
+  if (cfg.return_logits) {  // rows back in the caller's order
+    r.logits.resize(logits_host.size());
+    for (uint32_t i = 0; i < p.S; ++i)
+      std::copy_n(logits_host.begin() + int64_t{i} * int64_t(vocab), vocab,
+                  r.logits.begin() + int64_t{p.order[i]} * int64_t(vocab));
+  }
   return r;
 }
 

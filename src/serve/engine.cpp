@@ -137,6 +137,10 @@ StepShape Engine::shape_of(const StepPlan& plan) {
     s.new_tokens += uint64_t{sg.new_tokens} * G.live();
     s.kv_read_tokens += uint64_t{G.computed + sg.new_tokens} * G.live();
     s.attn_pairs += live * (n * before + n * (n + 1) / 2);
+    if (sg.new_tokens == 1) {
+      s.decode_seqs += G.live();
+      s.decode_kv_tokens += uint64_t{G.computed + 1} * G.live();
+    }
   }
   return s;
 }
@@ -368,6 +372,8 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
     shape.new_tokens = seqs;
     shape.kv_read_tokens = kv_read + k * seqs;
     shape.attn_pairs = double(shape.kv_read_tokens);
+    shape.decode_seqs = shape.num_seqs;
+    shape.decode_kv_tokens = shape.kv_read_tokens;
     const SimTime step = model_.step_time(shape);
     clock_.advance(step);
     running_integral_ += double(seqs) * double(step);
@@ -396,7 +402,11 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
 
 ServingResult Engine::run() {
   r_.label = c_.label;
-  r_.step_time_source = model_.source();
+  r_.step_time_source = c_.measured_clock ? "measured" : model_.source();
+  if (c_.measured_clock && !c_.executor) {
+    r_.error = "measured_clock needs a step executor that times its steps";
+    return r_;
+  }
   r_.kv_impl = c_.kv_impl;
   r_.scheduler = c_.scheduler;
   r_.requests = requests_.size();
@@ -528,14 +538,23 @@ ServingResult Engine::run() {
         continue;
       }
       const StepShape shape = shape_of(plan);
+      const SimTime exec0 = clock_.now();
       if (executor_) {
         if (Status s = execute(plan, shape); !s.ok()) {
           r_.error = s.error().message;
           break;
         }
       }
+      SimTime compute = model_.step_time(shape);
+      if (c_.measured_clock) {
+        // The step's backend calls already advanced the clock at their modelled cost; the rest
+        // of the measured wall time is compute.
+        const SimTime charged = clock_.now() - exec0;
+        r_.measured_steps.push_back({shape, compute, executor_->measured_step_ns()});
+        compute = std::max<SimTime>(0, executor_->measured_step_ns() - charged);
+      }
       const SimTime start = clock_.now();
-      run_step_time(plan, model_.step_time(shape));
+      run_step_time(plan, compute);
       const SimTime step = clock_.now() - start;
       ++r_.steps;
       running_integral_ += double(state_->running_seqs) * double(step);

@@ -42,9 +42,20 @@ struct EngineConfig {
   std::function<Result<std::unique_ptr<Backend>>(const GpuSpec&, SimClock&)> backend;
   // The real work of each step and its validation (null: none, the default simulation).
   ExecutorFactory executor;
+  // The executor's measured wall time of each step is its compute time instead of the step-time
+  // model (the model-step executor on the GPU): the clock then runs on measured time, with idle
+  // gaps between arrivals skipped rather than waited.
+  bool measured_clock = false;
   // Fraction of steps validated besides those after a fork, copy-on-write, swap-in, preemption
   // or eviction (seeded from serve.seed; never changes what is simulated).
   double validate_sample = 0.1;
+};
+
+// A step of a measured-clock run: its shape, the step-time model's prediction and the time the
+// executor measured.
+struct MeasuredStep {
+  StepShape shape;
+  SimTime predicted = 0, measured = 0;
 };
 
 struct Percentiles {
@@ -54,7 +65,7 @@ struct Percentiles {
 struct ServingResult {
   std::string label, kv_impl, scheduler;
   std::string error;  // a broken invariant or internal error: the run failed (not an outcome)
-  std::string step_time_source;  // StepTimeModel::source(): roofline or the profile used
+  std::string step_time_source;  // StepTimeModel::source(), or "measured" (measured_clock)
   uint64_t requests = 0, finished = 0, truncated = 0, rejected = 0;
   uint64_t length_capped = 0;  // outputs cut at max_model_len (vLLM finish reason "length")
   uint64_t steps = 0;
@@ -78,6 +89,7 @@ struct ServingResult {
   ServeCounters counters;
   bool executed = false;      // an executor ran every step
   ExecutorReport validation;  // what it did and checked
+  std::vector<MeasuredStep> measured_steps;  // measured_clock: every step
   std::vector<MetricsRecorder::Sample> samples;
   std::vector<std::string> series;  // sample.series -> name
 };

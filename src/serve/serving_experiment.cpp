@@ -34,13 +34,15 @@ struct EngineSettings {
   double validate_sample = 0.1;
   uint32_t gpu_layers = 0;
   std::string step_time = "auto";
+  std::string gpu_step = "attention";
 };
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys({"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget",
                     "max_model_len", "validate_content", "validate_sample", "gpu_layers",
-                    "step_time"});
+                    "step_time", "gpu_step"});
   if (auto v = node.find("step_time")) e.step_time = v->as_choice({"auto", "roofline", "profile"});
+  if (auto v = node.find("gpu_step")) e.gpu_step = v->as_choice({"attention", "model"});
   if (auto v = node.find("gpu_memory_utilization"))
     e.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
   if (auto v = node.find("enforce_eager")) e.enforce_eager = v->as_bool();
@@ -60,6 +62,10 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   if (auto v = node.find("validate_sample")) e.validate_sample = v->as_double_in(0.0, 1.0);
   if (auto v = node.find("gpu_layers"))
     e.gpu_layers = static_cast<uint32_t>(v->as_uint_in(1, 4096));
+  if (e.gpu_step == "model" && e.gpu_layers)
+    node.fail(
+        "engine.gpu_step: model runs every layer (its measured time is the step's); drop "
+        "engine.gpu_layers");
   return e;
 }
 
@@ -191,6 +197,7 @@ ServingConfig load_serving_config(const std::string& path,
     run.validate_content = e.validate_content;
     run.validate_sample = e.validate_sample;
     run.gpu_layers = e.gpu_layers;
+    run.gpu_step = e.gpu_step;
     if (e.step_time == "profile" && !c.step_profile)
       at.fail(
           fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "

@@ -32,6 +32,9 @@ struct ServingRunSpec {
   bool validate_content = false;    // engine.validate_content: the content executor checks tables
   double validate_sample = 0.1;     // engine.validate_sample
   uint32_t gpu_layers = 0;          // engine.gpu_layers: layers run on the GPU (0 = all)
+  // engine.gpu_step (--backend cuda): attention (KV writes + attention, content checks) or model
+  // (the whole model step, timed: the run's clock is measured time).
+  std::string gpu_step = "attention";
   std::string step_time =
       "auto";  // engine.step_time: auto (profile if one exists), roofline, profile
 };

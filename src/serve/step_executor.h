@@ -52,6 +52,10 @@ struct ExecutorReport {
   uint64_t device_kv_bytes = 0;      // cudaMemGetInfo drop when the KV pool was created
   uint64_t peak_strategy_bytes = 0;  // peak device bytes the strategy held (backend accounting)
   uint64_t peak_device_bytes = 0;    // peak cudaMemGetInfo drop less the executor's buffers
+  // Model-step executors (engine.gpu_step: model): host wall time of the steps (what the engine's
+  // clock advanced by), the GPU's share of it (CUDA events), and the model's weight bytes.
+  double measured_step_s = 0, gpu_step_s = 0;
+  uint64_t weight_bytes = 0;
 };
 
 // Contract (every implementation):
@@ -81,6 +85,9 @@ class StepExecutor {
   virtual Status swap_drop(SeqId seq) = 0;
   virtual void end() = 0;
   virtual ExecutorReport report() const = 0;
+  // Executors that time their steps: the host wall time of the last run_step, which the engine
+  // then uses as the step's compute time (EngineConfig::measured_clock); 0 = not measured.
+  virtual SimTime measured_step_ns() const { return 0; }
 };
 
 using ExecutorFactory = std::function<std::unique_ptr<StepExecutor>()>;
