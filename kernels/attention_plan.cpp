@@ -39,14 +39,23 @@ double wave_efficiency(uint64_t ctas, uint64_t slots) {
 }  // namespace
 
 DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
-                       const DeviceLimits& device, uint32_t force_splits) {
+                       const DeviceLimits& device, uint32_t force_splits, uint64_t sum_kv_len) {
   DecodePlan p;
   p.max_batch = max_batch;
   p.kv_tile = kDecodeTile;
   const uint32_t tiles = (max_kv_len + p.kv_tile - 1) / p.kv_tile;
-  const uint64_t ctas = uint64_t{max_batch} * shape.kv_heads;
+  const uint64_t launched = uint64_t{max_batch} * shape.kv_heads;
+  // The CTAs the batch's work fills at the longest sequence's length: fewer than launched when
+  // the lengths differ, and then the longest sequence's CTAs set the time unless split further.
+  uint64_t ctas = launched;
+  if (sum_kv_len && max_batch && max_kv_len && sum_kv_len < uint64_t{max_batch} * max_kv_len)
+    ctas = std::max<uint64_t>(
+        1, (uint64_t{shape.kv_heads} * sum_kv_len + max_kv_len - 1) / max_kv_len);
   const uint64_t slots = uint64_t{device.num_sms} * std::max(1u, device.decode_ctas_per_sm);
-  const uint32_t max_splits = tiles / 2;  // every split at least two tiles long
+  // Every split at least two tiles long; at most 16 waves launched (short sequences' late splits
+  // are empty CTAs that exit at once).
+  const uint32_t max_splits = static_cast<uint32_t>(std::min<uint64_t>(
+      tiles / 2, std::max<uint64_t>(1, 16 * slots / std::max<uint64_t>(1, launched))));
   if (force_splits > 0) {
     p.num_splits = std::clamp(force_splits, 1u, std::max(1u, tiles));
   } else if (ctas == 0 || max_splits < 2 || ctas >= 4 * slots) {
@@ -68,6 +77,7 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
         p.num_splits = s;
       }
   }
+  p.num_splits = std::max(1u, p.num_splits);
   if (p.num_splits > 1)
     p.workspace_bytes = uint64_t{max_batch} * p.num_splits * shape.q_heads *
                         (uint64_t{shape.head_dim} + 1) * sizeof(float);

@@ -76,9 +76,14 @@ struct DecodePlan {
 // Splits the KV dimension (flash-decoding) when max_batch x kv_heads CTAs leave CTA slots
 // (num_sms x decode_ctas_per_sm) idle: under one wave, splits up to two CTAs per SM; between one
 // and four waves, the split count up to 4 with the fullest last wave; each split at least two
-// tiles long. `force_splits` (> 0) overrides the heuristic (tests, benchmarks).
+// tiles long. `force_splits` (> 0) overrides the heuristic (tests, benchmarks). `sum_kv_len`
+// (the batch's KV tokens in all; 0 = every sequence at max_kv_len) balances ragged batches: the
+// heuristic then counts the CTAs the work fills at the longest length (kv_heads x sum /
+// max_kv_len), so a long sequence among short ones is split as if it ran alone, as FlashInfer's
+// balanced decode scheduling does; launches stay within 16 waves.
 DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
-                       const DeviceLimits& device, uint32_t force_splits = 0);
+                       const DeviceLimits& device, uint32_t force_splits = 0,
+                       uint64_t sum_kv_len = 0);
 
 // KV range [begin, end) of split `split` for a sequence of kv_len tokens: splits are contiguous,
 // tile-aligned and cover [0, kv_len); late splits may be empty. (The kernels use the same rule.)

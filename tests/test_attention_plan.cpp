@@ -83,6 +83,21 @@ TEST_CASE("decode splits to fill whole waves of CTA slots") {
   CHECK(plan_decode(kLlama8B, 0, 100, kH200).num_splits == 1);
 }
 
+TEST_CASE("decode splits of a ragged batch follow the longest sequence's share of the work") {
+  // Uniform lengths given as a sum plan exactly as without it.
+  for (uint32_t b : {1u, 32u, 64u, 100u, 256u})
+    for (uint32_t len : {256u, 4096u, 8192u})
+      CHECK(plan_decode(kLlama8B, b, len, kH200, 0, uint64_t{b} * len).num_splits ==
+            plan_decode(kLlama8B, b, len, kH200).num_splits);
+  // 20 sequences, one of 8,000 tokens among 1,000-token ones (20,000 in all): 160 CTAs, unsplit
+  // by length alone; their work fills 8 x 20,000 / 8,000 = 20 CTAs of the longest length, so
+  // 264 / 20 = 13 splits, as for the long sequence alone (within 16 waves: 39).
+  CHECK(plan_decode(kLlama8B, 20, 8000, kH200).num_splits == 1);
+  CHECK(plan_decode(kLlama8B, 20, 8000, kH200, 0, 20000).num_splits == 13);
+  // The launch cap: 256 sequences, one long, stays within 16 waves of 396 slots (3 splits).
+  CHECK(plan_decode(kLlama8B, 256, 32768, kH200, 0, 32768 + 255 * 64).num_splits == 3);
+}
+
 TEST_CASE("decode split ranges tile [0, kv_len) exactly, in order, tile-aligned") {
   for (uint32_t splits : {1u, 2u, 3u, 7u, 50u, 64u}) {
     DecodePlan p = plan_decode(kLlama8B, 1, 1u << 16, kH200, splits);

@@ -340,7 +340,10 @@ Status CudaExecutor::finish_part(Part& p) {
   MEMSIM_TRY(p.q.reserve(q_bytes));
   MEMSIM_TRY(p.o.reserve(q_bytes));
   if (p.decode) {
-    p.dplan = plan_decode(c_.shape, static_cast<uint32_t>(p.seqs.size()), p.max_len, limits_);
+    uint64_t sum = 0;
+    for (int32_t len : p.lens) sum += static_cast<uint64_t>(len);
+    p.dplan = plan_decode(c_.shape, static_cast<uint32_t>(p.seqs.size()), p.max_len, limits_, 0,
+                          sum);
     MEMSIM_TRY(p.ws.reserve(p.dplan.workspace_bytes));
   } else {
     std::vector<int32_t> q_lens;

@@ -215,6 +215,7 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
   std::vector<int32_t> ids, positions, indptr{0}, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
   std::vector<int64_t> slot_mapping;
   uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0, max_kv_decode = 0;
+  uint64_t sum_kv_decode = 0;
   std::vector<uint32_t> order;  // decodes first, each kind in the caller's order
   for (int pass = 0; pass < 2; ++pass)
     for (uint32_t i = 0; i < S; ++i)
@@ -235,6 +236,7 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
     if (s.tokens.size() == 1) {
       ++D;
       max_kv_decode = std::max(max_kv_decode, len);
+      sum_kv_decode += len;
     }
     max_kv = std::max(max_kv, len);
   }
@@ -274,7 +276,7 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
                       fmt::format("step of {} tokens exceeds max_tokens {}", T, cfg.max_tokens));
   DecodePlan dplan;
   PrefillPlan pplan;
-  if (D) dplan = plan_decode(shape, D, max_kv_decode, limits);
+  if (D) dplan = plan_decode(shape, D, max_kv_decode, limits, 0, sum_kv_decode);
   if (D < S) pplan = plan_prefill(shape, q_lens, pre_kv_lens);
 
   // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | work].

@@ -17,11 +17,12 @@ struct ProfileGrid {
   std::vector<uint32_t> batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   std::vector<uint32_t> contexts = {128, 512, 2048, 8192, 32768};
   std::vector<uint32_t> chunks = {16, 64, 256, 1024, 2048, 4096, 8192};
-  std::vector<uint32_t> prefixes = {0, 1024, 4096, 16384};
+  std::vector<uint32_t> prefixes = {0, 1024, 4096, 16384, 32768};
   uint32_t block_size = 16;
   uint32_t reps = 5;        // timed steps per point (the median is kept), after one warm-up
   uint64_t pool_bytes = 0;  // KV pool; 0 = free device memory less `headroom`
   uint64_t headroom = 8ull << 30;
+  uint64_t seed = 1;  // the random order in which tables take the pool's blocks
   // Decode steps as captured CUDA graphs (one per batch row, for its longest context), as vLLM
   // and SGLang run them; prefill chunks stay eager, as theirs do.
   bool graphs = false;
