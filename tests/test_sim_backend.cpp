@@ -553,8 +553,12 @@ TEST_CASE_METHOD(Sim, "every primitive advances now() by exactly its priced cost
   expect_cost(b, P::kBeginCapture, 5000, [&] { REQUIRE(b.begin_capture(st).ok()); });
   // Captured work is priced per node at end_capture and launch only (not per call or byte).
   expect_cost(b, P::kFill, 0, [&] { REQUIRE(b.fill(0x1000, 2 * kMiB, 0, st).ok()); });
+  CHECK(!b.last_call().priced);
   expect_cost(b, P::kEndCapture, 24000, [&] { g = *b.end_capture(st); });
+  CHECK(b.last_call().nodes == 1);
   expect_cost(b, P::kLaunch, 3000, [&] { REQUIRE(b.launch(g, st).ok()); });
+  CHECK(b.last_call().p == P::kLaunch);
+  CHECK(b.last_call().nodes == 1);
   expect_cost(b, P::kDestroyGraph, 10000, [&] { REQUIRE(b.destroy_graph(g).ok()); });
   expect_cost(b, P::kGraphMemTrim, 50000, [&] { REQUIRE(b.graph_mem_trim().ok()); });
   // Failed calls are charged too (3 MiB = 2 granules).

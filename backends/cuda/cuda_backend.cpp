@@ -73,6 +73,10 @@ SimTime CudaBackend::measured_time_in(Primitive p) const {
   return impl_->measured_ns[static_cast<size_t>(p)];
 }
 
+void CudaBackend::record_calls(std::vector<CallSample>* log) {
+  impl_->call_log = log;
+}
+
 uint64_t CudaBackend::measured_calls_of(Primitive p) const {
   return impl_->measured_calls[static_cast<size_t>(p)];
 }

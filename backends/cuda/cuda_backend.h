@@ -105,6 +105,14 @@ class CudaBackend final : public Backend {
   // (including the calls release_everything() makes).
   SimTime measured_time_in(Primitive p) const;
   uint64_t measured_calls_of(Primitive p) const;
+  // One real call: what the shadow priced it on (primitive, handles, bytes, graph nodes) and
+  // its measured host wall time; the samples `memsim calibrate --in-context` fits.
+  struct CallSample {
+    SimBackend::CallFeatures features;
+    SimTime measured_ns = 0;
+  };
+  // Appends every timed call to *log from now on (null stops).
+  void record_calls(std::vector<CallSample>* log);
 
   Result<DeviceObservation> observe() const;
   // Number of 32-bit words of [p, p + bytes) that differ from what fill(p, bytes, pattern)

@@ -149,6 +149,7 @@ struct CudaBackend::Impl {
   unsigned long long* counter = nullptr;  // VerifyKernel's device counter
   std::array<SimTime, static_cast<size_t>(P::kCount)> measured_ns{};
   std::array<uint64_t, static_cast<size_t>(P::kCount)> measured_calls{};
+  std::vector<CudaBackend::CallSample>* call_log = nullptr;
 
   Status check(const char* call, CUresult r) const {
     if (r == CUDA_SUCCESS) return {};
@@ -163,9 +164,11 @@ struct CudaBackend::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     auto r = fn();
     const auto dt = std::chrono::steady_clock::now() - t0;
-    measured_ns[static_cast<size_t>(p)] +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count();
+    const SimTime ns = std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count();
+    measured_ns[static_cast<size_t>(p)] += ns;
     ++measured_calls[static_cast<size_t>(p)];
+    // Teardown calls the shadow did not price (release_everything) are not samples.
+    if (call_log && shadow.last_call().p == p) call_log->push_back({shadow.last_call(), ns});
     return r;
   }
 

@@ -43,6 +43,7 @@ SimBackend::SimBackend(GpuSpec gpu, SimClock& clock, MetricsRecorder* metrics,
 Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes, bool charge) {
   const auto i = static_cast<size_t>(p);
   const uint64_t call = ++calls_[i];
+  last_call_ = {p, handles, bytes, 0, charge};
   const SimTime cost = charge ? gpu_.price(p, handles, bytes) : 0;
   time_[i] += cost;
   clock_.advance(cost);
@@ -442,6 +443,7 @@ Status SimBackend::begin_capture(StreamId stream) {
 Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
   const uint64_t nodes = graph_mem_.nodes_in_capture(stream);
   MEMSIM_TRY(enter(Primitive::kEndCapture, 0, 0));
+  last_call_.nodes = nodes;
   // Capturing a node and instantiating it are charged here, per node.
   const auto extra =
       static_cast<SimTime>(std::llround((gpu_.capture_per_node_us + gpu_.instantiate_per_node_us) *
@@ -463,6 +465,7 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
                     gpu_.graph_mem_map_per_granule_us * static_cast<double>(plan.map_granules) +
                     gpu_.graph_mem_remap_per_granule_us * static_cast<double>(plan.remap_granules);
   const auto extra = static_cast<SimTime>(std::llround(us * 1000.0));
+  last_call_.nodes = plan.nodes;
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kLaunch)] += extra;
   const uint64_t before = graph_mem_.reserved();

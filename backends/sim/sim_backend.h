@@ -79,6 +79,16 @@ class SimBackend final : public Backend {
   void set_copy_observer(CopyObserver observer) { copy_observer_ = std::move(observer); }
   const GpuSpec& gpu() const { return gpu_; }
 
+  // The last primitive call entered and what its price depends on (for per-call samples of the
+  // CUDA backend, which fits the cost model in context): nodes of the graph for end_capture and
+  // launch.
+  struct CallFeatures {
+    Primitive p = Primitive::kCount;
+    uint64_t handles = 0, bytes = 0, nodes = 0;
+    bool priced = true;  // false: made while its stream captured (a node, priced at end_capture)
+  };
+  const CallFeatures& last_call() const { return last_call_; }
+
  private:
   struct HandleRec {
     uint64_t bytes;
@@ -114,6 +124,7 @@ class SimBackend final : public Backend {
   void publish();
 
   GpuSpec gpu_;
+  CallFeatures last_call_;
   SimClock& clock_;
   MetricsRecorder* metrics_;
   std::vector<FaultInjection> faults_;

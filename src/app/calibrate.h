@@ -56,11 +56,19 @@ struct CalibrateOptions {
   std::string gpu_path = "configs/gpus/h200.yaml";
   std::string out_path;  // empty: configs/gpus/<name>.calibrated.yaml
   int device = 0;
+  // Fit the cost terms to these per-call samples (calls.csv of `--backend cuda` runs) instead of
+  // measuring; needs no GPU.
+  std::vector<std::string> in_context;
 };
 
 // The subcommand: CudaBackend (sync_for_timing) on `device`, calibrate(), print the table, write
 // the YAML, parse it back with load_gpu_spec and compare. Returns 0 on success, 1 when a
 // measurement or the read-back failed, 2 for bad options or when no GPU can be used.
 int run_calibrate(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
+
+// `memsim calibrate --in-context CALLS.csv...`: fit_in_context over the base spec (--gpu), print
+// measured against base and fitted time per call for each run and primitive, write the YAML.
+// Returns 0, 1 when the YAML cannot be written, 2 for bad input.
+int run_calibrate_in_context(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
 
 }  // namespace memsim

@@ -79,7 +79,8 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
         p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}",
                         model.name, gpu.name, model.name),
             fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
-                        "16, tables over blocks in random order), {}, median of 5 steps; the serving engine interpolates it "
+                        "16, tables over blocks in random order), {}, median of 5 steps; the "
+                        "serving engine interpolates it "
                         "(step_profile.h)",
                         o.graphs ? "decode steps replayed as CUDA graphs, prefill eager"
                                  : "eager launches")});

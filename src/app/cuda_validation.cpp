@@ -135,6 +135,8 @@ Status probe_cuda_device() {
 int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const std::string& dir,
                         std::ostream& out) {
   std::vector<Row> rows;
+  std::string calls_csv =
+      "strategy,primitive,handles,bytes,nodes,measured_us\n";  // every priced real call
   bool all_ok = true;
   const uint32_t rounds = 200;
   out << fmt::format("\nCUDA validation ({} variant, {} replay rounds per strategy):\n",
@@ -153,6 +155,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
       return 2;
     }
     CudaBackend& cuda = **created;
+    std::vector<CudaBackend::CallSample> calls;
+    cuda.record_calls(&calls);
     auto o0 = cuda.observe();
     if (!o0.ok()) {
       out << "memsim: --backend cuda: " << o0.error().message << "\n";
@@ -225,6 +229,12 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
       rows.push_back({s.label, fmt::format("us_per_call.{}", to_string(p)), sim_us, meas_us, true,
                       fmt::format("{} calls", n)});
     }
+    cuda.record_calls(nullptr);
+    for (const CudaBackend::CallSample& k : calls)
+      if (k.features.priced)
+        calls_csv += fmt::format("{},{},{},{},{},{:.3f}\n", s.label, to_string(k.features.p),
+                                 k.features.handles, k.features.bytes, k.features.nodes,
+                                 double(k.measured_ns) / 1e3);
     (void)o1;
   }
   std::filesystem::create_directories(dir);
@@ -233,14 +243,28 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   for (const Row& r : rows)
     csv << fmt::format("{},{},{:.3f},{:.3f},{:.4f},{},\"{}\"\n", r.strategy, r.metric, r.simulated,
                        r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0, r.ok, r.note);
-  out << "\nsimulated vs measured time per call (us), ratio = measured / simulated:\n";
-  for (const Row& r : rows)
-    if (r.metric.rfind("us_per_call.", 0) == 0)
-      out << fmt::format(
-          "  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  ({})\n", r.strategy,
-          r.metric.substr(12), r.simulated, r.measured,
-          r.simulated > 0 ? r.measured / r.simulated : 0.0, r.note);
-  out << fmt::format("wrote {}/validation.csv\n", dir);
+  std::ofstream(std::filesystem::path(dir) / "calls.csv") << calls_csv;
+  out << "\nsimulated vs measured time per call (us), ratio = measured / simulated; within = "
+         "inside 25% (classes of more than 10 calls):\n";
+  int counted = 0, within = 0;
+  for (const Row& r : rows) {
+    if (r.metric.rfind("us_per_call.", 0) != 0) continue;
+    const double ratio = r.simulated > 0 ? r.measured / r.simulated : 0.0;
+    const bool many = std::stoull(r.note) > 10;
+    const bool in = ratio >= 0.75 && ratio <= 1.25;
+    counted += many;
+    within += many && in;
+    out << fmt::format(
+        "  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  {:<6} ({})\n",
+        r.strategy, r.metric.substr(12), r.simulated, r.measured, ratio,
+        !many ? ""
+        : in  ? "within"
+              : "OUT",
+        r.note);
+  }
+  out << fmt::format("{} of {} primitive classes of more than 10 calls within 25%\n", within,
+                     counted);
+  out << fmt::format("wrote {}/validation.csv, calls.csv\n", dir);
   return all_ok ? 0 : 1;
 }
 

@@ -114,6 +114,12 @@ int main(int argc, char** argv) {
                         "measure this model's step times (configs/models/NAME.yaml) and write its "
                         "step-time profile instead of the primitive costs");
   calibrate->add_option("--layers", cal_layers, "with --model: layers to run (0 = all)");
+  std::vector<std::string> cal_in_context;
+  calibrate
+      ->add_option("--in-context", cal_in_context,
+                   "fit the primitive costs to these calls.csv files (written by --backend "
+                   "cuda runs) instead of measuring; no GPU needed")
+      ->check(CLI::ExistingFile);
   bool cal_graphs = false;
   calibrate->add_flag("--graphs", cal_graphs,
                       "with --model: decode steps as captured CUDA graphs (as vLLM runs them)");
@@ -144,6 +150,9 @@ int main(int argc, char** argv) {
     options.backend = cal_backend;
     options.gpu_path = cal_gpu;
     options.out_path = cal_out;
+    options.in_context = cal_in_context;
+    if (!cal_in_context.empty())
+      return memsim::run_calibrate_in_context(options, std::cout, std::cerr);
     return memsim::run_calibrate(options, std::cout, std::cerr);
 #else
     std::cerr << "memsim calibrate: --backend cuda: this build has no CUDA backend (nvcc was not "

@@ -1,0 +1,131 @@
+// `memsim calibrate --in-context`: the cost model re-fitted to calls measured inside real
+// captures and strategy runs (calls.csv), the per-run comparison, and the GPU YAML.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "src/app/calibrate.h"
+#include "src/app/in_context_fit.h"
+#include "src/config/config_node.h"
+#include "src/config/loaders.h"
+
+namespace memsim {
+
+int run_calibrate_in_context(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
+  GpuSpec base;
+  try {
+    base = load_gpu_spec(ConfigNode::load_file(o.gpu_path));
+  } catch (const ConfigError& e) {
+    err << "memsim calibrate: config error: " << e.what() << "\n";
+    return 2;
+  }
+  std::vector<CallSample> samples;
+  for (const std::string& path : o.in_context) {
+    auto r = read_call_samples(path);
+    if (!r.ok()) {
+      err << "memsim calibrate: " << r.error().message << "\n";
+      return 2;
+    }
+    samples.insert(samples.end(), r->begin(), r->end());
+  }
+  if (samples.empty()) {
+    err << "memsim calibrate: --in-context: no calls in "
+        << fmt::format("{}", fmt::join(o.in_context, ", ")) << "\n";
+    return 2;
+  }
+  const InContextFit fit = fit_in_context(samples, base);
+  for (const std::string& n : fit.notes) out << "fit " << n << "\n";
+  out << fmt::format("\n{:<26} {:<18} {:>7} {:>11} {:>11} {:>11} {:>7} {:>7}\n", "run", "primitive",
+                     "calls", "measured", "base", "fitted", "m/base", "m/fit");
+  int counted = 0, within = 0;
+  for (const InContextClass& k : fit.classes) {
+    const double rb = k.base_us > 0 ? k.measured_us / k.base_us : 0;
+    const double rf = k.fitted_us > 0 ? k.measured_us / k.fitted_us : 0;
+    const bool many = k.calls > 10, in = rf >= 0.75 && rf <= 1.25;
+    counted += many;
+    within += many && in;
+    out << fmt::format("{:<26} {:<18} {:>7} {:>9.2f}us {:>9.2f}us {:>9.2f}us {:>7.2f} {:>7.2f}{}\n",
+                       k.run, to_string(k.p), k.calls, k.measured_us, k.base_us, k.fitted_us, rb,
+                       rf, many && !in ? "  OUT" : "");
+  }
+  out << fmt::format(
+      "{} of {} (run, primitive) classes of more than 10 calls within 25% of the "
+      "fitted model\n",
+      within, counted);
+
+  Calibration c;
+  c.base = base;
+  c.spec = fit.spec;
+  for (const std::string& n : fit.notes) c.findings.push_back("in-context fit " + n);
+  // Per fitted primitive: mean measured and fitted time per call (comments on its cost line).
+  for (size_t i = 0; i < size_t(Primitive::kCount); ++i) {
+    CalibrationRow row;
+    row.p = Primitive(i);
+    double measured = 0, fitted = 0;
+    for (const InContextClass& k : fit.classes)
+      if (k.p == row.p) {
+        row.samples += k.calls;
+        measured += k.measured_us * double(k.calls);
+        fitted += k.fitted_us * double(k.calls);
+      }
+    if (row.samples < 10 || row.p == Primitive::kFill || row.p == Primitive::kCopy) continue;
+    row.what = fmt::format("in context, {} calls: mean", row.samples);
+    row.median_us = measured / double(row.samples);
+    row.model_us = fitted / double(row.samples);
+    c.rows.push_back(row);
+  }
+  // The base file's own comments (its isolated calibration and findings) carry over.
+  std::vector<std::string> header = {fmt::format(
+      "{} re-fitted in context by `memsim calibrate --in-context {}` over {}, {}: {} real calls "
+      "measured inside captures and strategy runs (--backend cuda); fill, copy and primitives "
+      "with fewer than 10 calls keep the base's terms.",
+      base.name, fmt::join(o.in_context, " "), o.gpu_path, "DATE", samples.size())};
+  {
+    std::ifstream in(o.gpu_path);
+    std::string line, block;
+    while (std::getline(in, line) && line.rfind("#", 0) == 0) {
+      const bool cont = line.rfind("#    ", 0) == 0 || line.rfind("#   ", 0) == 0;
+      const std::string text = line.substr(std::min<size_t>(line.size(), 2));
+      if (cont && !block.empty()) {
+        block += " " + text.substr(text.find_first_not_of(' ') == std::string::npos
+                                       ? text.size()
+                                       : text.find_first_not_of(' '));
+      } else {
+        if (!block.empty()) header.push_back("base: " + block);
+        block = text;
+      }
+    }
+    if (!block.empty()) header.push_back("base: " + block);
+    // The cost formula is restated below; the base's own statement of it goes.
+    std::erase_if(header,
+                  [](const std::string& h) { return h.rfind("base: Cost of one call", 0) == 0; });
+  }
+  const std::string out_path =
+      o.out_path.empty() ? fmt::format("configs/gpus/{}.calibrated.yaml", base.name) : o.out_path;
+  char date[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  const auto at = header[0].find("DATE");
+  header[0].replace(at, 4, date);
+  const std::string yaml = format_gpu_yaml(c, header);
+  const std::filesystem::path path(out_path);
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  if (std::ofstream f(path); !(f << yaml).good()) {
+    err << "memsim calibrate: ERROR: cannot write " << out_path << "\n";
+    return 1;
+  }
+  try {  // it must load as a GPU spec
+    (void)load_gpu_spec(ConfigNode::load_file(out_path));
+  } catch (const ConfigError& e) {
+    err << "memsim calibrate: ERROR: " << out_path << " does not load: " << e.what() << "\n";
+    return 1;
+  }
+  out << "wrote " << out_path << "\n";
+  return 0;
+}
+
+}  // namespace memsim

@@ -1,0 +1,55 @@
+// Fits the sim's primitive cost terms to per-call times measured in context: every real driver
+// call of a `--backend cuda` run (calls.csv) with what the shadow priced it on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/sim/cost_model.h"
+
+namespace memsim {
+
+// One real call: the run (strategy) it came from, its primitive, the shadow's price inputs and
+// its measured host wall time.
+struct CallSample {
+  std::string run;
+  Primitive p = Primitive::kCount;
+  uint64_t handles = 0, bytes = 0, nodes = 0;
+  double measured_us = 0;
+};
+
+// Reads calls.csv (strategy,primitive,handles,bytes,nodes,measured_us). Errors name the
+// file and line.
+Result<std::vector<CallSample>> read_call_samples(const std::string& path);
+
+// The modelled time of one sample under `spec`, in microseconds: the primitive's cost term, plus
+// per node (end_capture: capture + instantiate; launch: replay).
+double price_sample_us(const GpuSpec& spec, const CallSample& s);
+
+// Per (run, primitive): calls and mean time per call, measured and under the fitted spec.
+struct InContextClass {
+  std::string run;
+  Primitive p = Primitive::kCount;
+  uint64_t calls = 0;
+  double measured_us = 0, base_us = 0, fitted_us = 0;
+};
+
+struct InContextFit {
+  GpuSpec spec;                         // `base` with every fitted term replaced
+  std::vector<InContextClass> classes;  // in order of first appearance
+  std::vector<std::string> notes;       // per fitted primitive: samples, terms, trimmed
+};
+
+// For each primitive with at least `min_samples` samples, a non-negative least-squares fit of
+// the terms `base` prices it with (per call, per handle, per granule, per byte; per node for
+// end_capture and launch) to the calls as measured: with a per-call term the fitted total equals
+// the measured total, slow tails included (launches that wait for a full launch queue, first
+// calls that load driver state), which is what a run's simulated time adds up. Other primitives
+// keep their base terms, and so do fill and copy (measured in context they return once
+// enqueued; the model prices them synchronized, bandwidth included).
+InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpec& base,
+                            uint64_t min_samples = 10);
+
+}  // namespace memsim

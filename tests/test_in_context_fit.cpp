@@ -1,0 +1,168 @@
+// The in-context cost fit: samples priced by a known spec fit back to its terms exactly (per
+// call, per handle, per granule, per node), the base's structure and the measured totals are
+// kept, fills keep their terms, and calls.csv errors name the file and line.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "src/app/in_context_fit.h"
+#include "tests/temp_dir.h"
+
+using namespace memsim;
+using memsim::test::TempDir;
+
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+GpuSpec base_spec() {
+  GpuSpec g;
+  g.name = "test";
+  g.granularity = 2 * kMiB;
+  g.capture_per_node_us = 1;
+  g.instantiate_per_node_us = 3;
+  g.replay_per_node_us = 2;
+  g.cost(Primitive::kMap) = {1, 0, 0.5, 0};
+  g.cost(Primitive::kSetAccess) = {0, 20, 0.25, 0};
+  g.cost(Primitive::kDeviceMalloc) = {40, 0, 0.1, 0};
+  g.cost(Primitive::kEndCapture) = {10, 0, 0, 0};
+  g.cost(Primitive::kLaunch) = {5, 0, 0, 0};
+  g.cost(Primitive::kFill) = {2, 0, 0, 1000};
+  return g;
+}
+
+// Samples of every fitted primitive over varied sizes, priced exactly by `truth`.
+std::vector<CallSample> samples_of(const GpuSpec& truth, const std::string& run) {
+  std::vector<CallSample> v;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t granules = 1 + rng() % 64;
+    const uint64_t handles = 1 + rng() % 8;
+    const uint64_t nodes = 10 + rng() % 400;
+    const uint64_t bytes = granules * 2 * kMiB;
+    for (Primitive p : {Primitive::kMap, Primitive::kSetAccess, Primitive::kDeviceMalloc,
+                        Primitive::kEndCapture, Primitive::kLaunch, Primitive::kFill}) {
+      CallSample s;
+      s.run = run;
+      s.p = p;
+      s.handles = p == Primitive::kSetAccess ? handles : 1;
+      s.bytes = bytes;
+      s.nodes = (p == Primitive::kEndCapture || p == Primitive::kLaunch) ? nodes : 0;
+      s.measured_us = price_sample_us(truth, s);
+      v.push_back(s);
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("in-context fit recovers the terms that priced the samples") {
+  const GpuSpec base = base_spec();
+  GpuSpec truth = base;
+  truth.cost(Primitive::kMap) = {1.9, 0, 0.03, 0};
+  truth.cost(Primitive::kSetAccess) = {0, 30, 0.09, 0};
+  truth.cost(Primitive::kDeviceMalloc) = {95, 0, 0.4, 0};
+  truth.cost(Primitive::kEndCapture) = {12, 0, 0, 0};
+  truth.capture_per_node_us = 0.5;
+  truth.instantiate_per_node_us = 1.5;
+  truth.cost(Primitive::kLaunch) = {6, 0, 0, 0};
+  truth.replay_per_node_us = 0.2;
+  truth.cost(Primitive::kFill) = {14, 0, 0, 4000};
+  const InContextFit f = fit_in_context(samples_of(truth, "a"), base);
+  for (Primitive p : {Primitive::kMap, Primitive::kSetAccess, Primitive::kDeviceMalloc,
+                      Primitive::kEndCapture, Primitive::kLaunch}) {
+    INFO(to_string(p));
+    CHECK(f.spec.cost(p).per_call_us == Approx(truth.cost(p).per_call_us).margin(1e-6));
+    CHECK(f.spec.cost(p).per_handle_us == Approx(truth.cost(p).per_handle_us).margin(1e-6));
+    CHECK(f.spec.cost(p).per_granule_us == Approx(truth.cost(p).per_granule_us).margin(1e-7));
+    CHECK(f.spec.cost(p).bytes_per_us == Approx(truth.cost(p).bytes_per_us).epsilon(1e-6));
+  }
+  // Per node: end_capture's 2 us split as the base splits it (1 : 3); launch's replay.
+  CHECK(f.spec.capture_per_node_us == Approx(0.5));
+  CHECK(f.spec.instantiate_per_node_us == Approx(1.5));
+  CHECK(f.spec.replay_per_node_us == Approx(0.2));
+  // Fills keep the base's synchronized terms (in context they return once enqueued).
+  CHECK(f.spec.cost(Primitive::kFill).per_call_us == base.cost(Primitive::kFill).per_call_us);
+  CHECK(f.spec.cost(Primitive::kFill).bytes_per_us == base.cost(Primitive::kFill).bytes_per_us);
+  // Every fitted class then agrees exactly; the base priced them differently.
+  REQUIRE(f.classes.size() == 6);
+  for (const InContextClass& k : f.classes) {
+    CHECK(k.calls == 200);
+    if (k.p != Primitive::kFill) CHECK(k.fitted_us == Approx(k.measured_us).epsilon(1e-9));
+  }
+  CHECK(f.classes[0].base_us != Approx(f.classes[0].measured_us));
+}
+
+TEST_CASE("in-context fit keeps the base's structure and totals, skips thin classes") {
+  const GpuSpec base = base_spec();
+  GpuSpec truth = base;
+  truth.cost(Primitive::kMap) = {2, 0, 0, 0};  // no per-granule cost at all
+  std::vector<CallSample> v = samples_of(truth, "a");
+  // Two first calls (of one granule) 1000x slower: the fitted total still equals the measured
+  // one. (The slow calls being small, the fit has no use for a per-granule term: per call only.)
+  int slowed = 0;
+  double measured = 0;
+  for (CallSample& s : v)
+    if (s.p == Primitive::kMap) {
+      if (slowed < 2) {
+        s.bytes = 2 * kMiB;
+        s.measured_us *= 1000;
+        ++slowed;
+      }
+      measured += s.measured_us;
+    }
+  // A primitive with few samples keeps its base terms.
+  CallSample thin;
+  thin.run = "a";
+  thin.p = Primitive::kUnmap;
+  thin.handles = 1;
+  thin.bytes = 2 * kMiB;
+  thin.measured_us = 99;
+  v.push_back(thin);
+  const InContextFit f = fit_in_context(v, base);
+  double fitted = 0;
+  for (const CallSample& s : v)
+    if (s.p == Primitive::kMap) fitted += price_sample_us(f.spec, s);
+  CHECK(fitted == Approx(measured).epsilon(1e-6));
+  for (const InContextClass& k : f.classes)
+    if (k.p == Primitive::kMap) CHECK(k.fitted_us == Approx(k.measured_us).epsilon(1e-6));
+  // Without the outliers a constant cost fits as a per-call term alone.
+  const InContextFit clean = fit_in_context(samples_of(truth, "a"), base);
+  CHECK(clean.spec.cost(Primitive::kMap).per_call_us == Approx(2).margin(1e-6));
+  CHECK(clean.spec.cost(Primitive::kMap).per_granule_us == Approx(0).margin(1e-9));
+  // The base prices set_access without a per-call term: the fit adds none.
+  CHECK(f.spec.cost(Primitive::kSetAccess).per_call_us == 0);
+  CHECK(f.spec.cost(Primitive::kUnmap).per_handle_us == base.cost(Primitive::kUnmap).per_handle_us);
+}
+
+TEST_CASE("calls.csv: round trip and errors naming file and line") {
+  TempDir dir;
+  const std::string good = dir.write("calls.csv",
+                                     "strategy,primitive,handles,bytes,nodes,measured_us\n"
+                                     "shared_pool,launch,0,0,330,79.250\n"
+                                     "vmm_alias,map,1,2097152,0,1.880\n");
+  auto r = read_call_samples(good);
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 2);
+  CHECK((*r)[0].run == "shared_pool");
+  CHECK((*r)[0].p == Primitive::kLaunch);
+  CHECK((*r)[0].nodes == 330);
+  CHECK((*r)[0].measured_us == 79.25);
+  CHECK((*r)[1].bytes == 2097152);
+  const std::string typo =
+      dir.write("typo.csv", "strategy,primitive,handles,bytes,nodes,measured_us\nx,mapp,1,0,0,1\n");
+  auto e = read_call_samples(typo);
+  REQUIRE(!e.ok());
+  CHECK(e.error().message.find("typo.csv:2: unknown primitive 'mapp'") != std::string::npos);
+  const std::string neg =
+      dir.write("neg.csv", "strategy,primitive,handles,bytes,nodes,measured_us\nx,map,1,0,0,-1\n");
+  CHECK(read_call_samples(neg).error().message.find("neg.csv:2:") != std::string::npos);
+  const std::string head = dir.write("head.csv", "a,b\n");
+  CHECK(read_call_samples(head).error().message.find("head.csv:1: not a calls.csv header") !=
+        std::string::npos);
+  CHECK(!read_call_samples(dir.path().string() + "/missing.csv").ok());
+}
