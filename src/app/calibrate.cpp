@@ -683,19 +683,24 @@ std::string format_gpu_yaml(const Calibration& c, const std::vector<std::string>
   return o.str();
 }
 
+std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err) {
+  try {
+    return load_gpu_spec(ConfigNode::load_file(path));
+  } catch (const ConfigError& e) {
+    err << "memsim calibrate: config error: " << e.what() << "\n";
+    return std::nullopt;
+  }
+}
+
 int run_calibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
   if (o.backend != "cuda") {
     err << "memsim calibrate: --backend " << o.backend
         << ": calibration measures hardware; use --backend cuda\n";
     return 2;
   }
-  GpuSpec base;
-  try {
-    base = load_gpu_spec(ConfigNode::load_file(o.gpu_path));
-  } catch (const ConfigError& e) {
-    err << "memsim calibrate: config error: " << e.what() << "\n";
-    return 2;
-  }
+  const std::optional<GpuSpec> loaded = load_base_gpu(o.gpu_path, err);
+  if (!loaded) return 2;
+  const GpuSpec& base = *loaded;
   const std::string out_path =
       o.out_path.empty() ? fmt::format("configs/gpus/{}.calibrated.yaml", base.name) : o.out_path;
   SimClock clock;

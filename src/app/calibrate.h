@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -65,6 +66,9 @@ struct CalibrateOptions {
 // the YAML, parse it back with load_gpu_spec and compare. Returns 0 on success, 1 when a
 // measurement or the read-back failed, 2 for bad options or when no GPU can be used.
 int run_calibrate(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
+
+// The base GPU YAML of a calibration; a config error goes to `err` (nullopt).
+std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err);
 
 // `memsim calibrate --in-context CALLS.csv...`: fit_in_context over the base spec (--gpu), print
 // measured against base and fitted time per call for each run and primitive, write the YAML.

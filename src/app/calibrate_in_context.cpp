@@ -15,13 +15,9 @@
 namespace memsim {
 
 int run_calibrate_in_context(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
-  GpuSpec base;
-  try {
-    base = load_gpu_spec(ConfigNode::load_file(o.gpu_path));
-  } catch (const ConfigError& e) {
-    err << "memsim calibrate: config error: " << e.what() << "\n";
-    return 2;
-  }
+  const std::optional<GpuSpec> loaded = load_base_gpu(o.gpu_path, err);
+  if (!loaded) return 2;
+  const GpuSpec& base = *loaded;
   std::vector<CallSample> samples;
   for (const std::string& path : o.in_context) {
     auto r = read_call_samples(path);
