@@ -692,6 +692,37 @@ std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err)
   }
 }
 
+bool write_gpu_yaml(const Calibration& c, const std::vector<std::string>& header,
+                    const std::string& out_path, std::ostream& out, std::ostream& err) {
+  const std::filesystem::path path(out_path);
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  if (std::ofstream f(path); !(f << format_gpu_yaml(c, header)).good()) {
+    err << "memsim calibrate: ERROR: cannot write " << out_path << "\n";
+    return false;
+  }
+  // Read it back from disk as an experiment would; it must hold the fitted values.
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string problem = "the values read back differ from the fitted ones";
+  try {
+    Calibration back, want;
+    back.spec = load_gpu_spec(ConfigNode::parse(text.str(), out_path));
+    want.spec = c.spec;
+    if (format_gpu_yaml(back, {}) == format_gpu_yaml(want, {})) problem.clear();
+  } catch (const std::exception& e) {  // ConfigError, or anything yaml-cpp throws
+    problem = e.what();
+  }
+  if (!problem.empty()) {
+    err << fmt::format("memsim calibrate: ERROR: {} does not load as a GPU spec: {}\n", out_path,
+                       problem);
+    return false;
+  }
+  out << fmt::format("wrote {} (read back with load_gpu_spec: ok)\n", out_path);
+  return true;
+}
+
 int run_calibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
   if (o.backend != "cuda") {
     err << "memsim calibrate: --backend " << o.backend
@@ -737,37 +768,11 @@ int run_calibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& er
   char date[32] = "";
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  const std::string yaml = format_gpu_yaml(
-      *cal, {fmt::format("{} calibrated by `memsim calibrate --backend cuda --gpu {}` on CUDA "
-                         "device {}, {}. Every term below was measured; name and va_space come "
-                         "from {}.",
-                         base.name, o.gpu_path, o.device, date, o.gpu_path)});
-  const std::filesystem::path path(out_path);
-  std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  if (std::ofstream f(path); !(f << yaml).good()) {
-    err << "memsim calibrate: ERROR: cannot write " << out_path << "\n";
-    return 1;
-  }
-  // Read it back from disk as an experiment would; it must hold the fitted values.
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string problem = "the values read back differ from the fitted ones";
-  try {
-    Calibration back, want;
-    back.spec = load_gpu_spec(ConfigNode::parse(text.str(), out_path));
-    want.spec = cal->spec;
-    if (format_gpu_yaml(back, {}) == format_gpu_yaml(want, {})) problem.clear();
-  } catch (const std::exception& e) {  // ConfigError, or anything yaml-cpp throws
-    problem = e.what();
-  }
-  if (!problem.empty()) {
-    err << fmt::format("memsim calibrate: ERROR: {} does not load as a GPU spec: {}\n", out_path,
-                       problem);
-    return 1;
-  }
-  out << fmt::format("wrote {} (read back with load_gpu_spec: ok)\n", out_path);
+  const std::vector<std::string> header = {
+      fmt::format("{} calibrated by `memsim calibrate --backend cuda --gpu {}` on CUDA device {}, "
+                  "{}. Every term below was measured; name and va_space come from {}.",
+                  base.name, o.gpu_path, o.device, date, o.gpu_path)};
+  if (!write_gpu_yaml(*cal, header, out_path, out, err)) return 1;
   if (!cal->failures.empty()) {
     err << fmt::format("memsim calibrate: {} phase(s) failed; their terms keep the values of {}\n",
                        cal->failures.size(), o.gpu_path);

@@ -67,6 +67,11 @@ struct CalibrateOptions {
 // measurement or the read-back failed, 2 for bad options or when no GPU can be used.
 int run_calibrate(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
 
+// Writes format_gpu_yaml(c, header) to out_path and reads it back with load_gpu_spec: it must
+// hold c.spec's values. Prints "wrote ..." to `out`, or the problem to `err` (false).
+bool write_gpu_yaml(const Calibration& c, const std::vector<std::string>& header,
+                    const std::string& out_path, std::ostream& out, std::ostream& err);
+
 // The base GPU YAML of a calibration; a config error goes to `err` (nullopt).
 std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err);
 

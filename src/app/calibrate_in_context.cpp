@@ -4,13 +4,10 @@
 
 #include <algorithm>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 
 #include "src/app/calibrate.h"
 #include "src/app/in_context_fit.h"
-#include "src/config/config_node.h"
-#include "src/config/loaders.h"
 
 namespace memsim {
 
@@ -106,22 +103,7 @@ int run_calibrate_in_context(const CalibrateOptions& o, std::ostream& out, std::
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   const auto at = header[0].find("DATE");
   header[0].replace(at, 4, date);
-  const std::string yaml = format_gpu_yaml(c, header);
-  const std::filesystem::path path(out_path);
-  std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  if (std::ofstream f(path); !(f << yaml).good()) {
-    err << "memsim calibrate: ERROR: cannot write " << out_path << "\n";
-    return 1;
-  }
-  try {  // it must load as a GPU spec
-    (void)load_gpu_spec(ConfigNode::load_file(out_path));
-  } catch (const ConfigError& e) {
-    err << "memsim calibrate: ERROR: " << out_path << " does not load: " << e.what() << "\n";
-    return 1;
-  }
-  out << "wrote " << out_path << "\n";
-  return 0;
+  return write_gpu_yaml(c, header, out_path, out, err) ? 0 : 1;
 }
 
 }  // namespace memsim

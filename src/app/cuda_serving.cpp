@@ -342,8 +342,8 @@ Status CudaExecutor::finish_part(Part& p) {
   if (p.decode) {
     uint64_t sum = 0;
     for (int32_t len : p.lens) sum += static_cast<uint64_t>(len);
-    p.dplan = plan_decode(c_.shape, static_cast<uint32_t>(p.seqs.size()), p.max_len, limits_, 0,
-                          sum);
+    p.dplan =
+        plan_decode(c_.shape, static_cast<uint32_t>(p.seqs.size()), p.max_len, limits_, 0, sum);
     MEMSIM_TRY(p.ws.reserve(p.dplan.workspace_bytes));
   } else {
     std::vector<int32_t> q_lens;

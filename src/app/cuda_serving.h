@@ -46,7 +46,6 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config);
 // against predicted throughput, TTFT, TPOT and end-to-end latency (DIR/sim_vs_measured.csv).
 // Returns 0 when every run finished with every check passing, 1 otherwise.
 int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
-                        const ServingResults* predicted, const std::string& dir,
-                        std::ostream& out);
+                        const ServingResults* predicted, const std::string& dir, std::ostream& out);
 
 }  // namespace memsim

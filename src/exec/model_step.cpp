@@ -414,23 +414,21 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
     w.slot_tokens = kv.block_tokens;
     MEMSIM_STEP_CU(paged_kv_write(shape, w, stream));
     MEMSIM_ASSIGN_OR_RETURN(DevPtr attn, act(uint64_t{T} * q_cols * kElem));
+    LayerAttentionArgs a;
+    a.cache = view;
     if (D) {  // rows [0, D)
-      LayerAttentionArgs a;
       a.decode = true;
       a.q = q;
       a.o = attn;
-      a.cache = view;
       a.seqs = st;
       a.dplan = dplan;
       a.workspace = workspace;
       MEMSIM_STEP_CU(layer_attention(shape, a, stream));
     }
     if (D < S) {  // rows [D, T)
-      LayerAttentionArgs a;
       a.decode = false;
       a.q = q + uint64_t{D} * q_cols * kElem;
       a.o = attn + uint64_t{D} * q_cols * kElem;
-      a.cache = view;
       a.seqs = st_pre;
       a.qo_indptr = d_indptr;
       a.work = d_work;

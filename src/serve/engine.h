@@ -87,8 +87,8 @@ struct ServingResult {
   KvStats kv;  // at the end (before shutdown): pool geometry and counters
   uint64_t kv_capacity_tokens = 0;
   ServeCounters counters;
-  bool executed = false;      // an executor ran every step
-  ExecutorReport validation;  // what it did and checked
+  bool executed = false;                     // an executor ran every step
+  ExecutorReport validation;                 // what it did and checked
   std::vector<MeasuredStep> measured_steps;  // measured_clock: every step
   std::vector<MetricsRecorder::Sample> samples;
   std::vector<std::string> series;  // sample.series -> name
