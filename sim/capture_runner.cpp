@@ -100,6 +100,10 @@ class Runner {
   bool capture_shape(uint32_t batch);
   bool capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, const GraphProgram& g,
                      bool last_piece, std::vector<DevPtr>& prev_outputs);
+  bool fill_capture(uint32_t batch, const GraphProgram& g, uint64_t graph_no,
+                    std::vector<DevPtr>& ptr, std::vector<uint32_t>& patterns, bool inputs_read);
+  bool body_capture(uint32_t batch, const GraphProgram& g, std::vector<DevPtr>& ptr);
+  bool prepare_body(uint32_t batch);
   bool replay_shape(uint32_t batch);
   void track_alloc(DevPtr p, uint64_t bytes);
   void untrack(DevPtr p) { live_.erase(p); }
@@ -123,6 +127,7 @@ class Runner {
   bool stopped_ = false;
 
   ProgramCache own_cache_;
+  std::map<uint32_t, ShapeProgram> custom_;  // cfg_.program_for's, by batch
   std::map<uint32_t, std::vector<const ShapeProgram*>> programs_;
   std::map<DevPtr, uint64_t> live_;        // every live tensor, for the overlap check
   std::vector<DevPtr> runner_owned_;       // inputs and workspace (default pool)
@@ -156,6 +161,10 @@ void Runner::violation(const std::string& what) {
 std::vector<const ShapeProgram*>& Runner::programs(uint32_t batch) {
   auto it = programs_.find(batch);
   if (it != programs_.end()) return it->second;
+  if (cfg_.program_for) {
+    const ShapeProgram& p = custom_.emplace(batch, cfg_.program_for(batch)).first->second;
+    return programs_.emplace(batch, std::vector<const ShapeProgram*>{&p}).first->second;
+  }
   ProgramCache& cache = cfg_.programs ? *cfg_.programs : own_cache_;
   ProgramOptions o;
   o.gemm_workspace_bytes = cfg_.gemm_workspace_bytes;
@@ -265,19 +274,11 @@ void Runner::close_open_capture(std::vector<DevPtr>& body) {
   if (g.ok()) (void)backend_.destroy_graph(*g);
 }
 
-bool Runner::capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, const GraphProgram& g,
-                           bool last_piece, std::vector<DevPtr>& prev_outputs) {
-  const SimTime start = clock_.now();
-  GraphInfo info{batch, runner, piece, g.name};
-  RUNNER_TRY(strategy_.begin_graph(info, stream_), batch);
-  if (auto s = backend_.begin_capture(stream_); !s.ok()) {
-    (void)strategy_.end_graph();
-    return fail(s.error(), batch);
-  }
-  std::vector<DevPtr> ptr(g.tensors.size(), 0);
-  std::vector<uint32_t> patterns(g.tensors.size(), 0);
-  const uint64_t graph_no = ++graph_counter_;
-  bool inputs_read = piece != 0;
+// The program's ops with a fill kernel per allocation (each tensor's producer writes a pattern
+// unique to the graph and tensor), inside the open capture.
+bool Runner::fill_capture(uint32_t batch, const GraphProgram& g, uint64_t graph_no,
+                          std::vector<DevPtr>& ptr, std::vector<uint32_t>& patterns,
+                          bool inputs_read) {
   for (const ProgramOp& op : g.ops) {
     const TensorSpec& t = g.tensors[op.tensor];
     if (op.kind == ProgramOp::Kind::kFree) {
@@ -320,6 +321,117 @@ bool Runner::capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, cons
       }
     }
   }
+  return true;
+}
+
+namespace {
+
+// The body's view of the strategy: allocations and frees go to the strategy (overlap-checked)
+// and are recorded as (kind, tensor index in allocation order, bytes) for the comparison with
+// the program.
+class RecordingAllocator final : public GraphAllocator {
+ public:
+  struct Op {
+    ProgramOp::Kind kind;
+    uint32_t tensor;
+    uint64_t bytes;
+  };
+  RecordingAllocator(std::function<Result<DevPtr>(uint64_t)> alloc,
+                     std::function<Status(DevPtr)> release)
+      : alloc_(std::move(alloc)), release_(std::move(release)) {}
+  Result<DevPtr> allocate(uint64_t bytes) override {
+    MEMSIM_ASSIGN_OR_RETURN(DevPtr p, alloc_(bytes));
+    index_[p] = static_cast<uint32_t>(ptrs.size());
+    ops.push_back({ProgramOp::Kind::kAlloc, static_cast<uint32_t>(ptrs.size()), bytes});
+    ptrs.push_back(p);
+    return p;
+  }
+  Status free(DevPtr p) override {
+    auto it = index_.find(p);
+    if (it == index_.end())
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("graph body frees {:#x}, which it did not allocate", p));
+    MEMSIM_TRY(release_(p));
+    ops.push_back({ProgramOp::Kind::kFree, it->second, 0});
+    ptrs[it->second] = 0;
+    index_.erase(it);
+    return {};
+  }
+  std::vector<Op> ops;
+  std::vector<DevPtr> ptrs;  // by tensor index; 0 once freed
+
+ private:
+  std::function<Result<DevPtr>(uint64_t)> alloc_;
+  std::function<Status(DevPtr)> release_;
+  std::map<DevPtr, uint32_t> index_;
+};
+
+// The first difference between what the body did and the program, or "".
+std::string compare_ops(const GraphProgram& g, const std::vector<RecordingAllocator::Op>& ops) {
+  auto show = [](ProgramOp::Kind k, uint32_t t, uint64_t bytes) {
+    return k == ProgramOp::Kind::kAlloc ? fmt::format("alloc #{} of {} bytes", t, bytes)
+                                        : fmt::format("free #{}", t);
+  };
+  for (size_t i = 0; i < std::max(g.ops.size(), ops.size()); ++i) {
+    const bool both = i < g.ops.size() && i < ops.size();
+    if (both && g.ops[i].kind == ops[i].kind && g.ops[i].tensor == ops[i].tensor &&
+        (ops[i].kind == ProgramOp::Kind::kFree || g.tensors[g.ops[i].tensor].bytes == ops[i].bytes))
+      continue;
+    const std::string got =
+        i < ops.size() ? show(ops[i].kind, ops[i].tensor, ops[i].bytes) : std::string("nothing");
+    std::string want = "nothing";
+    if (i < g.ops.size()) {
+      const TensorSpec& t = g.tensors[g.ops[i].tensor];
+      want = show(g.ops[i].kind, g.ops[i].tensor, t.bytes) + " (" + t.name + ")";
+    }
+    return fmt::format("graph {}: op {} of the body is {}, the program's is {}", g.name, i, got,
+                       want);
+  }
+  return {};
+}
+
+}  // namespace
+
+// The body's real work inside the open capture; its allocation order must be the program's.
+bool Runner::body_capture(uint32_t batch, const GraphProgram& g, std::vector<DevPtr>& ptr) {
+  RecordingAllocator mem(
+      [&](uint64_t bytes) -> Result<DevPtr> {
+        MEMSIM_ASSIGN_OR_RETURN(DevPtr p, strategy_.allocate(bytes, stream_));
+        track_alloc(p, bytes);
+        return p;
+      },
+      [&](DevPtr p) -> Status {
+        MEMSIM_TRY(strategy_.free(p, stream_));
+        untrack(p);
+        return {};
+      });
+  const Status st = cfg_.body->capture(batch, g, mem, stream_);
+  if (!st.ok()) {  // free what the failed body still holds inside the capture, and end it
+    std::vector<DevPtr> held = mem.ptrs;
+    close_open_capture(held);
+    return fail(st.error(), batch);
+  }
+  for (size_t i = 0; i < ptr.size(); ++i) ptr[i] = i < mem.ptrs.size() ? mem.ptrs[i] : 0;
+  if (std::string diff = compare_ops(g, mem.ops); !diff.empty()) violation(diff);
+  return true;
+}
+
+bool Runner::capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, const GraphProgram& g,
+                           bool last_piece, std::vector<DevPtr>& prev_outputs) {
+  const SimTime start = clock_.now();
+  GraphInfo info{batch, runner, piece, g.name};
+  RUNNER_TRY(strategy_.begin_graph(info, stream_), batch);
+  if (auto s = backend_.begin_capture(stream_); !s.ok()) {
+    (void)strategy_.end_graph();
+    return fail(s.error(), batch);
+  }
+  std::vector<DevPtr> ptr(g.tensors.size(), 0);
+  std::vector<uint32_t> patterns(g.tensors.size(), 0);
+  const uint64_t graph_no = ++graph_counter_;
+  bool inputs_read = piece != 0;
+  if (cfg_.body ? !body_capture(batch, g, ptr)
+                : !fill_capture(batch, g, graph_no, ptr, patterns, inputs_read))
+    return false;
   std::vector<DevPtr> outputs;
   std::vector<CheckedTensor> checked;
   for (size_t i = 0; i < g.tensors.size(); ++i) {
@@ -362,8 +474,15 @@ bool Runner::capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, cons
   return true;
 }
 
+bool Runner::prepare_body(uint32_t batch) {
+  if (!cfg_.body) return true;
+  const uint32_t key = cfg_.inputs == InputBuffers::kPersistent ? 0 : batch;
+  RUNNER_TRY(cfg_.body->prepare(batch, inputs_of_[key], stream_), batch);
+  return true;
+}
+
 bool Runner::capture_shape(uint32_t batch) {
-  if (!ensure_inputs(batch)) return false;
+  if (!ensure_inputs(batch) || !prepare_body(batch)) return false;
   const auto& progs = programs(batch);
   for (size_t r = 0; r < progs.size(); ++r) {
     const uint32_t runner = cfg_.runners == GraphRunners::kPiecewise ? 1 : static_cast<uint32_t>(r);
@@ -387,6 +506,7 @@ bool Runner::capture_shape(uint32_t batch) {
 }
 
 bool Runner::replay_shape(uint32_t batch) {
+  if (!prepare_body(batch)) return false;
   for (GraphHandle g : graphs_[batch]) {
     RUNNER_TRY(backend_.launch(g, stream_), batch);
     ++result_.launches;
@@ -426,6 +546,12 @@ void Runner::teardown() {
 CaptureRunResult Runner::run() {
   if (cfg_.capture_sizes.empty()) {
     fail(make_error(ErrorCode::kInvalidArgument, "no capture sizes"), 0);
+    return result_;
+  }
+  if ((cfg_.program_for || cfg_.body) && cfg_.runners != GraphRunners::kFull) {
+    fail(make_error(ErrorCode::kInvalidArgument,
+                    "custom programs and graph bodies capture full graphs only"),
+         0);
     return result_;
   }
   auto stream = backend_.create_stream();
@@ -486,6 +612,7 @@ CaptureRunResult Runner::run() {
     view_.outputs = final_outputs_;
     view_.outputs_held = cfg_.outputs == OutputLifetime::kStrong;
     view_.held_preserved = result_.held_outputs_preserved;
+    view_.body = cfg_.body;
     cfg_.observer->before_teardown(view_);
   }
   result_.shapes_captured = static_cast<uint32_t>(captured_.size());

@@ -31,6 +31,8 @@ const char* to_string(InputBuffers v);
 const char* to_string(OutputLifetime v);
 const char* to_string(GraphRunners v);
 
+class GraphBody;
+
 struct DynamicArrival {
   uint32_t arrivals = 2000;             // batches drawn
   double mean_interarrival_us = 20000;  // exponential gaps between batches
@@ -66,6 +68,7 @@ struct CapturedView {
   std::map<uint32_t, std::vector<CheckedTensor>> outputs;
   bool outputs_held = false;
   bool held_preserved = true;
+  GraphBody* body = nullptr;  // set: inputs are rewritten by body->prepare before each replay
 };
 
 // Optional hooks for a backend-specific harness (the CUDA validation).
@@ -74,6 +77,30 @@ class CaptureObserver {
   virtual ~CaptureObserver() = default;
   virtual void after_shape(uint32_t /*batch*/) {}
   virtual void before_teardown(const CapturedView& /*view*/) {}
+};
+
+// Where a graph body takes and returns its tensors: the strategy, through the runner (which
+// checks overlaps and records the order).
+class GraphAllocator {
+ public:
+  virtual ~GraphAllocator() = default;
+  virtual Result<DevPtr> allocate(uint64_t bytes) = 0;
+  virtual Status free(DevPtr p) = 0;
+};
+
+// Real work in place of the fill kernels (the shapes experiment's graph_body: executor, on the
+// CUDA backend): the runner calls prepare() outside any capture before it captures or replays a
+// shape (the body writes the shape's inputs: they are rewritten, so no input check applies),
+// and capture() inside the capture of each of the shape's graphs, which enqueues the graph's
+// work on `stream` and allocates and frees its tensors through `mem`. The runner checks that
+// the body's allocations and frees are the program's, op for op and byte for byte.
+class GraphBody {
+ public:
+  virtual ~GraphBody() = default;
+  virtual Status prepare(uint32_t batch, const std::vector<CheckedTensor>& inputs,
+                         StreamId stream) = 0;
+  virtual Status capture(uint32_t batch, const GraphProgram& graph, GraphAllocator& mem,
+                         StreamId stream) = 0;
 };
 
 struct CaptureRunConfig {
@@ -93,6 +120,10 @@ struct CaptureRunConfig {
   uint64_t seed = 1;
   bool check_invariants = true;      // per-graph conformance checks (cheap; on by default)
   ProgramCache* programs = nullptr;  // optional shared cache; the runner makes its own if null
+  // The program of each batch instead of make_decode_program's (graph_body: executor); full
+  // graphs only.
+  std::function<ShapeProgram(uint32_t batch)> program_for;
+  GraphBody* body = nullptr;  // real work instead of fill kernels (CUDA backend)
   CaptureObserver* observer = nullptr;
 };
 

@@ -105,6 +105,39 @@ TEST_CASE("profile: one row or one point is flat in that direction") {
   CHECK(t.step_time(decode_step(64, 5000)) == ms(7));
 }
 
+TEST_CASE("profile: decode steps up to the largest graph size replay a padded graph") {
+  // Graph decode rows: batch 2 at 6 ms flat, batch 4 rises 8 -> 18 ms over contexts 100 -> 1100.
+  auto graphs = std::make_shared<StepProfile>(grid());
+  graphs->mode = "graphs";
+  graphs->decode = {{2, {100}, {6}}, {4, {100, 1100}, {8, 18}}};
+  const ProfiledStepTime t(grid(), graphs, {1, 2, 4});
+  REQUIRE(t.graphs() == graphs.get());
+  CHECK(t.describe() == "h200/llama-3.1-8b (eager; decode as CUDA graphs of 3 sizes)");
+  CHECK(t.step_time(decode_step(2, 600)) == ms(6));
+  // 3 sequences pad to the graph of 4: its row at the same KV work over 4 rows (450 tokens).
+  CHECK(t.step_time(decode_step(3, 600)) == ms(11.5));
+  CHECK(t.step_time(decode_step(4, 450)) == ms(11.5));
+  // Batch 1 is below the graph rows: rows 2 and 4 extend linearly (6 - (8 - 6) / 2 = 5 ms).
+  CHECK(t.step_time(decode_step(1, 100)) == ms(5));
+  // Above the largest size, and every step with a prefill chunk, stay eager.
+  CHECK(t.step_time(decode_step(5, 600)) ==
+        ProfiledStepTime(grid()).step_time(decode_step(5, 600)));
+  StepShape mixed = decode_step(2, 600);
+  mixed.new_tokens = 101;
+  mixed.attn_pairs = 100 * 101 / 2.0 + 600;
+  mixed.decode_seqs = 1;
+  mixed.decode_kv_tokens = 600;
+  CHECK(t.step_time(mixed) == ProfiledStepTime(grid()).step_time(mixed));
+  // No sizes, or no graph profile: eager everywhere.
+  CHECK(ProfiledStepTime(grid(), graphs, {}).graphs() == nullptr);
+  CHECK(ProfiledStepTime(grid(), nullptr, {1, 2}).graphs() == nullptr);
+  CHECK(ProfiledStepTime(grid(), graphs, {}).step_time(decode_step(2, 600)) == ms(18.5));
+  // The graph profile must be one.
+  auto eager = std::make_shared<StepProfile>(grid());
+  CHECK_THROWS_WITH(ProfiledStepTime(grid(), eager, {1}), Catch::Contains("not graphs"));
+  CHECK_THROWS_AS(ProfiledStepTime(grid(), graphs, {4, 2}), std::invalid_argument);
+}
+
 TEST_CASE("profile: validation names what is wrong") {
   StepProfile p = grid();
   CHECK(check_step_profile(p).empty());
@@ -154,6 +187,8 @@ TEST_CASE("profile file: round trip and located errors") {
                     Catch::Contains("mdoe") && Catch::Contains("did you mean 'mode'"));
   CHECK(step_profile_path("/x/configs/gpus/h200.yaml", "qwen3-8b") ==
         "/x/configs/gpus/h200.profiles/qwen3-8b.yaml");
+  CHECK(step_profile_path("/x/configs/gpus/h200.yaml", "qwen3-8b", true) ==
+        "/x/configs/gpus/h200.profiles/qwen3-8b.graphs.yaml");
 }
 
 TEST_CASE("a serving experiment uses the (gpu, model) profile beside the GPU file") {
@@ -205,6 +240,34 @@ runs:
   CHECK(prof.tpot_ms.p50 == Approx(40.0).margin(1e-6));
   CHECK(prof.tpot_ms.p99 == Approx(40.0).margin(1e-6));
   CHECK(roof.tpot_ms.p50 < 20.0);
+
+  // A graph profile beside it prices the decode steps of runs that capture graphs (vLLM's
+  // default), here 30 ms a step; enforce_eager runs keep the eager profile.
+  StepProfile g = p;
+  g.mode = "graphs";
+  g.decode = {{1, {100, 10000}, {30, 30}}, {256, {100, 10000}, {30, 30}}};
+  dir.write("gpus/h200.profiles/llama-3.1-8b.graphs.yaml", format_step_profile(g, {}));
+  const ServingConfig cg = load_serving_config(path, {});
+  REQUIRE(cg.graph_profile != nullptr);
+  const ServingResults rg = run_serving_experiment(cg);
+  const ServingResult& graphed = rg.runs[0].result;
+  REQUIRE(graphed.error.empty());
+  CHECK(graphed.step_time_source == "profile h200/llama-3.1-8b (eager; decode as CUDA graphs of " +
+                                        std::to_string(rg.runs[0].budget.capture_sizes.size()) +
+                                        " sizes)");
+  // Pure decode steps take 30 ms, steps with a prefill chunk still 40.
+  CHECK(graphed.tpot_ms.p50 >= 30.0 - 1e-6);
+  CHECK(graphed.tpot_ms.p50 < 40.0);
+  CHECK(graphed.tpot_ms.p50 < prof.tpot_ms.p50);
+  const ServingResults re =
+      run_serving_experiment(load_serving_config(path, {"engine.enforce_eager=true"}));
+  CHECK(re.runs[0].result.tpot_ms.p50 == Approx(40.0).margin(1e-6));
+  // Each file holds its own mode.
+  dir.write("gpus/h200.profiles/llama-3.1-8b.graphs.yaml", format_step_profile(p, {}));
+  CHECK_THROWS_WITH(load_serving_config(path, {}),
+                    Catch::Contains("llama-3.1-8b.graphs.yaml:") &&
+                        Catch::Contains("is eager, but this file holds the graphs profile"));
+  fs::remove(dir.path() / "gpus/h200.profiles/llama-3.1-8b.graphs.yaml");
 
   StepProfile other = p;
   other.model = "qwen3-8b";

@@ -334,6 +334,11 @@ Result<uint64_t> CudaBackend::count_mismatches(DevPtr p, uint64_t bytes, uint32_
   return uint64_t{host};
 }
 
+Result<uint64_t> CudaBackend::native_stream(StreamId stream) const {
+  MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, impl_->stream_of(stream));
+  return reinterpret_cast<uint64_t>(cs);
+}
+
 Status CudaBackend::synchronize() {
   MEMSIM_CUDA_ENTER();
   return check("cudaDeviceSynchronize", cudaDeviceSynchronize());

@@ -120,6 +120,9 @@ class CudaBackend final : public Backend {
   // not allowed while the stream captures. Not a Backend primitive: the shadow is not involved.
   Result<uint64_t> count_mismatches(DevPtr p, uint64_t bytes, uint32_t pattern, StreamId stream);
   Status synchronize();  // cudaDeviceSynchronize
+  // The cudaStream_t behind `stream`, for work enqueued beside the backend's (a model step
+  // captured into a strategy's graph); kInvalidArgument for an unknown stream.
+  Result<uint64_t> native_stream(StreamId stream) const;
 
   // Releases every resource still held, once, in a safe order (graphs, async allocations, plain
   // allocations, mappings, handles, reservations, pinned host memory, graph memory trim,

@@ -33,6 +33,11 @@ struct ComputeSpec {
   double bandwidth_efficiency = 0;  // achieved fraction of hbm_bytes_per_s, (0, 1]
   double step_overhead_us = 0;      // fixed per engine step: scheduling, input prep, launch
   double pcie_bytes_per_s = 0;      // achievable host<->device bandwidth (pinned), bytes/s
+  // What the attention kernels' planner sees on this GPU (kernels::DeviceLimits; query_device on
+  // the device): the decode split plan, and so the split workspace the model executor allocates,
+  // depends on them. Defaults: 132 SMs, 2 resident decode CTAs per SM.
+  uint32_t sms = 132;
+  uint32_t decode_ctas_per_sm = 2;
 };
 
 struct GpuSpec {

@@ -76,15 +76,36 @@ std::string check_step_profile(const StepProfile& p) {
   return check_rows(p.prefill, "prefill");
 }
 
-ProfiledStepTime::ProfiledStepTime(StepProfile profile) : p_(std::move(profile)) {
+ProfiledStepTime::ProfiledStepTime(StepProfile profile, std::shared_ptr<const StepProfile> graphs,
+                                   std::vector<uint32_t> graph_sizes)
+    : p_(std::move(profile)), graphs_(std::move(graphs)), graph_sizes_(std::move(graph_sizes)) {
   if (std::string why = check_step_profile(p_); !why.empty())
     throw std::invalid_argument("step profile: " + why);
+  if (!graphs_) graph_sizes_.clear();
+  if (graphs_ && !graph_sizes_.empty()) {
+    if (std::string why = check_step_profile(*graphs_); !why.empty())
+      throw std::invalid_argument("graph step profile: " + why);
+    if (graphs_->mode != "graphs")
+      throw std::invalid_argument("graph step profile: mode is " + graphs_->mode + ", not graphs");
+    if (!std::is_sorted(graph_sizes_.begin(), graph_sizes_.end()) || graph_sizes_.front() == 0)
+      throw std::invalid_argument("graph sizes must be positive and ascending");
+  }
+}
+
+std::string ProfiledStepTime::describe() const {
+  std::string s = p_.gpu + "/" + p_.model + " (" + p_.mode;
+  if (graphs()) s += fmt::format("; decode as CUDA graphs of {} sizes", graph_sizes_.size());
+  return s + ")";
 }
 
 SimTime ProfiledStepTime::step_time(const StepShape& s) const {
   if (s.new_tokens == 0 || s.num_seqs == 0) return 0;
   double ms = 0;
-  if (s.new_tokens == s.num_seqs || p_.prefill.empty()) {
+  const bool decode = s.new_tokens == s.num_seqs;
+  if (decode && graphs() && s.num_seqs <= graph_sizes_.back()) {
+    const double bp = *std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), s.num_seqs);
+    ms = grid_at(graphs_->decode, bp, static_cast<double>(s.kv_read_tokens) / bp);
+  } else if (decode || p_.prefill.empty()) {
     const double b = s.num_seqs;
     ms = grid_at(p_.decode, b, static_cast<double>(s.kv_read_tokens) / b);
   } else {

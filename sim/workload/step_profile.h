@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,14 +47,30 @@ std::string check_step_profile(const StepProfile& p);
 // Outside a grid the nearest segment's slope extends it (times never below the smallest
 // measured one of the row, except in the two extensions to negative prefix and context 0); a
 // grid with one row or point is flat in that direction.
+//
+// With `graphs` (a profile of mode graphs: decode steps replayed as captured CUDA graphs) and
+// the engine's `graph_sizes` (ascending), a decode step of B sequences up to the largest size
+// runs as vLLM runs it: padded to the smallest captured size Bp >= B and replayed, so it costs
+// the graphs' decode grid at Bp sequences of context kv_read_tokens / Bp (the padding rows read
+// no KV: the same attention work spread over Bp rows). Larger decode steps and every step with
+// a prefill chunk run eagerly, from `profile`.
 class ProfiledStepTime {
  public:
-  explicit ProfiledStepTime(StepProfile profile);
+  explicit ProfiledStepTime(StepProfile profile,
+                            std::shared_ptr<const StepProfile> graphs = nullptr,
+                            std::vector<uint32_t> graph_sizes = {});
   SimTime step_time(const StepShape& s) const;
   const StepProfile& profile() const { return p_; }
+  // Null when no decode step replays a graph.
+  const StepProfile* graphs() const { return graph_sizes_.empty() ? nullptr : graphs_.get(); }
+  const std::vector<uint32_t>& graph_sizes() const { return graph_sizes_; }
+  // "<gpu>/<model> (eager)" or "<gpu>/<model> (eager; decode as CUDA graphs of N sizes)".
+  std::string describe() const;
 
  private:
   StepProfile p_;
+  std::shared_ptr<const StepProfile> graphs_;
+  std::vector<uint32_t> graph_sizes_;
 };
 
 }  // namespace memsim

@@ -71,8 +71,7 @@ SimTime StepTimeModel::step_time(const StepShape& s) const {
 
 std::string StepTimeModel::source() const {
   if (!profile_) return "roofline";
-  const StepProfile& p = profile_->profile();
-  return "profile " + p.gpu + "/" + p.model + " (" + p.mode + ")";
+  return "profile " + profile_->describe();
 }
 
 StepBreakdown StepTimeModel::breakdown(const StepShape& s) const {

@@ -70,7 +70,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
       fmt::format("{}, CUDA driver {}.{}, {}{}", prop.name, driver / 1000, (driver % 1000) / 10,
                   date, o.layers ? fmt::format(", {} of {} layers", o.layers, model.layers) : "");
   const std::string path =
-      o.out_path.empty() ? step_profile_path(o.gpu_path, model.name) : o.out_path;
+      o.out_path.empty() ? step_profile_path(o.gpu_path, model.name, o.graphs) : o.out_path;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   {
@@ -82,7 +82,8 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
                         "16, tables over blocks in random order), {}, median of 5 steps; the "
                         "serving engine interpolates it "
                         "(step_profile.h)",
-                        o.graphs ? "decode steps replayed as CUDA graphs, prefill eager"
+                        o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
+                                   "to 32K, prefill eager"
                                  : "eager launches")});
     if (!f) {
       err << "memsim calibrate: cannot write " << path << "\n";

@@ -265,6 +265,12 @@ Status CudaExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr swap_spa
     mc.max_seqs = c_.max_seqs;
     MEMSIM_ASSIGN_OR_RETURN(model_, ModelStep::create(mc, backend));
     report_.weight_bytes = model_->weight_bytes();
+    if (layout_.paged)  // vLLM captures its decode sizes before serving
+      for (uint32_t b : c_.graph_sizes)
+        if (b <= c_.max_seqs) {
+          MEMSIM_TRY(model_->capture_decode(layout_, b, c_.graph_max_context));
+          ++report_.graphs_captured;
+        }
   } else {
     MEMSIM_TRY(k_new_.reserve(uint64_t{c_.max_tokens} * row_elems() * elem()));
     MEMSIM_TRY(v_new_.reserve(uint64_t{c_.max_tokens} * row_elems() * elem()));
@@ -447,6 +453,7 @@ Status CudaExecutor::run_model(const StepWork& w) {
           .count();
   report_.measured_step_s += double(last_step_ns_) / 1e9;
   report_.gpu_step_s += r->gpu_ms / 1e3;
+  if (r->graph) ++report_.graph_steps;
   return track_peaks();
 }
 

@@ -27,6 +27,11 @@ struct CudaExecutorConfig {
   // executor times it (host wall clock) for the engine's measured clock.
   bool model_step = false;
   ModelShape model;
+  // With model_step over a paged layout: decode batch sizes captured as CUDA graphs (the
+  // engine's graph_sizes, up to max_seqs) for contexts up to graph_max_context; decode steps
+  // replay the next captured size, padded, as vLLM does. Empty: every step eager.
+  std::vector<uint32_t> graph_sizes;
+  uint32_t graph_max_context = 0;
   // cudaMemGetInfo's free bytes just before the KV pool was created (set by the backend factory;
   // 0 = unknown): the executor reports the drop the pool caused.
   std::shared_ptr<uint64_t> free_before_pool;

@@ -9,6 +9,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "src/app/cuda_serving.h"
+#include "src/exec/step_profiler.h"
 
 namespace memsim {
 
@@ -35,6 +36,10 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config) {
     e.measured_clock = c.model_step;
     c.max_tokens = spec.serve.max_num_batched_tokens;
     c.max_seqs = spec.serve.max_num_seqs;
+    if (c.model_step) {
+      c.graph_sizes = e.graph_sizes;
+      c.graph_max_context = graph_context_for(spec.serve.max_model_len);
+    }
     c.free_before_pool = std::make_shared<uint64_t>(0);
     auto free_before = c.free_before_pool;
     e.backend = [free_before](const GpuSpec& gpu,
@@ -80,7 +85,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
       source == "roofline" ? source : config.step_profile_path);
   out << fmt::format("{:<30}", "run");
   for (const Metric& m : kMetrics) out << fmt::format(" {:>21}", m.name);
-  out << fmt::format(" {:>6}\n", "host");
+  out << fmt::format(" {:>6} {:>13}\n", "host", "graph steps");
   std::ofstream csv(std::filesystem::path(dir) / "sim_vs_measured.csv");
   csv << "run,metric,measured,predicted,error\n";
   for (size_t i = 0; i < measured.runs.size() && i < predicted.runs.size(); ++i) {
@@ -96,7 +101,8 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
     }
     const ExecutorReport& v = m.result.validation;
     const double host = v.measured_step_s > 0 ? 1 - v.gpu_step_s / v.measured_step_s : 0;
-    out << fmt::format(" {:>5.1f}%\n", host * 100);
+    out << fmt::format(" {:>5.1f}% {:>13}\n", host * 100,
+                       fmt::format("{}/{}", v.graph_steps, v.steps));
   }
   out << fmt::format("wrote {}/sim_vs_measured.csv\n", dir);
 

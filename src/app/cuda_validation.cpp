@@ -9,7 +9,9 @@
 #include <random>
 
 #include "backends/cuda/cuda_backend.h"
+#include "kernels/attention.h"
 #include "src/app/writers.h"
+#include "src/exec/graph_body.h"
 
 namespace memsim {
 namespace {
@@ -40,6 +42,12 @@ class Harness final : public CaptureObserver {
     std::uniform_int_distribution<size_t> pick(0, view.shapes.size() - 1);
     for (uint32_t round = 0; round < rounds_; ++round) {
       const uint32_t b = view.shapes[pick(rng)];
+      if (view.body) {  // the executor's step reads the shape's metadata from its input
+        if (auto s = view.body->prepare(b, view.inputs, view.stream); !s.ok()) {
+          replay_.error = s.error().message;
+          return;
+        }
+      }
       for (GraphHandle g : view.graphs->at(b)) {
         if (auto s = cuda_.launch(g, view.stream); !s.ok()) {
           replay_.error = s.error().message;
@@ -48,8 +56,10 @@ class Harness final : public CaptureObserver {
         ++replay_.launches;
       }
       ++replay_.rounds;
-      // Inputs are written once, outside every graph: no replay may touch them.
-      for (const CheckedTensor& t : view.inputs) check(t, view.stream, "input");
+      // Inputs are written once, outside every graph: no replay may touch them. (The
+      // executor's body rewrites its metadata input before each replay: nothing to check.)
+      if (!view.body)
+        for (const CheckedTensor& t : view.inputs) check(t, view.stream, "input");
       // The replayed shape's outputs hold its pattern right after its replay (graph memory
       // nodes free weak outputs inside the graph: nothing to read then).
       const bool own_readable = view.outputs_held || impl_ != "graph_mem_nodes";
@@ -142,6 +152,42 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   const uint32_t rounds = 200;
   out << fmt::format("\nCUDA validation ({} variant, {} replay rounds per strategy):\n",
                      c.table.name(), rounds);
+  // graph_body: executor: one model (weights, cuBLASLt plans) on a backend of its own, created
+  // before any strategy's run so that each run's device usage starts after it.
+  SimClock exec_clock;
+  std::unique_ptr<CudaBackend> exec_backend;
+  std::unique_ptr<ExecutorGraphBody> body;
+  if (c.executor_body) {
+    auto b = CudaBackend::create(c.gpu, exec_clock, nullptr);
+    if (!b.ok()) {
+      out << "memsim: --backend cuda: " << b.error().message << "\n";
+      return 2;
+    }
+    exec_backend = std::move(b).value();
+    auto made = ExecutorGraphBody::create(c.model, c.executor_context, c.kv_block_size,
+                                          c.capture_sizes, *exec_backend);
+    if (!made.ok()) {
+      out << "memsim: --backend cuda: graph_body executor: " << made.error().message << "\n";
+      return 2;
+    }
+    body = std::move(made).value();
+    kernels::DeviceLimits lim;
+    if (kernels::query_device(&lim) == cudaSuccess &&
+        (lim.num_sms != c.gpu.compute.sms ||
+         lim.decode_ctas_per_sm != c.gpu.compute.decode_ctas_per_sm)) {
+      out << fmt::format(
+          "memsim: the GPU file of {} says compute.sms {} and compute.decode_ctas_per_sm {}, this "
+          "device has {} and {}: the simulated executor programs plan other split workspaces. "
+          "Set them in the GPU YAML.\n",
+          c.gpu.name, c.gpu.compute.sms, c.gpu.compute.decode_ctas_per_sm, lim.num_sms,
+          lim.decode_ctas_per_sm);
+      all_ok = false;
+    }
+    out << fmt::format(
+        "graph body: the executor's decode step ({} weights, graphs for contexts up to {}); the "
+        "runner checks every capture's allocations against the executor program op by op\n",
+        human_bytes(body->weight_bytes()), c.executor_context);
+  }
   out << fmt::format("{:<26} {:>12} {:>12} {:>12} {:>10} {:>9}  {}\n", "strategy", "sim bytes",
                      "cuda bytes", "measured", "delta", "replays", "result");
   for (const StrategySpec& s : c.strategies) {
@@ -168,6 +214,10 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     rc.order = s.order;
     rc.order_list = s.order_list;
     rc.observer = &harness;
+    if (body) {
+      body->attach(&cuda);
+      rc.body = body.get();
+    }
     auto strategy = s.factory(cuda);
     const CaptureRunResult r = run_captures(rc, cuda, clock, *strategy, metrics);
     strategy.reset();
@@ -189,6 +239,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     all_ok = all_ok && ok;
     std::string verdict = ok ? "ok" : "FAIL";
     if (!r.ok) verdict += ": " + r.failure;
+    if (!r.invariant_violation.empty()) verdict += ": " + r.invariant_violation;
     if (!same_bytes) verdict += " (accounted bytes differ from the sim run)";
     if (!rp.error.empty()) verdict += ": replay error: " + rp.error;
     if (!rp.first_failure.empty()) verdict += ": " + rp.first_failure;

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <set>
 
+#include "kernels/attention_types.h"
+#include "sim/workload/executor_program.h"
 #include "src/config/loaders.h"
 
 namespace memsim {
@@ -93,7 +95,7 @@ ShapesConfig load_shapes_config(const std::string& path,
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
                     "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
-                    "timeseries", "strategies"});
+                    "timeseries", "strategies", "graph_body"});
   ShapesConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_choice({"shapes"});
@@ -146,6 +148,20 @@ ShapesConfig load_shapes_config(const std::string& path,
     c.table = c.variants.front();
   }
   if (auto t = root.find("timeseries")) c.timeseries_all = t->as_choice({"table", "all"}) == "all";
+  if (auto b = root.find("graph_body")) {
+    c.executor_body = b->as_choice({"fill", "executor"}) == "executor";
+    if (c.executor_body) {
+      for (const Variant& v : c.variants)
+        if (v.graphs != GraphRunners::kFull)
+          b->fail(
+              fmt::format("graph_body: executor captures the whole decode step as one graph; "
+                          "set sweep.graphs: full (the sweep has {})",
+                          to_string(v.graphs)));
+      if (dtype_bytes(c.model.dtype) != 2)
+        b->fail("graph_body: executor runs 16-bit models only (model " + c.model.name + ")");
+      c.executor_context = graph_context_for(c.max_model_len);
+    }
+  }
   const ConfigNode list = root["strategies"];
   std::set<std::string> labels;
   for (const ConfigNode& s : list.items()) {
@@ -159,7 +175,10 @@ ShapesConfig load_shapes_config(const std::string& path,
   return c;
 }
 
-namespace {}  // namespace
+kernels::AttentionShape executor_attention_shape(const ModelShape& m) {
+  return {m.heads, m.kv_heads, static_cast<uint32_t>(m.head_dim),
+          m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16};
+}
 
 CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCache* cache) {
   CaptureRunConfig r;
@@ -175,6 +194,21 @@ CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCach
   r.outputs = v.outputs;
   r.runners = v.graphs;
   r.seed = c.seed;
+  if (c.executor_body) {
+    ExecutorProgramOptions o;
+    o.max_context = c.executor_context;
+    o.kv_block_size = c.kv_block_size;
+    const kernels::AttentionShape shape = executor_attention_shape(c.model);
+    const uint32_t ctx = c.executor_context;
+    // The split plan of the GPU file's SMs and decode CTAs per SM; the GPU run checks them
+    // against the device and its own plan's workspace against this one, op by op.
+    const kernels::DeviceLimits limits{c.gpu.compute.sms, c.gpu.compute.decode_ctas_per_sm};
+    o.decode_workspace = [shape, ctx, limits](uint32_t b) {
+      return kernels::plan_decode(shape, b, ctx, limits).workspace_bytes;
+    };
+    r.program_for = [m = c.model, o](uint32_t b) { return make_executor_decode_program(m, b, o); };
+    r.gemm_workspace_bytes = 0;
+  }
   return r;
 }
 

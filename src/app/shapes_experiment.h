@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
+#include "kernels/attention_types.h"
 #include "sim/capture_runner.h"
 #include "src/config/config_node.h"
 #include "src/graph/registry.h"
@@ -42,6 +43,13 @@ struct ShapesConfig {
   uint32_t max_model_len = 8192;
   uint32_t kv_block_size = 16;
   uint64_t seed = 1;
+  // graph_body: what each graph's body is. fill: the generated program of the model
+  // (make_decode_program: vLLM's forward), one fill kernel per tensor. executor: memsim's model
+  // executor's decode step (make_executor_decode_program); with --backend cuda the GPU captures
+  // the real step (src/exec/model_step.h) into each strategy. Full graphs only; the executor's
+  // GEMM workspace is its own, so gemm_workspace does not apply.
+  bool executor_body = false;
+  uint32_t executor_context = 0;  // contexts the executor's graphs serve (graph_context_for)
   DynamicArrival dynamic;
   std::vector<Variant> variants;  // the sweep (cartesian product of the listed axes)
   Variant table;                  // the slice printed as the default table
@@ -83,6 +91,9 @@ struct ShapesResults {
 };
 
 ShapesResults run_shapes(const ShapesConfig& config);
+
+// The attention shape of the model's layers (the executor's kernels).
+kernels::AttentionShape executor_attention_shape(const ModelShape& m);
 
 // The capture-runner settings of one variant of the experiment (fixed order; the strategy's
 // order is set by the caller). `cache` may be null.

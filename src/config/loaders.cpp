@@ -32,7 +32,7 @@ constexpr double kGiga = 1e9;
 
 ComputeSpec load_compute_spec(const ConfigNode& n) {
   n.expect_keys({"dense_tflops", "hbm_gbps", "pcie_gbps", "flops_efficiency",
-                 "bandwidth_efficiency", "step_overhead_us"});
+                 "bandwidth_efficiency", "step_overhead_us", "sms", "decode_ctas_per_sm"});
   ComputeSpec c;
   c.peak_flops = n["dense_tflops"].as_double_in(1e-3, 1e6) * kTera;
   c.hbm_bytes_per_s = n["hbm_gbps"].as_double_in(1e-3, 1e7) * kGiga;
@@ -43,6 +43,9 @@ ComputeSpec load_compute_spec(const ConfigNode& n) {
   if (auto v = n.find("flops_efficiency")) c.flops_efficiency = v->as_double_in(1e-3, 1);
   if (auto v = n.find("bandwidth_efficiency")) c.bandwidth_efficiency = v->as_double_in(1e-3, 1);
   if (auto v = n.find("step_overhead_us")) c.step_overhead_us = v->as_double_in(0, 1e6);
+  if (auto v = n.find("sms")) c.sms = static_cast<uint32_t>(v->as_uint_in(1, 100000));
+  if (auto v = n.find("decode_ctas_per_sm"))
+    c.decode_ctas_per_sm = static_cast<uint32_t>(v->as_uint_in(1, 64));
   return c;
 }
 
@@ -51,9 +54,9 @@ ComputeSpec load_compute_spec(const ConfigNode& n) {
 std::string format_compute_yaml(const ComputeSpec& c) {
   return fmt::format(
       "compute:\n  dense_tflops: {}\n  hbm_gbps: {}\n  pcie_gbps: {}\n  flops_efficiency: {}\n"
-      "  bandwidth_efficiency: {}\n  step_overhead_us: {}\n",
+      "  bandwidth_efficiency: {}\n  step_overhead_us: {}\n  sms: {}\n  decode_ctas_per_sm: {}\n",
       c.peak_flops / kTera, c.hbm_bytes_per_s / kGiga, c.pcie_bytes_per_s / kGiga,
-      c.flops_efficiency, c.bandwidth_efficiency, c.step_overhead_us);
+      c.flops_efficiency, c.bandwidth_efficiency, c.step_overhead_us, c.sms, c.decode_ctas_per_sm);
 }
 
 GpuSpec load_gpu_spec(const ConfigNode& node) {

@@ -74,9 +74,11 @@ std::string format_step_profile(const StepProfile& p, const std::vector<std::str
   return o;
 }
 
-std::string step_profile_path(const std::string& gpu_file, const std::string& model) {
+std::string step_profile_path(const std::string& gpu_file, const std::string& model, bool graphs) {
   const std::filesystem::path g(gpu_file);
-  return (g.parent_path() / (g.stem().string() + ".profiles") / (model + ".yaml")).string();
+  return (g.parent_path() / (g.stem().string() + ".profiles") /
+          (model + (graphs ? ".graphs.yaml" : ".yaml")))
+      .string();
 }
 
 }  // namespace memsim

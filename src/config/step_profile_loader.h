@@ -14,7 +14,9 @@ namespace memsim {
 StepProfile load_step_profile(const ConfigNode& node);
 // The YAML load_step_profile reads back; `header` lines become comments at the top.
 std::string format_step_profile(const StepProfile& p, const std::vector<std::string>& header);
-// <directory of gpu_file>/<gpu_file's stem>.profiles/<model>.yaml
-std::string step_profile_path(const std::string& gpu_file, const std::string& model);
+// <directory of gpu_file>/<gpu_file's stem>.profiles/<model>.yaml, or <model>.graphs.yaml for
+// the profile whose decode steps were replayed as CUDA graphs (calibrate --graphs).
+std::string step_profile_path(const std::string& gpu_file, const std::string& model,
+                              bool graphs = false);
 
 }  // namespace memsim

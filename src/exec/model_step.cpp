@@ -57,6 +57,8 @@ struct ModelStep::Impl {
       if (g.host_in) (void)backend.host_free_pinned(g.host_in);
       if (g.host_out) (void)backend.host_free_pinned(g.host_out);
     }
+    for (auto& [b, t] : templates)
+      if (t.host_out) (void)backend.host_free_pinned(t.host_out);
     gemm.reset();
     (void)alloc.release_all();
     for (DevPtr p : weights) (void)backend.device_free(p);
@@ -68,8 +70,11 @@ struct ModelStep::Impl {
 
   Status init();
   Result<DevPtr> weight(uint64_t elems, uint32_t layer, uint32_t tensor, float scale, float offset);
-  Result<DevPtr> act(uint64_t bytes) { return alloc.malloc(std::max<uint64_t>(bytes, 1), {}); }
-  Status free(DevPtr p) { return p ? alloc.free(p) : Status{}; }
+  Result<DevPtr> act(uint64_t bytes) {
+    bytes = std::max<uint64_t>(bytes, 1);
+    return ext ? ext->allocate(bytes) : alloc.malloc(bytes, {});
+  }
+  Status free(DevPtr p) { return !p ? Status{} : ext ? ext->free(p) : alloc.free(p); }
   // A step's metadata, packed for one upload: [ids | positions | slot_mapping | indptr | kv_lens |
   // tables | last_rows | prefill work], each section 16-byte aligned (at[] its offsets). The
   // sequences are reordered decodes first (order[i] = the caller's index of packed sequence i):
@@ -99,6 +104,14 @@ struct ModelStep::Impl {
   Status forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next, bool logits);
   Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
   Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
+  // capture_decode's template step of `batch` at max_context (cached per batch, with a pinned
+  // buffer for its next tokens).
+  struct Template {
+    uint32_t max_context = 0;
+    Packed layout;
+    DevPtr host_out = 0;
+  };
+  Result<Template*> decode_template(const KvLayout& kv, uint32_t batch, uint32_t max_context);
   Result<StepResult> replay(const Graph& g, const KvLayout& kv,
                             const std::vector<StepSeqInput>& seqs);
 
@@ -120,7 +133,9 @@ struct ModelStep::Impl {
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   std::vector<uint16_t> logits_host;
   std::map<uint32_t, Graph> graphs;  // captured decode steps by batch
-  DevPtr staging = 0;                // pinned host: step metadata up, next tokens down
+  std::map<uint32_t, Template> templates;
+  ActivationMemory* ext = nullptr;  // set while a caller's memory backs the activations
+  DevPtr staging = 0;               // pinned host: step metadata up, next tokens down
   uint64_t staging_bytes = 0;
 };
 
@@ -507,8 +522,9 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
 
 Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs) {
   if (seqs.empty()) return StepResult{};
-  // A decode step whose batch has a captured graph of the same layout replays it.
-  if (auto g = graphs.find(static_cast<uint32_t>(seqs.size()));
+  // A decode step replays the smallest captured graph of its batch or more over the same layout,
+  // padded as vLLM pads a decode batch to the next capture size.
+  if (auto g = graphs.lower_bound(static_cast<uint32_t>(seqs.size()));
       g != graphs.end() && g->second.kv_k0 == (kv.k.empty() ? 0 : kv.k[0]) &&
       std::all_of(seqs.begin(), seqs.end(),
                   [](const StepSeqInput& s) { return s.tokens.size() == 1; }))
@@ -556,24 +572,12 @@ Status ModelStep::Impl::capture_decode(const KvLayout& kv, uint32_t batch, uint3
     return make_error(ErrorCode::kInvalidArgument,
                       "capture_decode: a batch of 1..max_seqs over a paged layout");
   if (graphs.count(batch)) return make_error(ErrorCode::kInvalidState, "batch already captured");
-  // A template batch: every sequence at max_context tokens reading block 0, its KV write skipped
-  // (slot -1), so the warm-up run touches no sequence's cache. Replays upload real metadata.
-  const uint32_t blocks = (max_context + kv.block_tokens - 1) / kv.block_tokens;
-  std::vector<StepSeqInput> tmpl(batch);
-  for (StepSeqInput& s : tmpl) {
-    s.table.assign(blocks, 0);
-    s.cached = max_context - 1;
-    s.tokens = {0};
-  }
   Graph g;
   g.batch = batch;
   g.max_context = max_context;
   g.kv_k0 = kv.k.empty() ? 0 : kv.k[0];
-  MEMSIM_TRY(pack(kv, tmpl, blocks, &g.layout));
-  for (uint32_t t = 0; t < g.layout.T; ++t) {
-    const int64_t skip = -1;
-    std::memcpy(g.layout.bytes.data() + g.layout.at[2] + t * 8, &skip, 8);
-  }
+  MEMSIM_ASSIGN_OR_RETURN(Template * t, decode_template(kv, batch, max_context));
+  g.layout = t->layout;
   MEMSIM_ASSIGN_OR_RETURN(g.meta, act(g.layout.bytes.size()));
   MEMSIM_ASSIGN_OR_RETURN(g.host_in, backend.host_malloc_pinned(g.layout.bytes.size()));
   MEMSIM_ASSIGN_OR_RETURN(g.host_out, backend.host_malloc_pinned(align16(uint64_t{batch} * 4)));
@@ -606,15 +610,62 @@ Status ModelStep::Impl::capture_decode(const KvLayout& kv, uint32_t batch, uint3
   return {};
 }
 
+Result<ModelStep::Impl::Template*> ModelStep::Impl::decode_template(const KvLayout& kv,
+                                                                    uint32_t batch,
+                                                                    uint32_t max_context) {
+  if (batch == 0 || batch > cfg.max_seqs || max_context == 0 || !kv.paged)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "decode template: a batch of 1..max_seqs over a paged layout");
+  if (auto it = templates.find(batch); it != templates.end()) {
+    if (it->second.max_context != max_context)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("decode template of batch {}: made for context {}, not {}",
+                                    batch, it->second.max_context, max_context));
+    return &it->second;
+  }
+  // Every sequence at max_context tokens reading block 0, its KV write skipped (slot -1), so a
+  // run of it touches no sequence's cache. Replays upload real metadata.
+  const uint32_t blocks = (max_context + kv.block_tokens - 1) / kv.block_tokens;
+  std::vector<StepSeqInput> tmpl(batch);
+  for (StepSeqInput& s : tmpl) {
+    s.table.assign(blocks, 0);
+    s.cached = max_context - 1;
+    s.tokens = {0};
+  }
+  Template t;
+  t.max_context = max_context;
+  MEMSIM_TRY(pack(kv, tmpl, blocks, &t.layout));
+  for (uint32_t i = 0; i < t.layout.T; ++i) {
+    const int64_t skip = -1;
+    std::memcpy(t.layout.bytes.data() + t.layout.at[2] + i * 8, &skip, 8);
+  }
+  MEMSIM_ASSIGN_OR_RETURN(t.host_out, backend.host_malloc_pinned(align16(uint64_t{batch} * 4)));
+  return &templates.emplace(batch, std::move(t)).first->second;
+}
+
 Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
                                            const std::vector<StepSeqInput>& seqs) {
+  // Padding sequences (up to the graph's batch) read one token of the first sequence's first
+  // block and write no KV (slot -1).
+  const uint32_t real = static_cast<uint32_t>(seqs.size());
+  const std::vector<StepSeqInput>* in = &seqs;
+  std::vector<StepSeqInput> padded;
+  if (real < g.batch) {
+    padded = seqs;
+    padded.resize(g.batch, StepSeqInput{{seqs[0].table[0]}, 0, {0}});
+    in = &padded;
+  }
   Packed p;
-  MEMSIM_TRY(pack(kv, seqs, g.layout.bt_stride, &p));
+  MEMSIM_TRY(pack(kv, *in, g.layout.bt_stride, &p));
   if (p.bt_stride != g.layout.bt_stride || p.max_kv > g.max_context)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("decode step of context {} exceeds the graph of batch {} "
                                   "(captured for {})",
                                   p.max_kv, g.batch, g.max_context));
+  for (uint32_t t = real; t < p.T; ++t) {
+    const int64_t skip = -1;
+    std::memcpy(p.bytes.data() + p.at[2] + t * 8, &skip, 8);
+  }
   std::memcpy(reinterpret_cast<void*>(g.host_in), p.bytes.data(), p.bytes.size());
   MEMSIM_STEP_CU(cudaEventRecord(ev0, stream));
   MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(g.meta),
@@ -626,8 +677,8 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
   StepResult r;
   r.decode = true;
   r.graph = true;
-  r.next_tokens.resize(p.S);
-  std::memcpy(r.next_tokens.data(), reinterpret_cast<void*>(g.host_out), uint64_t{p.S} * 4);
+  r.next_tokens.resize(real);
+  std::memcpy(r.next_tokens.data(), reinterpret_cast<void*>(g.host_out), uint64_t{real} * 4);
   float ms = 0;
   MEMSIM_STEP_CU(cudaEventElapsedTime(&ms, ev0, ev1));
   r.gpu_ms = ms;
@@ -654,6 +705,39 @@ Result<StepResult> ModelStep::run(const KvLayout& kv, const std::vector<StepSeqI
 
 Status ModelStep::capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context) {
   return impl_->capture_decode(kv, batch, max_context);
+}
+
+Result<std::vector<uint8_t>> ModelStep::decode_template(const KvLayout& kv, uint32_t batch,
+                                                        uint32_t max_context, uint32_t context) {
+  MEMSIM_ASSIGN_OR_RETURN(Impl::Template * t, impl_->decode_template(kv, batch, max_context));
+  std::vector<uint8_t> bytes = t->layout.bytes;
+  if (context == 0 || context == max_context) return bytes;
+  if (context > max_context)
+    return make_error(ErrorCode::kInvalidArgument, "decode template: context above max_context");
+  const auto pos = static_cast<int32_t>(context - 1), len = static_cast<int32_t>(context);
+  for (uint32_t i = 0; i < batch; ++i) {  // positions [1], kv_lens [4]
+    std::memcpy(bytes.data() + t->layout.at[1] + i * 4, &pos, 4);
+    std::memcpy(bytes.data() + t->layout.at[4] + i * 4, &len, 4);
+  }
+  return bytes;
+}
+
+Status ModelStep::enqueue_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context,
+                                 DevPtr meta, uint64_t stream, ActivationMemory* mem) {
+  Impl& m = *impl_;
+  MEMSIM_ASSIGN_OR_RETURN(Impl::Template * t, m.decode_template(kv, batch, max_context));
+  // The forward enqueues on the member stream: point it at the caller's for this call.
+  const cudaStream_t own = m.stream;
+  m.stream = reinterpret_cast<cudaStream_t>(stream);
+  m.ext = mem;
+  const Status st = m.forward(kv, t->layout, meta, reinterpret_cast<void*>(t->host_out), false);
+  m.ext = nullptr;
+  m.stream = own;
+  return st;
+}
+
+Status ModelStep::release_cached() {
+  return impl_->alloc.empty_cache();
 }
 
 const ModelStepConfig& ModelStep::config() const {

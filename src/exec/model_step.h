@@ -33,6 +33,15 @@ struct StepSeqInput {
   std::vector<int32_t> tokens;
 };
 
+// Where a step's activations come from when not from the step's own caching allocator (a
+// graph-memory strategy capturing the step).
+class ActivationMemory {
+ public:
+  virtual ~ActivationMemory() = default;
+  virtual Result<DevPtr> allocate(uint64_t bytes) = 0;
+  virtual Status free(DevPtr p) = 0;
+};
+
 struct StepResult {
   std::vector<int32_t> next_tokens;  // greedy token after each sequence's last new token
   double gpu_ms = 0;                 // the step's kernels, CUDA events on its stream
@@ -90,11 +99,28 @@ class ModelStep {
   Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
 
   // Captures the decode step of `batch` sequences of up to `max_context` tokens over `kv` (paged)
-  // as a CUDA graph, as vLLM captures its decode batch sizes: later run() calls of a decode step
-  // with exactly `batch` sequences over the same layout replay it (the metadata is uploaded into
-  // the graph's fixed buffer first; tables, lengths and positions are read on the device). The
-  // warm-up before the capture writes no KV (slot -1) and reads block 0.
+  // as a CUDA graph, as vLLM captures its decode batch sizes: a later run() of a decode step of
+  // B sequences over the same layout replays the smallest captured batch >= B, padded as vLLM
+  // pads (the padding rows read one KV token and write none; their tokens are dropped). The
+  // metadata is uploaded into the graph's fixed buffer first; tables, lengths and positions are
+  // read on the device. The warm-up before the capture writes no KV (slot -1) and reads block 0.
   Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
+
+  // The template decode step of capture_decode (`batch` sequences at max_context tokens reading
+  // block 0, writing no KV) as packed metadata, for a caller that captures the step into its own
+  // graph: upload these bytes to a device buffer, then enqueue_decode reads them there.
+  // `context` (1..max_context; 0 = max_context) sets the lengths the metadata carries: the plan
+  // and the table stride stay max_context's, so a capture reads the same kernels either way.
+  Result<std::vector<uint8_t>> decode_template(const KvLayout& kv, uint32_t batch,
+                                               uint32_t max_context, uint32_t context = 0);
+  // Enqueues that step on `stream` (a cudaStream_t; capturable), its metadata read at `meta`,
+  // its activations allocated and freed through `mem` (null: the step's own allocator) in the
+  // order of make_executor_decode_program (sim/workload/executor_program.h). The next tokens go
+  // to a pinned buffer of the template. Does not synchronize.
+  Status enqueue_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context, DevPtr meta,
+                        uint64_t stream, ActivationMemory* mem);
+  // Returns the step's cached activation memory to the backend (empty_cache).
+  Status release_cached();
 
   const ModelStepConfig& config() const;
   uint64_t weight_bytes() const;

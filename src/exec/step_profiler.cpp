@@ -89,11 +89,8 @@ Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, cons
     if (b > step.config().max_seqs) continue;
     ProfileRow row{b, {}, {}};
     if (g.graphs) {
-      uint32_t longest = 0;
-      for (uint32_t ctx : g.contexts)
-        if (uint64_t{b} * blocks_for(ctx) <= blocks) longest = std::max(longest, ctx);
-      if (longest == 0) continue;
-      if (Status st = step.capture_decode(layout, b, longest); !st.ok()) {
+      if (Status st = step.capture_decode(layout, b, graph_context_for(g.contexts.back()));
+          !st.ok()) {
         failed = st;
         break;
       }

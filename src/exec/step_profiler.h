@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "sim/workload/executor_program.h"
 #include "sim/workload/step_profile.h"
 #include "src/exec/model_step.h"
 
@@ -23,8 +24,9 @@ struct ProfileGrid {
   uint64_t pool_bytes = 0;  // KV pool; 0 = free device memory less `headroom`
   uint64_t headroom = 8ull << 30;
   uint64_t seed = 1;  // the random order in which tables take the pool's blocks
-  // Decode steps as captured CUDA graphs (one per batch row, for its longest context), as vLLM
-  // and SGLang run them; prefill chunks stay eager, as theirs do.
+  // Decode steps as captured CUDA graphs (one per batch row, captured for contexts up to
+  // graph_context_for(contexts.back()), as the serving executor captures its sizes), as vLLM and
+  // SGLang run them; prefill chunks stay eager, as theirs do.
   bool graphs = false;
 };
 

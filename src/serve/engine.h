@@ -33,6 +33,11 @@ struct EngineConfig {
   SimTime sample_interval = 100'000'000;  // gauges are sampled every 100 ms of simulated time
   // Measured step times (null: the roofline of gpu.compute).
   std::shared_ptr<const ProfiledStepTime> step_profile;
+  // Decode batch sizes captured as CUDA graphs (ascending; empty: every step eager). vLLM pads a
+  // decode step of up to the largest size to the next captured size and replays its graph; the
+  // step-time profile prices those steps from its graph profile, and an executor on the GPU
+  // captures and replays the same sizes.
+  std::vector<uint32_t> graph_sizes;
   // Run stretches of pure-decode steps together (same results, fewer KV calls); off = the
   // step-by-step reference path, which tests compare against. An executor needs every step, so
   // it turns this off.

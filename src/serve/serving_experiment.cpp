@@ -4,6 +4,7 @@
 #include "src/config/step_profile_loader.h"
 
 #include <filesystem>
+#include <optional>
 
 #include <algorithm>
 #include <atomic>
@@ -140,15 +141,23 @@ ServingConfig load_serving_config(const std::string& path,
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
   // The measured step-time profile of (gpu, model), when one was calibrated.
-  c.step_profile_path = step_profile_path(gpu_file, c.model.name);
-  if (std::filesystem::exists(c.step_profile_path)) {
-    const ConfigNode pnode = ConfigNode::load_file(c.step_profile_path);
+  auto load_profile = [&](const std::string& path, const char* mode) -> std::optional<StepProfile> {
+    if (!std::filesystem::exists(path)) return std::nullopt;
+    const ConfigNode pnode = ConfigNode::load_file(path);
     StepProfile prof = load_step_profile(pnode);
     if (prof.model != c.model.name)
       pnode["model"].fail("is not the experiment's model " + c.model.name);
+    if (prof.mode != mode)
+      pnode["mode"].fail(fmt::format("is {}, but this file holds the {} profile", prof.mode, mode));
     if (std::string why = check_step_profile(prof); !why.empty()) pnode.fail(why);
-    c.step_profile = std::make_shared<const ProfiledStepTime>(std::move(prof));
-  }
+    return prof;
+  };
+  c.step_profile_path = step_profile_path(gpu_file, c.model.name);
+  if (auto prof = load_profile(c.step_profile_path, "eager"))
+    c.step_profile = std::make_shared<const ProfiledStepTime>(std::move(*prof));
+  c.graph_profile_path = step_profile_path(gpu_file, c.model.name, true);
+  if (auto prof = load_profile(c.graph_profile_path, "graphs"))
+    c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
   if (auto v = root.find("sample_interval_ms"))
     c.sample_interval = static_cast<SimTime>(v->as_double_in(0.001, 3.6e6) * 1e6);
 
@@ -275,7 +284,11 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
       e.kv_factory = o.spec.kv_factory;
       e.kv_budget_bytes = o.budget.kv_bytes;
       e.sample_interval = c.sample_interval;
+      if (!o.spec.enforce_eager) e.graph_sizes = o.budget.capture_sizes;
       if (o.spec.step_time != "roofline") e.step_profile = c.step_profile;
+      if (e.step_profile && c.graph_profile && !e.graph_sizes.empty())
+        e.step_profile = std::make_shared<const ProfiledStepTime>(c.step_profile->profile(),
+                                                                  c.graph_profile, e.graph_sizes);
       if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
       e.validate_sample = o.spec.validate_sample;
       if (hooks.customize) hooks.customize(o.spec, e);

@@ -47,7 +47,11 @@ struct ServingConfig {
   SimTime sample_interval = 100'000'000;
   std::string step_profile_path;  // where the (gpu, model) profile is or would be
   std::shared_ptr<const ProfiledStepTime> step_profile;  // null: none exists
-  std::vector<RequestSet> request_sets;                  // one per distinct `requests:` block
+  // The profile of decode steps replayed as CUDA graphs (calibrate --graphs), used for the
+  // decode steps of runs that capture graphs (not enforce_eager); null: none exists.
+  std::string graph_profile_path;
+  std::shared_ptr<const StepProfile> graph_profile;
+  std::vector<RequestSet> request_sets;  // one per distinct `requests:` block
   std::vector<ServingRunSpec> runs;
 };
 

@@ -56,6 +56,8 @@ struct ExecutorReport {
   // clock advanced by), the GPU's share of it (CUDA events), and the model's weight bytes.
   double measured_step_s = 0, gpu_step_s = 0;
   uint64_t weight_bytes = 0;
+  uint32_t graphs_captured = 0;  // decode batch sizes captured as CUDA graphs
+  uint64_t graph_steps = 0;      // steps that replayed one (padded to its size)
 };
 
 // Contract (every implementation):
