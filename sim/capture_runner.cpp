@@ -329,7 +329,7 @@ namespace {
 // The body's view of the strategy: allocations and frees go to the strategy (overlap-checked)
 // and are recorded as (kind, tensor index in allocation order, bytes) for the comparison with
 // the program.
-class RecordingAllocator final : public GraphAllocator {
+class RecordingAllocator final : public TensorAllocator {
  public:
   struct Op {
     ProgramOp::Kind kind;

@@ -79,27 +79,19 @@ class CaptureObserver {
   virtual void before_teardown(const CapturedView& /*view*/) {}
 };
 
-// Where a graph body takes and returns its tensors: the strategy, through the runner (which
-// checks overlaps and records the order).
-class GraphAllocator {
- public:
-  virtual ~GraphAllocator() = default;
-  virtual Result<DevPtr> allocate(uint64_t bytes) = 0;
-  virtual Status free(DevPtr p) = 0;
-};
-
 // Real work in place of the fill kernels (the shapes experiment's graph_body: executor, on the
 // CUDA backend): the runner calls prepare() outside any capture before it captures or replays a
 // shape (the body writes the shape's inputs: they are rewritten, so no input check applies),
 // and capture() inside the capture of each of the shape's graphs, which enqueues the graph's
-// work on `stream` and allocates and frees its tensors through `mem`. The runner checks that
+// work on `stream` and allocates and frees its tensors through `mem` (the strategy, through the
+// runner, which checks overlaps and records the order). The runner checks that
 // the body's allocations and frees are the program's, op for op and byte for byte.
 class GraphBody {
  public:
   virtual ~GraphBody() = default;
   virtual Status prepare(uint32_t batch, const std::vector<CheckedTensor>& inputs,
                          StreamId stream) = 0;
-  virtual Status capture(uint32_t batch, const GraphProgram& graph, GraphAllocator& mem,
+  virtual Status capture(uint32_t batch, const GraphProgram& graph, TensorAllocator& mem,
                          StreamId stream) = 0;
 };
 

@@ -127,7 +127,7 @@ class ProgramBody final : public GraphBody {
     if (inputs.size() != 1) return make_error(ErrorCode::kInvalidArgument, "one input");
     return {};
   }
-  Status capture(uint32_t, const GraphProgram& g, GraphAllocator& mem, StreamId) override {
+  Status capture(uint32_t, const GraphProgram& g, TensorAllocator& mem, StreamId) override {
     ++captured;
     std::map<uint32_t, DevPtr> ptr;
     for (size_t i = 0; i < g.ops.size(); ++i) {

@@ -23,17 +23,26 @@ class SegmentSource {
   virtual Status release_segment(DevPtr p, uint64_t bytes) = 0;
 };
 
+// Where a caller's tensors come from, one at a time (a graph-memory strategy behind the capture
+// runner, lent to a model step captured into it).
+class TensorAllocator {
+ public:
+  virtual ~TensorAllocator() = default;
+  virtual Result<DevPtr> allocate(uint64_t bytes) = 0;
+  virtual Status free(DevPtr p) = 0;
+};
+
 struct AllocatorStats {
-  uint64_t reserved_bytes = 0;       // bytes of live segments (what the device sees)
+  uint64_t reserved_bytes = 0;  // bytes of live segments (what the device sees)
   uint64_t peak_reserved_bytes = 0;
-  uint64_t allocated_bytes = 0;      // bytes of live blocks (after rounding)
+  uint64_t allocated_bytes = 0;  // bytes of live blocks (after rounding)
   uint64_t peak_allocated_bytes = 0;
-  uint64_t requested_bytes = 0;      // bytes callers asked for, of live blocks
-  uint64_t segments = 0;             // live segments
+  uint64_t requested_bytes = 0;  // bytes callers asked for, of live blocks
+  uint64_t segments = 0;         // live segments
   uint64_t live_blocks = 0;
-  uint64_t segment_allocs = 0;       // allocate_segment calls that succeeded, ever
+  uint64_t segment_allocs = 0;  // allocate_segment calls that succeeded, ever
   uint64_t segment_releases = 0;
-  uint64_t ooms = 0;                 // malloc calls that returned kOutOfMemory
+  uint64_t ooms = 0;  // malloc calls that returned kOutOfMemory
 };
 
 struct LiveBlock {

@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   calibrate->add_option(
       "--out", cal_out,
       "calibrated GPU YAML to write (default configs/gpus/<name>.calibrated.yaml); with --model, "
-      "the profile to write (default configs/gpus/<name>.profiles/<model>.yaml, <model>.graphs.yaml with --graphs)");
+      "the profile to write (default configs/gpus/<name>.profiles/<model>.yaml, "
+      "<model>.graphs.yaml with --graphs)");
   std::string cal_model;
   uint32_t cal_layers = 0;
   calibrate->add_option("--model", cal_model,

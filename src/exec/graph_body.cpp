@@ -7,17 +7,6 @@
 namespace memsim {
 namespace {
 
-// The strategy's allocator (through the runner) as the step's activation memory.
-class StrategyMemory final : public ActivationMemory {
- public:
-  explicit StrategyMemory(GraphAllocator& m) : m_(m) {}
-  Result<DevPtr> allocate(uint64_t bytes) override { return m_.allocate(bytes); }
-  Status free(DevPtr p) override { return m_.free(p); }
-
- private:
-  GraphAllocator& m_;
-};
-
 Status cu(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return {};
   return make_error(ErrorCode::kDriverError, fmt::format("{}: {}", what, cudaGetErrorString(e)));
@@ -90,12 +79,11 @@ Status ExecutorGraphBody::prepare(uint32_t batch, const std::vector<CheckedTenso
 }
 
 Status ExecutorGraphBody::capture(uint32_t batch, const GraphProgram& /*graph*/,
-                                  GraphAllocator& mem, StreamId stream) {
+                                  TensorAllocator& mem, StreamId stream) {
   if (!capture_ || !meta_)
     return make_error(ErrorCode::kInvalidState, "executor body: capture before prepare");
   MEMSIM_ASSIGN_OR_RETURN(uint64_t s, capture_->native_stream(stream));
-  StrategyMemory m(mem);
-  return step_->enqueue_decode(kv_, batch, max_context_, meta_, s, &m);
+  return step_->enqueue_decode(kv_, batch, max_context_, meta_, s, &mem);
 }
 
 }  // namespace memsim

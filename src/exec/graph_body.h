@@ -32,7 +32,7 @@ class ExecutorGraphBody final : public GraphBody {
   // sequence one token long (replays read one KV token; the plan stays max_context's).
   Status prepare(uint32_t batch, const std::vector<CheckedTensor>& inputs,
                  StreamId stream) override;
-  Status capture(uint32_t batch, const GraphProgram& graph, GraphAllocator& mem,
+  Status capture(uint32_t batch, const GraphProgram& graph, TensorAllocator& mem,
                  StreamId stream) override;
 
   uint64_t weight_bytes() const { return step_->weight_bytes(); }

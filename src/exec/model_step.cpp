@@ -134,8 +134,8 @@ struct ModelStep::Impl {
   std::vector<uint16_t> logits_host;
   std::map<uint32_t, Graph> graphs;  // captured decode steps by batch
   std::map<uint32_t, Template> templates;
-  ActivationMemory* ext = nullptr;  // set while a caller's memory backs the activations
-  DevPtr staging = 0;               // pinned host: step metadata up, next tokens down
+  TensorAllocator* ext = nullptr;  // set while a caller's memory backs the activations
+  DevPtr staging = 0;              // pinned host: step metadata up, next tokens down
   uint64_t staging_bytes = 0;
 };
 
@@ -723,7 +723,7 @@ Result<std::vector<uint8_t>> ModelStep::decode_template(const KvLayout& kv, uint
 }
 
 Status ModelStep::enqueue_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context,
-                                 DevPtr meta, uint64_t stream, ActivationMemory* mem) {
+                                 DevPtr meta, uint64_t stream, TensorAllocator* mem) {
   Impl& m = *impl_;
   MEMSIM_ASSIGN_OR_RETURN(Impl::Template * t, m.decode_template(kv, batch, max_context));
   // The forward enqueues on the member stream: point it at the caller's for this call.

@@ -33,15 +33,6 @@ struct StepSeqInput {
   std::vector<int32_t> tokens;
 };
 
-// Where a step's activations come from when not from the step's own caching allocator (a
-// graph-memory strategy capturing the step).
-class ActivationMemory {
- public:
-  virtual ~ActivationMemory() = default;
-  virtual Result<DevPtr> allocate(uint64_t bytes) = 0;
-  virtual Status free(DevPtr p) = 0;
-};
-
 struct StepResult {
   std::vector<int32_t> next_tokens;  // greedy token after each sequence's last new token
   double gpu_ms = 0;                 // the step's kernels, CUDA events on its stream
@@ -118,7 +109,7 @@ class ModelStep {
   // order of make_executor_decode_program (sim/workload/executor_program.h). The next tokens go
   // to a pinned buffer of the template. Does not synchronize.
   Status enqueue_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context, DevPtr meta,
-                        uint64_t stream, ActivationMemory* mem);
+                        uint64_t stream, TensorAllocator* mem);
   // Returns the step's cached activation memory to the backend (empty_cache).
   Status release_cached();
 
