@@ -586,9 +586,9 @@ TEST_CASE("a gpu file's own errors name the gpu file", "[config][errors]") {
   }
   SECTION("a missing graphs key") {
     std::string bad = gpu;
-    const size_t from = bad.find("\n  replay_per_node_us:");
+    const size_t from = bad.find("\n  upload_per_node_us:");
     bad.erase(from, bad.find('\n', from + 1) - from);
     // A block map is located at its first entry.
-    check(bad, "  capture_per_node_us:", "graphs", "missing required key 'replay_per_node_us'");
+    check(bad, "  capture_per_node_us:", "graphs", "missing required key 'upload_per_node_us'");
   }
 }

@@ -34,7 +34,7 @@ GpuSpec test_gpu() {
   g.va_space = 1ull << 44;
   g.capture_per_node_us = 1;
   g.instantiate_per_node_us = 3;
-  g.replay_per_node_us = 0.5;
+  g.upload_per_node_us = 0.5;
   g.graph_mem_map_per_granule_us = 4;
   g.graph_mem_remap_per_granule_us = 4;
   for (size_t i = 0; i < static_cast<size_t>(P::kCount); ++i) g.costs[i] = CostTerm{10, 1, 0.5};

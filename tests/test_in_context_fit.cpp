@@ -24,7 +24,8 @@ GpuSpec base_spec() {
   g.granularity = 2 * kMiB;
   g.capture_per_node_us = 1;
   g.instantiate_per_node_us = 3;
-  g.replay_per_node_us = 2;
+  g.upload_per_node_us = 2;
+  g.graph_mem_map_per_granule_us = 3;
   g.cost(Primitive::kMap) = {1, 0, 0.5, 0};
   g.cost(Primitive::kSetAccess) = {0, 20, 0.25, 0};
   g.cost(Primitive::kDeviceMalloc) = {40, 0, 0.1, 0};
@@ -42,6 +43,7 @@ std::vector<CallSample> samples_of(const GpuSpec& truth, const std::string& run)
     const uint64_t granules = 1 + rng() % 64;
     const uint64_t handles = 1 + rng() % 8;
     const uint64_t nodes = 10 + rng() % 400;
+    const uint64_t mappings = i % 2 ? rng() % 20000 : 0;  // runs without VMM have none
     const uint64_t bytes = granules * 2 * kMiB;
     for (Primitive p : {Primitive::kMap, Primitive::kSetAccess, Primitive::kDeviceMalloc,
                         Primitive::kEndCapture, Primitive::kLaunch, Primitive::kFill}) {
@@ -50,7 +52,13 @@ std::vector<CallSample> samples_of(const GpuSpec& truth, const std::string& run)
       s.p = p;
       s.handles = p == Primitive::kSetAccess ? handles : 1;
       s.bytes = bytes;
-      s.nodes = (p == Primitive::kEndCapture || p == Primitive::kLaunch) ? nodes : 0;
+      s.mappings = mappings;
+      s.nodes = p == Primitive::kEndCapture ? nodes : 0;
+      if (p == Primitive::kLaunch) {  // a first launch uploads; some map graph memory
+        s.handles = 0;
+        s.nodes = i % 5 == 0 ? nodes : 0;
+        s.bytes = i % 3 == 0 ? bytes : 0;
+      }
       s.measured_us = price_sample_us(truth, s);
       v.push_back(s);
     }
@@ -63,28 +71,34 @@ std::vector<CallSample> samples_of(const GpuSpec& truth, const std::string& run)
 TEST_CASE("in-context fit recovers the terms that priced the samples") {
   const GpuSpec base = base_spec();
   GpuSpec truth = base;
-  truth.cost(Primitive::kMap) = {1.9, 0, 0.03, 0};
+  truth.cost(Primitive::kMap) = {1.9, 0, 0.03, 0, 0.05};  // VA state: 50 ns per log2 step
   truth.cost(Primitive::kSetAccess) = {0, 30, 0.09, 0};
   truth.cost(Primitive::kDeviceMalloc) = {95, 0, 0.4, 0};
   truth.cost(Primitive::kEndCapture) = {12, 0, 0, 0};
   truth.capture_per_node_us = 0.5;
   truth.instantiate_per_node_us = 1.5;
   truth.cost(Primitive::kLaunch) = {6, 0, 0, 0};
-  truth.replay_per_node_us = 0.2;
+  truth.upload_per_node_us = 1.2;
+  truth.graph_mem_map_per_granule_us = 1.8;
   truth.cost(Primitive::kFill) = {14, 0, 0, 4000};
   const InContextFit f = fit_in_context(samples_of(truth, "a"), base);
   for (Primitive p : {Primitive::kMap, Primitive::kSetAccess, Primitive::kDeviceMalloc,
                       Primitive::kEndCapture, Primitive::kLaunch}) {
     INFO(to_string(p));
-    CHECK(f.spec.cost(p).per_call_us == Approx(truth.cost(p).per_call_us).margin(1e-6));
-    CHECK(f.spec.cost(p).per_handle_us == Approx(truth.cost(p).per_handle_us).margin(1e-6));
-    CHECK(f.spec.cost(p).per_granule_us == Approx(truth.cost(p).per_granule_us).margin(1e-7));
+    // (Prices are whole nanoseconds: log2 terms round, so the terms come back to ~1e-4.)
+    CHECK(f.spec.cost(p).per_call_us == Approx(truth.cost(p).per_call_us).margin(2e-3));
+    CHECK(f.spec.cost(p).per_handle_us == Approx(truth.cost(p).per_handle_us).margin(1e-4));
+    CHECK(f.spec.cost(p).per_granule_us == Approx(truth.cost(p).per_granule_us).margin(1e-5));
     CHECK(f.spec.cost(p).bytes_per_us == Approx(truth.cost(p).bytes_per_us).epsilon(1e-6));
+    CHECK(f.spec.cost(p).per_log2_mappings_us ==
+          Approx(truth.cost(p).per_log2_mappings_us).margin(2e-4));
   }
-  // Per node: end_capture's 2 us split as the base splits it (1 : 3); launch's replay.
+  // Per node: end_capture's 2 us split as the base splits it (1 : 3); a launch's upload per
+  // node and its graph-memory mapping per granule.
   CHECK(f.spec.capture_per_node_us == Approx(0.5));
   CHECK(f.spec.instantiate_per_node_us == Approx(1.5));
-  CHECK(f.spec.replay_per_node_us == Approx(0.2));
+  CHECK(f.spec.upload_per_node_us == Approx(1.2));
+  CHECK(f.spec.graph_mem_map_per_granule_us == Approx(1.8));
   // Fills keep the base's synchronized terms (in context they return once enqueued).
   CHECK(f.spec.cost(Primitive::kFill).per_call_us == base.cost(Primitive::kFill).per_call_us);
   CHECK(f.spec.cost(Primitive::kFill).bytes_per_us == base.cost(Primitive::kFill).bytes_per_us);
@@ -92,7 +106,7 @@ TEST_CASE("in-context fit recovers the terms that priced the samples") {
   REQUIRE(f.classes.size() == 6);
   for (const InContextClass& k : f.classes) {
     CHECK(k.calls == 200);
-    if (k.p != Primitive::kFill) CHECK(k.fitted_us == Approx(k.measured_us).epsilon(1e-9));
+    if (k.p != Primitive::kFill) CHECK(k.fitted_us == Approx(k.measured_us).epsilon(1e-5));
   }
   CHECK(f.classes[0].base_us != Approx(f.classes[0].measured_us));
 }
@@ -142,9 +156,9 @@ TEST_CASE("in-context fit keeps the base's structure and totals, skips thin clas
 TEST_CASE("calls.csv: round trip and errors naming file and line") {
   TempDir dir;
   const std::string good = dir.write("calls.csv",
-                                     "strategy,primitive,handles,bytes,nodes,measured_us\n"
-                                     "shared_pool,launch,0,0,330,79.250\n"
-                                     "vmm_alias,map,1,2097152,0,1.880\n");
+                                     "strategy,primitive,handles,bytes,nodes,mappings,measured_us\n"
+                                     "shared_pool,launch,0,0,330,0,79.250\n"
+                                     "vmm_alias,map,1,2097152,0,4711,1.880\n");
   auto r = read_call_samples(good);
   REQUIRE(r.ok());
   REQUIRE(r->size() == 2);
@@ -153,14 +167,26 @@ TEST_CASE("calls.csv: round trip and errors naming file and line") {
   CHECK((*r)[0].nodes == 330);
   CHECK((*r)[0].measured_us == 79.25);
   CHECK((*r)[1].bytes == 2097152);
+  CHECK((*r)[1].mappings == 4711);
   const std::string typo =
-      dir.write("typo.csv", "strategy,primitive,handles,bytes,nodes,measured_us\nx,mapp,1,0,0,1\n");
+      dir.write("typo.csv",
+                "strategy,primitive,handles,bytes,nodes,mappings,measured_us\nx,mapp,1,0,0,0,1\n");
   auto e = read_call_samples(typo);
   REQUIRE(!e.ok());
   CHECK(e.error().message.find("typo.csv:2: unknown primitive 'mapp'") != std::string::npos);
-  const std::string neg =
-      dir.write("neg.csv", "strategy,primitive,handles,bytes,nodes,measured_us\nx,map,1,0,0,-1\n");
+  const std::string neg = dir.write(
+      "neg.csv", "strategy,primitive,handles,bytes,nodes,mappings,measured_us\nx,map,1,0,0,0,-1\n");
   CHECK(read_call_samples(neg).error().message.find("neg.csv:2:") != std::string::npos);
+  const std::string shortrow = dir.write(
+      "short.csv", "strategy,primitive,handles,bytes,nodes,mappings,measured_us\nx,map,1,0,0,1\n");
+  CHECK(read_call_samples(shortrow).error().message.find("short.csv:2: 6 fields, expected 7") !=
+        std::string::npos);
+  // A file from before the launch and mapping features: named as such.
+  const std::string old =
+      dir.write("old.csv", "strategy,primitive,handles,bytes,nodes,measured_us\nx,map,1,0,0,1\n");
+  CHECK(read_call_samples(old).error().message.find("old.csv:1: not a calls.csv header") !=
+        std::string::npos);
+  CHECK(read_call_samples(old).error().message.find("older memsim") != std::string::npos);
   const std::string head = dir.write("head.csv", "a,b\n");
   CHECK(read_call_samples(head).error().message.find("head.csv:1: not a calls.csv header") !=
         std::string::npos);

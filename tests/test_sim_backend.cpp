@@ -34,7 +34,7 @@ GpuSpec test_gpu() {
   g.va_space = 1ull << 40;
   g.capture_per_node_us = 1;
   g.instantiate_per_node_us = 3;
-  g.replay_per_node_us = 0.5;
+  g.upload_per_node_us = 0.5;
   g.graph_mem_map_per_granule_us = 4;
   g.graph_mem_remap_per_granule_us = 8;
   // clang-format off
@@ -356,12 +356,16 @@ TEST_CASE_METHOD(Sim, "graph memory: physical attached at launch, page-rounded p
   CHECK(b.time_in(P::kEndCapture) == 44000);
   CHECK(b.now() == 5000 + 44000);
   graph_is(b, 0, 0);
-  // First launch: 2.5 us + 6 nodes x 0.5 us + 4 granules mapped x 4 us.
-  expect_cost(b, P::kLaunch, 21500, [&] { REQUIRE(b.launch(g, st).ok()); });
+  // First launch: 2.5 us + 4 granules mapped x 4 us; its 6 nodes are all memory nodes, so
+  // nothing is uploaded per node.
+  expect_cost(b, P::kLaunch, 18500, [&] { REQUIRE(b.launch(g, st).ok()); });
+  CHECK(b.last_call().nodes == 0);
+  CHECK(b.last_call().bytes == 8 * kMiB);
   graph_is(b, 8 * kMiB, 0);
   CHECK(metrics.peak("graph_mem_reserved") == 8.0 * kMiB);
   // Relaunch: no mapping cost, no growth.
-  expect_cost(b, P::kLaunch, 5500, [&] { REQUIRE(b.launch(g, st).ok()); });
+  expect_cost(b, P::kLaunch, 2500, [&] { REQUIRE(b.launch(g, st).ok()); });
+  CHECK(b.last_call().bytes == 0);
   graph_is(b, 8 * kMiB, 0);
 }
 
@@ -376,8 +380,8 @@ TEST_CASE_METHOD(Sim, "graph memory: graphs share one pool, across streams too; 
   REQUIRE((b.launch(g3, s1).ok() && b.launch(g1, s1).ok()));
   graph_is(b, 12 * kMiB, 0);  // max(8, 6, 12)
   // g2 moves to s2: the pool is shared (a 256 MiB graph alternating between two streams keeps
-  // 256 MiB on H200); 2 nodes replayed, 3 granules remapped at 8 us.
-  const SimTime remap_launch = 2500 + 2 * 500 + 3 * 8000;
+  // 256 MiB on H200); 3 granules remapped at 8 us (uploaded at its first launch already).
+  const SimTime remap_launch = 2500 + 3 * 8000;
   expect_cost(b, P::kLaunch, remap_launch, [&] { REQUIRE(b.launch(g2, s2).ok()); });
   graph_is(b, 12 * kMiB, 0);
   expect_cost(b, P::kLaunch, remap_launch, [&] { REQUIRE(b.launch(g2, s1).ok()); });
@@ -386,7 +390,7 @@ TEST_CASE_METHOD(Sim, "graph memory: graphs share one pool, across streams too; 
   SECTION("trim drops the reservation to what is live; the next launch maps again") {
     REQUIRE(b.graph_mem_trim().ok());
     graph_is(b, 0, 0);
-    expect_cost(b, P::kLaunch, 2500 + 2 * 500 + 3 * 4000, [&] { REQUIRE(b.launch(g2, s1).ok()); });
+    expect_cost(b, P::kLaunch, 2500 + 3 * 4000, [&] { REQUIRE(b.launch(g2, s1).ok()); });
     graph_is(b, 6 * kMiB, 0);
   }
 }
@@ -556,9 +560,12 @@ TEST_CASE_METHOD(Sim, "every primitive advances now() by exactly its priced cost
   CHECK(!b.last_call().priced);
   expect_cost(b, P::kEndCapture, 24000, [&] { g = *b.end_capture(st); });
   CHECK(b.last_call().nodes == 1);
+  // First launch uploads the node (0.5 us); a replay costs the per-call term only.
   expect_cost(b, P::kLaunch, 3000, [&] { REQUIRE(b.launch(g, st).ok()); });
   CHECK(b.last_call().p == P::kLaunch);
   CHECK(b.last_call().nodes == 1);
+  expect_cost(b, P::kLaunch, 2500, [&] { REQUIRE(b.launch(g, st).ok()); });
+  CHECK(b.last_call().nodes == 0);
   expect_cost(b, P::kDestroyGraph, 10000, [&] { REQUIRE(b.destroy_graph(g).ok()); });
   expect_cost(b, P::kGraphMemTrim, 50000, [&] { REQUIRE(b.graph_mem_trim().ok()); });
   // Failed calls are charged too (3 MiB = 2 granules).
@@ -572,7 +579,7 @@ TEST_CASE_METHOD(Sim, "every primitive advances now() by exactly its priced cost
     calls += b.calls_of(static_cast<P>(i));
   }
   CHECK(total == b.now());
-  CHECK(calls == 22);
+  CHECK(calls == 23);
   CHECK(b.calls_of(P::kFill) == 2);
   CHECK(b.time_in(P::kFill) == 4000);
   CHECK(same_usage(b.usage(), Usage{}));
@@ -582,7 +589,7 @@ TEST_CASE_METHOD(Sim, "every primitive advances now() by exactly its priced cost
 TEST_CASE("graph launch map time is rounded like GpuSpec::price", "[sim_backend][time][bug]") {
   GpuSpec gpu = test_gpu();
   gpu.graph_mem_map_per_granule_us = 3.9;  // the H200 figure
-  gpu.replay_per_node_us = 0;
+  gpu.upload_per_node_us = 0;
   Sim s({}, gpu);
   const StreamId st = *s.b.create_stream();
   const GraphHandle g = capture_temp(s.b, st, 26 * kMiB);  // 13 granules x 3.9 us = 50.7 us
@@ -781,6 +788,29 @@ TEST_CASE("VaSpace: first fit, alignment, coalescing, exhaustion", "[va_space]")
     CHECK(w.in_use() == 0);
     CHECK(*w.alloc(32 * kP, kP) == kBase);
   }
+}
+
+TEST_CASE("calls are priced per VA mapping live when they are made", "[sim_backend][time]") {
+  GpuSpec gpu = test_gpu();
+  gpu.cost(P::kMap).per_log2_mappings_us = 0.5;
+  gpu.cost(P::kReserveVirtual).per_log2_mappings_us = 2;
+  Sim s({}, gpu);
+  SimBackend& b = s.b;
+  const DevPtr va = *b.reserve_virtual(4 * kG, kG);
+  CHECK(b.last_call().mappings == 0);
+  const PhysHandle h0 = *b.create_physical(kG, "t"), h1 = *b.create_physical(kG, "t");
+  // map: 1 us + 0.25 per handle + 0.125 per granule, + 0.5 us x log2(1 + mappings live).
+  expect_cost(b, P::kMap, 1375, [&] { REQUIRE(b.map(va, kG, h0, 0).ok()); });
+  expect_cost(b, P::kReserveVirtual, 22000, [&] { (void)*b.reserve_virtual(kG, kG); });
+  CHECK(b.last_call().mappings == 1);
+  expect_cost(b, P::kMap, 1875, [&] { REQUIRE(b.map(va + kG, kG, h1, 0).ok()); });
+  CHECK(b.last_call().mappings == 1);
+  const PhysHandle third = *b.create_physical(kG, "t");
+  expect_cost(b, P::kMap, 2167, [&] { REQUIRE(b.map(va + 2 * kG, kG, third, 0).ok()); });
+  CHECK(b.last_call().mappings == 2);  // 1.375 + 0.5 x log2(3) = 2.1675 us
+  REQUIRE(b.unmap(va, 3 * kG).ok());   // every mapping ends
+  expect_cost(b, P::kReserveVirtual, 20000, [&] { (void)*b.reserve_virtual(kG, kG); });
+  CHECK(b.last_call().mappings == 0);
 }
 
 }  // namespace

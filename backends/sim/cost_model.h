@@ -10,12 +10,18 @@
 namespace memsim {
 
 // Cost of one call: per_call + per_handle x handles touched + per_granule x granules
-// + bytes / bandwidth. All figures in microseconds (bandwidth in bytes per microsecond).
+// + bytes / bandwidth + per_log2_mappings x log2(1 + VA mappings live in the process at the
+// call). All figures in microseconds (bandwidth in bytes per microsecond). The last term is the
+// driver's VA state. On H200 (vmm_alias, 2 MiB handles), as live mappings grew from none to
+// 15,000, reserve_virtual went from 28 to ~50 us, map from 2.1 to 3.3 us and set_access from 38
+// to 43 us, most of it within the first 3,000 mappings: it grows like a tree's depth, not like
+// the count. Fitted in context (memsim calibrate --in-context); 0 where it does not show.
 struct CostTerm {
   double per_call_us = 0;
   double per_handle_us = 0;
   double per_granule_us = 0;
-  double bytes_per_us = 0;  // 0 = no per-byte term
+  double bytes_per_us = 0;          // 0 = no per-byte term
+  double per_log2_mappings_us = 0;  // per log2(1 + live VA mappings)
 };
 
 // Compute side of a GPU, for the roofline step-time model (sim/workload/step_time.h) and KV
@@ -45,10 +51,14 @@ struct GpuSpec {
   uint64_t capacity = 0;     // device memory in bytes
   uint64_t granularity = 0;  // VMM allocation granularity
   uint64_t va_space = 0;     // bytes of virtual address space the backend may reserve
-  // Extra per-node costs of graphs: a captured node, instantiating one node, replaying one.
+  // Extra per-node costs of graphs: a captured node and instantiating one (charged at
+  // end_capture), and uploading one at the graph's first launch (memory nodes excepted: their
+  // cost is the mapping below). Measured on H200 and H100 (shapes runs, 331-node graphs): a
+  // first launch takes 350-450 us, a later one 2-10 us whatever the node count, so a replay has
+  // no per-node term.
   double capture_per_node_us = 0;
   double instantiate_per_node_us = 0;
-  double replay_per_node_us = 0;
+  double upload_per_node_us = 0;
   // Graph memory nodes: mapping physical pages at a graph's first launch, and remapping when a
   // graph moves to another stream (per granule).
   double graph_mem_map_per_granule_us = 0;
@@ -59,8 +69,15 @@ struct GpuSpec {
 
   const CostTerm& cost(Primitive p) const { return costs[static_cast<size_t>(p)]; }
   CostTerm& cost(Primitive p) { return costs[static_cast<size_t>(p)]; }
-  // Nanoseconds for one call of `p` touching `handles` handles and `bytes` bytes.
-  SimTime price(Primitive p, uint64_t handles, uint64_t bytes) const;
+  // Nanoseconds for one call of `p` touching `handles` handles and `bytes` bytes, made while
+  // `mappings` VA mappings are live.
+  SimTime price(Primitive p, uint64_t handles, uint64_t bytes, uint64_t mappings = 0) const;
+  // Microseconds end_capture adds to its cost term for a graph of `nodes` nodes.
+  double end_capture_extra_us(uint64_t nodes) const;
+  // Microseconds a launch adds to its cost term: nodes uploaded (first launch), graph-memory
+  // granules mapped (first launch, or first after a trim) and remapped (stream changed).
+  double launch_extra_us(uint64_t upload_nodes, uint64_t map_granules,
+                         uint64_t remap_granules) const;
 };
 
 }  // namespace memsim

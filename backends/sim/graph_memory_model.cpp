@@ -85,6 +85,7 @@ void GraphMemoryModel::add_alloc(StreamId s, DevPtr va, uint64_t bytes) {
   c.slot.emplace(va, c.arena.alloc(pages(bytes)));
   c.graph.peak = c.arena.size();
   ++c.graph.nodes;
+  ++c.graph.mem_nodes;
 }
 
 Status GraphMemoryModel::add_free(StreamId s, DevPtr va) {
@@ -97,6 +98,7 @@ Status GraphMemoryModel::add_free(StreamId s, DevPtr va) {
                         "free_async during capture of a pointer that is no graph allocation");
     c.graph.frees_of_others.push_back(va);
     ++c.graph.nodes;
+    ++c.graph.mem_nodes;
     return {};
   }
   Alloc& a = c.graph.allocs[it->second];
@@ -104,6 +106,7 @@ Status GraphMemoryModel::add_free(StreamId s, DevPtr va) {
   a.freed_in_graph = true;
   c.arena.free(c.slot.at(va));
   ++c.graph.nodes;
+  ++c.graph.mem_nodes;
   return {};
 }
 
@@ -147,6 +150,7 @@ Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t grap
   const Graph& g = it->second;
   LaunchPlan plan;
   plan.nodes = g.nodes;
+  if (!g.uploaded) plan.upload_nodes = g.nodes - g.mem_nodes;
   // While g runs, the pool holds g's peak (its own outputs included) and the live outputs of
   // every other graph (their pages cannot be reused).
   const uint64_t others = live_outputs_ - live_bytes_of(g);  // g's own are auto-freed on launch
@@ -168,6 +172,7 @@ void GraphMemoryModel::commit_launch(uint64_t graph_id, StreamId s, const Launch
     live_outputs_ += a.pages;
   }
   g.mapped = true;
+  g.uploaded = true;
   g.last_stream = s;
   const std::vector<DevPtr> frees = g.frees_of_others;
   for (DevPtr va : frees) {

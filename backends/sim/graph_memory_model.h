@@ -31,7 +31,8 @@ namespace memsim {
 //   calibrate). Launching g needs g's peak + the live outputs of other graphs; the pool
 //   reservation is the maximum of that over launches and only shrinks on trim.
 // - A graph's first launch (or first after a trim) maps its pages; launching a graph into a
-//   different stream than last time remaps them.
+//   different stream than last time remaps them. Its first launch also uploads it (every graph,
+//   memory nodes or not).
 class GraphMemoryModel {
  public:
   // `chunk`: the arena growth unit (0 = the granularity).
@@ -56,6 +57,7 @@ class GraphMemoryModel {
     uint64_t map_granules = 0;    // pages mapped for a first launch
     uint64_t remap_granules = 0;  // pages remapped for a change of stream
     uint64_t nodes = 0;
+    uint64_t upload_nodes = 0;  // first launch: the nodes that are not memory nodes
   };
   Result<LaunchPlan> plan_launch(uint64_t graph_id, StreamId s) const;
   void commit_launch(uint64_t graph_id, StreamId s, const LaunchPlan& plan);
@@ -88,6 +90,8 @@ class GraphMemoryModel {
     std::vector<DevPtr> frees_of_others;  // free nodes of other graphs' allocations
     uint64_t peak = 0;
     uint64_t nodes = 0;
+    uint64_t mem_nodes = 0;  // alloc and free nodes (of its own or other graphs' allocations)
+    bool uploaded = false;   // launched once (a trim unmaps its pages, it stays uploaded)
     bool mapped = false;
     bool destroyed = false;
     std::optional<StreamId> last_stream;

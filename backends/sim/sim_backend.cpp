@@ -43,8 +43,8 @@ SimBackend::SimBackend(GpuSpec gpu, SimClock& clock, MetricsRecorder* metrics,
 Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes, bool charge) {
   const auto i = static_cast<size_t>(p);
   const uint64_t call = ++calls_[i];
-  last_call_ = {p, handles, bytes, 0, charge};
-  const SimTime cost = charge ? gpu_.price(p, handles, bytes) : 0;
+  last_call_ = {p, handles, bytes, 0, mappings_, charge};
+  const SimTime cost = charge ? gpu_.price(p, handles, bytes, mappings_) : 0;
   time_[i] += cost;
   clock_.advance(cost);
   for (const FaultInjection& f : faults_) {
@@ -209,6 +209,7 @@ Status SimBackend::map(DevPtr va, uint64_t bytes, PhysHandle h, uint64_t offset)
     return make_error(ErrorCode::kNotSupported,
                       "map: only whole handles from offset 0 can be mapped (cuMemMap)");
   r->maps.emplace(off, MapRec{bytes, h.id, offset});
+  ++mappings_;
   ++hit->second.mappings;
   virtual_mapped_ += bytes;
   publish();
@@ -250,6 +251,7 @@ Status SimBackend::unmap(DevPtr va, uint64_t bytes) {
     virtual_mapped_ -= it->second.bytes;
     const uint64_t id = it->second.handle;
     r->maps.erase(it);
+    --mappings_;
     if (h.released && h.mappings == 0) drop_handle(id);
   }
   publish();
@@ -445,9 +447,7 @@ Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
   MEMSIM_TRY(enter(Primitive::kEndCapture, 0, 0));
   last_call_.nodes = nodes;
   // Capturing a node and instantiating it are charged here, per node.
-  const auto extra =
-      static_cast<SimTime>(std::llround((gpu_.capture_per_node_us + gpu_.instantiate_per_node_us) *
-                                        1000.0 * static_cast<double>(nodes)));
+  const auto extra = static_cast<SimTime>(std::llround(gpu_.end_capture_extra_us(nodes) * 1000.0));
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kEndCapture)] += extra;
   MEMSIM_ASSIGN_OR_RETURN(auto ended, graph_mem_.end(stream));
@@ -461,11 +461,12 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
   MEMSIM_ASSIGN_OR_RETURN(auto plan, graph_mem_.plan_launch(g.id, stream));
   const uint64_t growth = plan.reserved_after - graph_mem_.reserved();
   if (growth > 0) MEMSIM_TRY(charge_physical(growth, "launch (graph memory)"));
-  const double us = gpu_.replay_per_node_us * static_cast<double>(plan.nodes) +
-                    gpu_.graph_mem_map_per_granule_us * static_cast<double>(plan.map_granules) +
-                    gpu_.graph_mem_remap_per_granule_us * static_cast<double>(plan.remap_granules);
+  const double us = gpu_.launch_extra_us(plan.upload_nodes, plan.map_granules, plan.remap_granules);
   const auto extra = static_cast<SimTime>(std::llround(us * 1000.0));
-  last_call_.nodes = plan.nodes;
+  // What this launch was priced on (calls.csv, the in-context fit): nodes uploaded and
+  // graph-memory bytes mapped. Remaps (a graph launched into another stream) are not a feature.
+  last_call_.nodes = plan.upload_nodes;
+  last_call_.bytes = plan.map_granules * gpu_.granularity;
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kLaunch)] += extra;
   const uint64_t before = graph_mem_.reserved();

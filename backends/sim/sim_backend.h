@@ -85,7 +85,8 @@ class SimBackend final : public Backend {
   struct CallFeatures {
     Primitive p = Primitive::kCount;
     uint64_t handles = 0, bytes = 0, nodes = 0;
-    bool priced = true;  // false: made while its stream captured (a node, priced at end_capture)
+    uint64_t mappings = 0;  // VA mappings live when the call was made
+    bool priced = true;     // false: made while its stream captured (a node, priced at end_capture)
   };
   const CallFeatures& last_call() const { return last_call_; }
 
@@ -147,6 +148,7 @@ class SimBackend final : public Backend {
   uint64_t physical_ = 0;  // handles + device/async plain allocations (not graph memory)
   uint64_t virtual_reserved_ = 0;
   uint64_t virtual_mapped_ = 0;
+  uint64_t mappings_ = 0;  // live (map calls not yet unmapped)
   uint64_t pinned_ = 0;
   std::array<SimTime, static_cast<size_t>(Primitive::kCount)> time_{};
   std::array<uint64_t, static_cast<size_t>(Primitive::kCount)> calls_{};

@@ -60,6 +60,9 @@ struct CalibrateOptions {
   // Fit the cost terms to these per-call samples (calls.csv of `--backend cuda` runs) instead of
   // measuring; needs no GPU.
   std::vector<std::string> in_context;
+  // Compare the calls of these calls.csv files with the base spec's prices (a held-out check);
+  // fits nothing, writes nothing.
+  std::vector<std::string> check;
 };
 
 // The subcommand: CudaBackend (sync_for_timing) on `device`, calibrate(), print the table, write
@@ -79,5 +82,10 @@ std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err)
 // measured against base and fitted time per call for each run and primitive, write the YAML.
 // Returns 0, 1 when the YAML cannot be written, 2 for bad input.
 int run_calibrate_in_context(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
+
+// `memsim calibrate --check CALLS.csv...`: per file, measured against the base spec's time per
+// call for each run and primitive, and how many classes of more than 10 calls lie within 25%.
+// Returns 0, or 2 for bad input.
+int run_calibrate_check(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
 
 }  // namespace memsim

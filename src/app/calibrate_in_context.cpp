@@ -10,25 +10,67 @@
 #include "src/app/in_context_fit.h"
 
 namespace memsim {
+namespace {
+
+// The calls of `paths`, or nullopt with the reason on `err`.
+std::optional<std::vector<CallSample>> read_calls(const std::vector<std::string>& paths,
+                                                  const char* option, std::ostream& err) {
+  std::vector<CallSample> samples;
+  for (const std::string& path : paths) {
+    auto r = read_call_samples(path);
+    if (!r.ok()) {
+      err << "memsim calibrate: " << r.error().message << "\n";
+      return std::nullopt;
+    }
+    samples.insert(samples.end(), r->begin(), r->end());
+  }
+  if (samples.empty()) {
+    err << "memsim calibrate: " << option << ": no calls in "
+        << fmt::format("{}", fmt::join(paths, ", ")) << "\n";
+    return std::nullopt;
+  }
+  return samples;
+}
+
+}  // namespace
+
+int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
+  const std::optional<GpuSpec> base = load_base_gpu(o.gpu_path, err);
+  if (!base) return 2;
+  int all_counted = 0, all_within = 0;
+  for (const std::string& path : o.check) {
+    const auto samples = read_calls({path}, "--check", err);
+    if (!samples) return 2;
+    out << fmt::format("\n{} against {}:\n{:<26} {:<18} {:>7} {:>11} {:>11} {:>7}\n", path,
+                       o.gpu_path, "run", "primitive", "calls", "measured", "model", "ratio");
+    int counted = 0, within = 0;
+    for (const InContextClass& k : compare_classes(*samples, *base, *base)) {
+      const double r = k.base_us > 0 ? k.measured_us / k.base_us : 0;
+      const bool many = k.calls > 10, in = r >= 0.75 && r <= 1.25;
+      counted += many;
+      within += many && in;
+      out << fmt::format("{:<26} {:<18} {:>7} {:>9.2f}us {:>9.2f}us {:>7.2f}{}\n", k.run,
+                         to_string(k.p), k.calls, k.measured_us, k.base_us, r,
+                         !many ? ""
+                         : in  ? "  within"
+                               : "  OUT");
+    }
+    out << fmt::format("{}: {} of {} (run, primitive) classes of more than 10 calls within 25%\n",
+                       path, within, counted);
+    all_counted += counted;
+    all_within += within;
+  }
+  out << fmt::format("all files: {} of {} classes within 25%\n", all_within, all_counted);
+  return 0;
+}
 
 int run_calibrate_in_context(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
   const std::optional<GpuSpec> loaded = load_base_gpu(o.gpu_path, err);
   if (!loaded) return 2;
   const GpuSpec& base = *loaded;
-  std::vector<CallSample> samples;
-  for (const std::string& path : o.in_context) {
-    auto r = read_call_samples(path);
-    if (!r.ok()) {
-      err << "memsim calibrate: " << r.error().message << "\n";
-      return 2;
-    }
-    samples.insert(samples.end(), r->begin(), r->end());
-  }
-  if (samples.empty()) {
-    err << "memsim calibrate: --in-context: no calls in "
-        << fmt::format("{}", fmt::join(o.in_context, ", ")) << "\n";
-    return 2;
-  }
+  const auto read = read_calls(o.in_context, "--in-context", err);
+  if (!read) return 2;
+  const std::vector<CallSample>& samples = *read;
   const InContextFit fit = fit_in_context(samples, base);
   for (const std::string& n : fit.notes) out << "fit " << n << "\n";
   out << fmt::format("\n{:<26} {:<18} {:>7} {:>11} {:>11} {:>11} {:>7} {:>7}\n", "run", "primitive",

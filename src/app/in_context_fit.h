@@ -17,15 +17,17 @@ struct CallSample {
   std::string run;
   Primitive p = Primitive::kCount;
   uint64_t handles = 0, bytes = 0, nodes = 0;
+  uint64_t mappings = 0;  // VA mappings live at the call
   double measured_us = 0;
 };
 
-// Reads calls.csv (strategy,primitive,handles,bytes,nodes,measured_us). Errors name the
+// Reads calls.csv (strategy,primitive,handles,bytes,nodes,mappings,measured_us). Errors name the
 // file and line.
 Result<std::vector<CallSample>> read_call_samples(const std::string& path);
 
 // The modelled time of one sample under `spec`, in microseconds: the primitive's cost term, plus
-// per node (end_capture: capture + instantiate; launch: replay).
+// per node (end_capture: capture + instantiate); a launch's sample carries the nodes it uploads
+// (a graph's first launch) and the graph-memory bytes it maps.
 double price_sample_us(const GpuSpec& spec, const CallSample& s);
 
 // Per (run, primitive): calls and mean time per call, measured and under the fitted spec.
@@ -44,12 +46,19 @@ struct InContextFit {
 
 // For each primitive with at least `min_samples` samples, a non-negative least-squares fit of
 // the terms `base` prices it with (per call, per handle, per granule, per byte; per node for
-// end_capture and launch) to the calls as measured: with a per-call term the fitted total equals
-// the measured total, slow tails included (launches that wait for a full launch queue, first
-// calls that load driver state), which is what a run's simulated time adds up. Other primitives
-// keep their base terms, and so do fill and copy (measured in context they return once
-// enqueued; the model prices them synchronized, bandwidth included).
+// end_capture; per call, per node uploaded and per granule mapped for launch), and per log2 of
+// the live VA mappings for every primitive (zero where the calls show no such cost), to the calls
+// as measured: with a per-call term the fitted total equals the measured total, slow tails included
+// (launches that wait for a full launch queue, first calls that load driver state), which is what a
+// run's simulated time adds up. Other primitives keep their base terms, and so do fill and copy
+// (measured in context they return once enqueued; the model prices them synchronized, bandwidth
+// included).
 InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpec& base,
                             uint64_t min_samples = 10);
+
+// Per (run, primitive) of `samples`, in order of first appearance: calls and mean time per call,
+// measured, under `base` and under `fitted`.
+std::vector<InContextClass> compare_classes(const std::vector<CallSample>& samples,
+                                            const GpuSpec& base, const GpuSpec& fitted);
 
 }  // namespace memsim

@@ -121,6 +121,13 @@ int main(int argc, char** argv) {
                    "fit the primitive costs to these calls.csv files (written by --backend "
                    "cuda runs) instead of measuring; no GPU needed")
       ->check(CLI::ExistingFile);
+  std::vector<std::string> cal_check;
+  calibrate
+      ->add_option("--check", cal_check,
+                   "compare the calls of these calls.csv files with --gpu's cost model, per run "
+                   "and primitive (a held-out check); fits and writes nothing")
+      ->check(CLI::ExistingFile)
+      ->excludes("--in-context");
   bool cal_graphs = false;
   calibrate->add_flag("--graphs", cal_graphs,
                       "with --model: decode steps as captured CUDA graphs (as vLLM runs them)");
@@ -152,8 +159,10 @@ int main(int argc, char** argv) {
     options.gpu_path = cal_gpu;
     options.out_path = cal_out;
     options.in_context = cal_in_context;
+    options.check = cal_check;
     if (!cal_in_context.empty())
       return memsim::run_calibrate_in_context(options, std::cout, std::cerr);
+    if (!cal_check.empty()) return memsim::run_calibrate_check(options, std::cout, std::cerr);
     return memsim::run_calibrate(options, std::cout, std::cerr);
 #else
     std::cerr << "memsim calibrate: --backend cuda: this build has no CUDA backend (nvcc was not "

@@ -11,12 +11,14 @@ namespace fs = std::filesystem;
 namespace {
 
 CostTerm load_cost_term(const ConfigNode& n) {
-  n.expect_keys({"per_call_us", "per_handle_us", "per_granule_us", "bytes_per_us"});
+  n.expect_keys(
+      {"per_call_us", "per_handle_us", "per_granule_us", "bytes_per_us", "per_log2_mappings_us"});
   CostTerm t;
   if (auto v = n.find("per_call_us")) t.per_call_us = v->as_double_in(0, 1e9);
   if (auto v = n.find("per_handle_us")) t.per_handle_us = v->as_double_in(0, 1e9);
   if (auto v = n.find("per_granule_us")) t.per_granule_us = v->as_double_in(0, 1e9);
   if (auto v = n.find("bytes_per_us")) t.bytes_per_us = v->as_double_in(0, 1e15);
+  if (auto v = n.find("per_log2_mappings_us")) t.per_log2_mappings_us = v->as_double_in(0, 1e9);
   return t;
 }
 
@@ -54,9 +56,12 @@ ComputeSpec load_compute_spec(const ConfigNode& n) {
 std::string format_compute_yaml(const ComputeSpec& c) {
   return fmt::format(
       "compute:\n  dense_tflops: {}\n  hbm_gbps: {}\n  pcie_gbps: {}\n  flops_efficiency: {}\n"
-      "  bandwidth_efficiency: {}\n  step_overhead_us: {}\n  sms: {}\n  decode_ctas_per_sm: {}\n",
+      "  bandwidth_efficiency: {}\n  step_overhead_us: {}\n  {:<24}# {}\n  {:<24}# {}\n",
       c.peak_flops / kTera, c.hbm_bytes_per_s / kGiga, c.pcie_bytes_per_s / kGiga,
-      c.flops_efficiency, c.bandwidth_efficiency, c.step_overhead_us, c.sms, c.decode_ctas_per_sm);
+      c.flops_efficiency, c.bandwidth_efficiency, c.step_overhead_us, fmt::format("sms: {}", c.sms),
+      "what the attention planner sees (query_device on the GPU)",
+      fmt::format("decode_ctas_per_sm: {}", c.decode_ctas_per_sm),
+      "resident decode CTAs per SM (occupancy of the decode kernel)");
 }
 
 GpuSpec load_gpu_spec(const ConfigNode& node) {
@@ -71,11 +76,11 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
   g.va_space = node["va_space"].as_bytes();
   if (g.va_space < g.capacity) node["va_space"].fail("must be at least the capacity");
   const ConfigNode graphs = node["graphs"];
-  graphs.expect_keys({"capture_per_node_us", "instantiate_per_node_us", "replay_per_node_us",
+  graphs.expect_keys({"capture_per_node_us", "instantiate_per_node_us", "upload_per_node_us",
                       "mem_map_per_granule_us", "mem_remap_per_granule_us", "mem_chunk"});
   g.capture_per_node_us = graphs["capture_per_node_us"].as_double_in(0, 1e6);
   g.instantiate_per_node_us = graphs["instantiate_per_node_us"].as_double_in(0, 1e6);
-  g.replay_per_node_us = graphs["replay_per_node_us"].as_double_in(0, 1e6);
+  g.upload_per_node_us = graphs["upload_per_node_us"].as_double_in(0, 1e6);
   g.graph_mem_map_per_granule_us = graphs["mem_map_per_granule_us"].as_double_in(0, 1e6);
   g.graph_mem_remap_per_granule_us = graphs["mem_remap_per_granule_us"].as_double_in(0, 1e6);
   if (auto c = graphs.find("mem_chunk")) {
