@@ -134,21 +134,6 @@ const Primitive kTimed[] = {Primitive::kCreatePhysical,  Primitive::kMap,
                             Primitive::kDeviceMalloc,    Primitive::kBeginCapture,
                             Primitive::kEndCapture,      Primitive::kLaunch};
 
-// The table slice's run of strategy `s` on `cuda`, observed by `harness`, with the executor's
-// graph body (attached to `cuda`) when there is one.
-CaptureRunConfig strategy_run(const ShapesConfig& c, const StrategySpec& s, Harness& harness,
-                              ExecutorGraphBody* body, CudaBackend& cuda) {
-  CaptureRunConfig rc = run_config(c, c.table, nullptr);
-  rc.order = s.order;
-  rc.order_list = s.order_list;
-  rc.observer = &harness;
-  if (body) {
-    body->attach(&cuda);
-    rc.body = body;
-  }
-  return rc;
-}
-
 }  // namespace
 
 Status probe_cuda_device() {
@@ -203,32 +188,17 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
         "runner checks every capture's allocations against the executor program op by op\n",
         human_bytes(body->weight_bytes()), c.executor_context);
   }
-  // Driver warm-up, not recorded. Whichever strategy a process ran first measured end_capture
-  // about twice as slow as strategies run after it (H200, 331-node graphs: shared_pool run first
-  // 1151 us per call, run again third 525 us; private_pools run first 1654 us, second 516 us);
-  // one unrecorded run of the first strategy, replays and teardown included, takes the driver to
-  // the state the later ones see, so every strategy is measured alike.
-  if (!c.strategies.empty()) {
-    const StrategySpec& s = c.strategies.front();
-    SimClock clock;
-    MetricsRecorder metrics(clock);
-    auto created = CudaBackend::create(c.gpu, clock, &metrics);
-    if (!created.ok()) {
-      out << "memsim: --backend cuda: " << created.error().message << "\n";
-      return 2;
-    }
-    CudaBackend& cuda = **created;
-    auto o0 = cuda.observe();
-    Harness harness(cuda, o0.ok() ? o0->free_bytes : 0, s.impl, c.seed, rounds);
-    const CaptureRunConfig rc = strategy_run(c, s, harness, body.get(), cuda);
-    auto strategy = s.factory(cuda);
-    const CaptureRunResult r = run_captures(rc, cuda, clock, *strategy, metrics);
-    out << fmt::format("driver warm-up: one unrecorded run of {} ({})\n", s.label,
-                       r.ok ? "ok" : r.failure);
-  }
-  out << fmt::format("{:<26} {:>12} {:>12} {:>12} {:>10} {:>9}  {}\n", "strategy", "sim bytes",
-                     "cuda bytes", "measured", "delta", "replays", "result");
-  for (const StrategySpec& s : c.strategies) {
+  // Driver warm-up: the first strategy runs once more, first and unrecorded. Whichever strategy
+  // a process ran first measured end_capture about twice as slow as strategies run after it
+  // (H200, 331-node graphs: shared_pool run first 1151 us per call, run again third 525 us;
+  // private_pools run first 1654 us, second 516 us); one run of it, replays and teardown
+  // included, takes the driver to the state the later ones see, so every strategy is measured
+  // alike.
+  std::vector<std::pair<const StrategySpec*, bool>> passes;  // (strategy, recorded)
+  if (!c.strategies.empty()) passes.emplace_back(&c.strategies.front(), false);
+  for (const StrategySpec& s : c.strategies) passes.emplace_back(&s, true);
+  for (const auto& [spec, recorded] : passes) {
+    const StrategySpec& s = *spec;
     const RunRecord* simulated = nullptr;
     for (const RunRecord& r : sim.runs)
       if (r.strategy == &s && r.variant == c.table) simulated = &r;
@@ -241,19 +211,31 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     }
     CudaBackend& cuda = **created;
     std::vector<CudaBackend::CallSample> calls;
-    cuda.record_calls(&calls);
+    if (recorded) cuda.record_calls(&calls);
     auto o0 = cuda.observe();
     if (!o0.ok()) {
       out << "memsim: --backend cuda: " << o0.error().message << "\n";
       return 2;
     }
     Harness harness(cuda, o0->free_bytes, s.impl, c.seed, rounds);
-    const CaptureRunConfig rc = strategy_run(c, s, harness, body.get(), cuda);
+    CaptureRunConfig rc = run_config(c, c.table, nullptr);
+    rc.order = s.order;
+    rc.order_list = s.order_list;
+    rc.observer = &harness;
+    if (body) {
+      body->attach(&cuda);
+      rc.body = body.get();
+    }
     auto strategy = s.factory(cuda);
     const CaptureRunResult r = run_captures(rc, cuda, clock, *strategy, metrics);
     strategy.reset();
-    auto o1 = cuda.observe();
-
+    if (!recorded) {
+      out << fmt::format("driver warm-up: one unrecorded run of {} ({})\n", s.label,
+                         r.ok ? "ok" : r.failure);
+      out << fmt::format("{:<26} {:>12} {:>12} {:>12} {:>10} {:>9}  {}\n", "strategy", "sim bytes",
+                         "cuda bytes", "measured", "delta", "replays", "result");
+      continue;
+    }
     const uint64_t allocations = cuda.calls_of(Primitive::kDeviceMalloc) +
                                  cuda.calls_of(Primitive::kCreatePhysical) +
                                  cuda.calls_of(Primitive::kLaunch) * (s.impl == "graph_mem_nodes");
@@ -318,7 +300,6 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
         calls_csv += fmt::format("{},{},{},{},{},{},{:.3f}\n", s.label, to_string(k.features.p),
                                  k.features.handles, k.features.bytes, k.features.nodes,
                                  k.features.mappings, double(k.measured_ns) / 1e3);
-    (void)o1;
   }
   std::filesystem::create_directories(dir);
   std::ofstream csv(std::filesystem::path(dir) / "validation.csv");
