@@ -482,7 +482,9 @@ TEST_CASE("randomized malloc/free keeps the invariants (default config)", "[torc
 
 TEST_CASE("randomized malloc/free keeps the invariants (max_split 16 MiB, power2 rounding)",
           "[torch_caching]") {
-  fuzz(TorchCachingConfig{16 * kMiB, 4}, 0xbeef, 100000);
+  TorchCachingConfig cfg{16 * kMiB};
+  cfg.set_roundup_power2_divisions(4);
+  fuzz(cfg, 0xbeef, 100000);
 }
 
 }  // namespace

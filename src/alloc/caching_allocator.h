@@ -51,6 +51,20 @@ struct LiveBlock {
   uint64_t requested = 0;  // size the caller asked for
 };
 
+// A segment that existed before a replayed trace began (from a memory snapshot): its size, the
+// pool it belonged to, and the blocks live in it; the rest of it was cached free memory.
+struct SegmentImage {
+  struct Block {
+    uint64_t offset = 0;
+    uint64_t requested = 0;
+    uint64_t size = 0;  // the recorded block size; 0 when only the request is known
+  };
+  uint64_t size = 0;
+  StreamId stream;
+  bool small = false;         // PyTorch's small pool
+  std::vector<Block> blocks;  // by offset
+};
+
 // Contract: a device-memory caching allocator in the manner of PyTorch's
 // CUDACachingAllocator.
 // - malloc(bytes, stream) returns a pointer to >= bytes that overlaps no other live block;
@@ -61,6 +75,9 @@ struct LiveBlock {
 // - empty_cache() returns every segment with no live block to the segment source.
 // - release_all() frees every block and returns every segment (teardown); afterwards
 //   stats().reserved_bytes == 0.
+// - adopt_segment(image) takes over memory held before a trace began and returns one pointer
+//   per image block, in order, as if malloc had returned them; allocators that keep PyTorch's
+//   segment layout recreate the segment, the others (the default) malloc each block.
 // - check_invariants() verifies internal consistency (blocks tile their segments, no overlap,
 //   free blocks coalesced, byte counters equal to the sums they summarize).
 class CachingAllocator {
@@ -70,6 +87,14 @@ class CachingAllocator {
   virtual Status free(DevPtr p) = 0;
   virtual Status empty_cache() = 0;
   virtual Status release_all() = 0;
+  virtual Result<std::vector<DevPtr>> adopt_segment(const SegmentImage& image) {
+    std::vector<DevPtr> out;
+    for (const auto& b : image.blocks) {
+      MEMSIM_ASSIGN_OR_RETURN(const DevPtr p, malloc(b.requested, image.stream));
+      out.push_back(p);
+    }
+    return out;
+  }
   virtual AllocatorStats stats() const = 0;
   virtual std::vector<LiveBlock> live_blocks() const = 0;
   virtual bool check_invariants(std::string* why) const = 0;

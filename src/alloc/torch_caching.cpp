@@ -1,10 +1,11 @@
 // TorchCachingAllocator: block pools, best fit, splitting and segment policy of PyTorch.
 //
 // Every rule below names the function of c10/cuda/CUDACachingAllocator.cpp
-// (DeviceCachingAllocator, default config, no expandable segments) it follows.
+// (DeviceCachingAllocator, no expandable segments) it follows.
 // Not modelled (no effect in this single-device, event-free model): cross-stream uses and
-// their events (recordStream / process_events), free-memory callbacks, garbage collection
-// (set_fraction), history/trace recording, and the per-StatType stat arrays.
+// their events (recordStream / process_events: a replayed trace frees a block when PyTorch
+// completed the free), free-memory callbacks, history/trace recording, and the per-StatType
+// stat arrays.
 //
 // CUDA graph capture: PyTorch's free() puts a block with no cross-stream uses straight back into
 // its pool (free_block) even while a capture is underway, so a block freed during capture is
@@ -37,6 +38,10 @@ bool TorchCachingAllocator::BlockLess::operator()(const Block* a, const Block* b
 TorchCachingAllocator::TorchCachingAllocator(SegmentSource& source, TorchCachingConfig config)
     : source_(source), config_(config) {}
 
+TorchCachingAllocator::TorchCachingAllocator(std::unique_ptr<SegmentSource> source,
+                                             TorchCachingConfig config)
+    : owned_source_(std::move(source)), source_(*owned_source_), config_(config) {}
+
 // Frees the bookkeeping only; segments still held are not returned (see the header).
 TorchCachingAllocator::~TorchCachingAllocator() {
   delete_all_blocks();
@@ -51,6 +56,15 @@ void TorchCachingAllocator::delete_all_blocks() {
     }
     seg.head = nullptr;
   }
+}
+
+// Follows CUDAAllocatorConfig::roundup_power2_divisions(size): interval floor(log2(size)) - 20,
+// clamped to the 16 slots.
+uint32_t TorchCachingConfig::divisions_for(uint64_t size) const {
+  const int log_size = size == 0 ? 0 : std::bit_width(size) - 1;
+  const int index =
+      std::clamp(log_size - 20, 0, static_cast<int>(roundup_power2_divisions.size()) - 1);
+  return roundup_power2_divisions[static_cast<size_t>(index)];
 }
 
 // Follows roundup_power2_next_division() in CUDACachingAllocator.cpp.
@@ -90,12 +104,13 @@ Result<DevPtr> TorchCachingAllocator::malloc(uint64_t bytes, StreamId stream) {
     ++stats_.ooms;
     return make_error(ErrorCode::kOutOfMemory, "tried to allocate more than 1EB", bytes);
   }
-  const uint64_t size = round_size(bytes, config_.roundup_power2_divisions);
+  const uint64_t size = round_size_of(bytes);
   BlockPool& pool = get_pool(size);
   const uint64_t alloc_size = segment_size_for(size);
 
   Block* block = get_free_block(pool, size, stream);
   if (block == nullptr) {
+    if (gc_enabled()) MEMSIM_TRY(garbage_collect_cached_blocks());
     Result<Block*> r = alloc_block(pool, alloc_size, stream);
     if (!r.ok() && r.error().code == ErrorCode::kOutOfMemory) {
       Result<bool> released = release_available_cached_blocks(pool, size, stream);
@@ -129,6 +144,7 @@ Result<DevPtr> TorchCachingAllocator::malloc(uint64_t bytes, StreamId stream) {
 // the max_split_size limits on oversize blocks. The chosen block leaves the pool.
 TorchCachingAllocator::Block* TorchCachingAllocator::get_free_block(BlockPool& pool, uint64_t size,
                                                                     StreamId stream) {
+  if (gc_enabled()) ++pool.get_free_blocks_call_count;  // the age clock of the GC
   Block key;
   key.stream = stream;
   key.size = size;
@@ -153,15 +169,28 @@ bool TorchCachingAllocator::should_split(const Block& block, uint64_t size) cons
 }
 
 // Follows alloc_block(): one new segment from the source, as a single (unsplit) block that is
-// not yet in the pool.
+// not yet in the pool. With a memory limit (set_fraction), a segment that would take reserved
+// bytes past it fails before the source is asked.
 Result<TorchCachingAllocator::Block*> TorchCachingAllocator::alloc_block(BlockPool& pool,
                                                                          uint64_t alloc_size,
                                                                          StreamId stream) {
+  if (config_.memory_limit != 0 && stats_.reserved_bytes + alloc_size > config_.memory_limit) {
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        "the per-process memory limit (" + std::to_string(config_.memory_limit) + " B) is reached",
+        stats_.reserved_bytes + alloc_size - config_.memory_limit);
+  }
   MEMSIM_ASSIGN_OR_RETURN(const DevPtr ptr, source_.allocate_segment(alloc_size, stream));
   if (ptr == 0 || segments_.count(ptr) != 0) {
     (void)source_.release_segment(ptr, alloc_size);
     return make_error(ErrorCode::kInvalidState, "segment source returned a live address");
   }
+  return new_segment_block(pool, ptr, alloc_size, stream);
+}
+
+TorchCachingAllocator::Block* TorchCachingAllocator::new_segment_block(BlockPool& pool, DevPtr ptr,
+                                                                       uint64_t alloc_size,
+                                                                       StreamId stream) {
   Segment& seg = segments_[ptr];
   seg.base = ptr;
   seg.size = alloc_size;
@@ -201,7 +230,7 @@ TorchCachingAllocator::Block* TorchCachingAllocator::alloc_found_block(Block* bl
     remaining->prev = block;
     remaining->ptr += size;
     remaining->size -= size;
-    remaining->segment->pool->blocks.insert(remaining);
+    insert_into_blocks(*remaining->segment->pool, remaining);
   }
   block->allocated = true;
   block->requested = requested;
@@ -234,7 +263,53 @@ void TorchCachingAllocator::free_block(Block* block) {
   BlockPool& pool = *block->segment->pool;
   try_merge_blocks(block, block->prev, pool);
   try_merge_blocks(block, block->next, pool);
+  insert_into_blocks(pool, block);
+}
+
+// Follows insert_into_blocks(): a cached block remembers the pool's age clock.
+void TorchCachingAllocator::insert_into_blocks(BlockPool& pool, Block* block) {
+  block->gc_count_base = pool.get_free_blocks_call_count;
   pool.blocks.insert(block);
+}
+
+// PyTorch collects only with a memory fraction set (allowed_memory_maximum) and a threshold.
+bool TorchCachingAllocator::gc_enabled() const {
+  return config_.memory_limit != 0 && config_.garbage_collection_threshold > 0;
+}
+
+// Follows garbage_collect_cached_blocks(): while reserved bytes exceed threshold * limit,
+// release every unsplit cached block of the large pool at least as old (in get_free_block calls
+// since it was cached) as the mean age of those left, pass after pass.
+Status TorchCachingAllocator::garbage_collect_cached_blocks() {
+  const auto gc_threshold = static_cast<uint64_t>(config_.garbage_collection_threshold *
+                                                  static_cast<double>(config_.memory_limit));
+  if (stats_.reserved_bytes <= gc_threshold) return {};
+  const uint64_t target_size = stats_.reserved_bytes - gc_threshold;
+  auto age = [&](const Block* b) { return large_.get_free_blocks_call_count - b->gc_count_base; };
+  double total_age = 0;
+  uint64_t freeable = 0;
+  for (const Block* b : large_.blocks) {
+    if (b->is_split()) continue;
+    total_age += static_cast<double>(age(b));
+    ++freeable;
+  }
+  uint64_t reclaimed = 0;
+  bool block_freed = true;
+  while (reclaimed < target_size && block_freed && freeable > 0) {
+    const double age_threshold = total_age / static_cast<double>(freeable);
+    block_freed = false;
+    for (auto it = large_.blocks.begin(); it != large_.blocks.end();) {
+      Block* b = *it;
+      ++it;  // release_block erases only b
+      if (b->is_split() || static_cast<double>(age(b)) < age_threshold) continue;
+      block_freed = true;
+      reclaimed += b->size;
+      total_age -= static_cast<double>(age(b));
+      --freeable;
+      MEMSIM_TRY(release_block(b));
+    }
+  }
+  return {};
 }
 
 // Follows try_merge_blocks(): `dst` (not in the pool) absorbs the free neighbour `src`.
@@ -352,6 +427,68 @@ Status TorchCachingAllocator::release_all() {
   stats_.segments = 0;
   stats_.live_blocks = 0;
   return first;
+}
+
+// Recreates a segment as PyTorch left it: live blocks at their offsets (the recorded size, else
+// the rounded request, extended over a following gap too small to have been split off, as
+// should_split() would have left it), free gaps cached. Fails without changing anything when
+// the image does not fit its size.
+Result<std::vector<DevPtr>> TorchCachingAllocator::adopt_segment(const SegmentImage& image) {
+  struct Piece {
+    uint64_t offset, size, requested;
+    bool live;
+  };
+  std::vector<Piece> pieces;
+  uint64_t cursor = 0;
+  const bool small = image.small;
+  for (size_t k = 0; k < image.blocks.size(); ++k) {
+    const auto& b = image.blocks[k];
+    const uint64_t next = k + 1 < image.blocks.size() ? image.blocks[k + 1].offset : image.size;
+    if (b.offset < cursor || b.requested == 0 || next < b.offset)
+      return make_error(ErrorCode::kInvalidArgument, "adopt_segment: blocks overlap or are empty");
+    uint64_t size = b.size != 0 ? b.size : round_size_of(b.requested);
+    if (size > next - b.offset)
+      return make_error(ErrorCode::kInvalidArgument, "adopt_segment: a block overruns the next");
+    const uint64_t remaining = next - b.offset - size;
+    const bool splits = small ? remaining >= kMinBlockSize
+                              : size < config_.max_split_size && remaining > kSmallSize;
+    if (b.size == 0 && !splits) size += remaining;
+    if (b.offset > cursor) pieces.push_back({cursor, b.offset - cursor, 0, false});
+    pieces.push_back({b.offset, size, b.requested, true});
+    cursor = b.offset + size;
+  }
+  if (cursor > image.size)
+    return make_error(ErrorCode::kInvalidArgument, "adopt_segment: blocks run past the segment");
+  if (cursor < image.size) pieces.push_back({cursor, image.size - cursor, 0, false});
+
+  BlockPool& pool = small ? small_ : large_;
+  MEMSIM_ASSIGN_OR_RETURN(Block * head, alloc_block(pool, image.size, image.stream));
+  Segment* seg = head->segment;
+  std::vector<DevPtr> out;
+  Block* prev = nullptr;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    Block* b = k == 0 ? head : new Block;
+    b->ptr = seg->base + pieces[k].offset;
+    b->size = pieces[k].size;
+    b->stream = image.stream;
+    b->segment = seg;
+    b->prev = prev;
+    b->next = nullptr;
+    if (prev != nullptr) prev->next = b;
+    prev = b;
+    if (pieces[k].live) {
+      b->allocated = true;
+      b->requested = pieces[k].requested;
+      allocated_.emplace(b->ptr, b);
+      add_stat(stats_.allocated_bytes, stats_.peak_allocated_bytes, b->size);
+      stats_.requested_bytes += b->requested;
+      ++stats_.live_blocks;
+      out.push_back(b->ptr);
+    } else {
+      insert_into_blocks(pool, b);
+    }
+  }
+  return out;
 }
 
 std::vector<LiveBlock> TorchCachingAllocator::live_blocks() const {

@@ -1,8 +1,10 @@
 // TorchCachingAllocator: PyTorch's CUDACachingAllocator (one pool) over a SegmentSource.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -12,15 +14,28 @@
 
 namespace memsim {
 
-// Options of PYTORCH_CUDA_ALLOC_CONF that this model supports (expandable segments are not
-// modelled). Defaults are PyTorch's defaults.
+// Options of PYTORCH_CUDA_ALLOC_CONF (and of torch.cuda.set_per_process_memory_fraction) that
+// this model supports. Defaults are PyTorch's defaults.
 struct TorchCachingConfig {
   // max_split_size_mb: blocks >= this size are never split and are only reused by requests
-  // within kLargeBuffer of their size. UINT64_MAX means unlimited (PyTorch's default).
+  // within max_non_split_rounding (kLargeBuffer) of their size. UINT64_MAX means unlimited.
   uint64_t max_split_size = UINT64_MAX;
-  // roundup_power2_divisions: 0 or 1 = off (round to 512 B); N > 1 rounds sizes above
-  // 512 * N up to the next of N divisions between powers of two. One value for all sizes.
-  uint32_t roundup_power2_divisions = 0;
+  // roundup_power2_divisions per power-of-two interval, as CUDAAllocatorConfig keeps them: slot
+  // k holds the divisions for sizes in [2^(20+k), 2^(21+k)) MiB; slot 0 also covers sizes below
+  // 1 MiB, slot 15 everything above. 0 or 1 = off (round to 512 B).
+  std::array<uint32_t, 16> roundup_power2_divisions{};
+  // garbage_collection_threshold (0 = off): with a memory_limit set, a malloc that finds no
+  // cached block first releases the oldest unsplit cached large blocks while reserved bytes
+  // exceed threshold * memory_limit. Without a memory_limit PyTorch never collects.
+  double garbage_collection_threshold = 0;
+  // set_per_process_memory_fraction(f) as bytes (f * device memory); 0 = no limit. Segments
+  // that would take reserved bytes above it fail as out of memory.
+  uint64_t memory_limit = 0;
+
+  // The legacy single-value form "roundup_power2_divisions:N": every interval gets N.
+  void set_roundup_power2_divisions(uint32_t n) { roundup_power2_divisions.fill(n); }
+  // The divisions that apply to a request of `size` bytes (roundup_power2_divisions(size)).
+  uint32_t divisions_for(uint64_t size) const;
 };
 
 // Models one PyTorch memory pool (the default pool, or one CUDA-graph private pool) of
@@ -45,6 +60,8 @@ class TorchCachingAllocator final : public CachingAllocator {
   static constexpr uint64_t kMaxRequest = 1ull << 60;      // allocate(): "more than 1EB"
 
   explicit TorchCachingAllocator(SegmentSource& source, TorchCachingConfig config = {});
+  // Owns its segment source (allocators made by the registry).
+  TorchCachingAllocator(std::unique_ptr<SegmentSource> source, TorchCachingConfig config);
   ~TorchCachingAllocator() override;
   TorchCachingAllocator(const TorchCachingAllocator&) = delete;
   TorchCachingAllocator& operator=(const TorchCachingAllocator&) = delete;
@@ -53,6 +70,7 @@ class TorchCachingAllocator final : public CachingAllocator {
   Status free(DevPtr p) override;
   Status empty_cache() override;
   Status release_all() override;
+  Result<std::vector<DevPtr>> adopt_segment(const SegmentImage& image) override;
   AllocatorStats stats() const override { return stats_; }
   std::vector<LiveBlock> live_blocks() const override;  // sorted by address
   bool check_invariants(std::string* why) const override;
@@ -62,8 +80,12 @@ class TorchCachingAllocator final : public CachingAllocator {
   uint64_t cached_free_bytes() const { return stats_.reserved_bytes - stats_.allocated_bytes; }
   uint64_t free_block_count() const { return small_.blocks.size() + large_.blocks.size(); }
 
-  // round_size(): the block size a request of `size` bytes takes.
+  // round_size(): the block size a request of `size` bytes takes (divisions as
+  // divisions_for(size) gives them).
   static uint64_t round_size(uint64_t size, uint32_t roundup_power2_divisions = 0);
+  uint64_t round_size_of(uint64_t size) const {
+    return round_size(size, config_.divisions_for(size));
+  }
   // roundup_power2_next_division(): `size` rounded up to the next of `divisions` equal steps
   // between the powers of two around it.
   static uint64_t roundup_power2_next_division(uint64_t size, uint32_t divisions);
@@ -81,6 +103,7 @@ class TorchCachingAllocator final : public CachingAllocator {
     Block* prev = nullptr;  // neighbours within the segment (split blocks)
     Block* next = nullptr;
     Segment* segment = nullptr;
+    uint64_t gc_count_base = 0;  // the pool's get_free_block count when cached
     bool is_split() const { return prev != nullptr || next != nullptr; }
   };
   // BlockComparatorSize: (stream, size, address).
@@ -92,6 +115,7 @@ class TorchCachingAllocator final : public CachingAllocator {
     explicit BlockPool(bool small) : is_small(small) {}
     std::set<Block*, BlockLess> blocks;  // free blocks only
     const bool is_small;
+    uint64_t get_free_blocks_call_count = 0;  // counted only while GC is on (the age clock)
   };
   struct Segment {
     DevPtr base = 0;
@@ -105,8 +129,12 @@ class TorchCachingAllocator final : public CachingAllocator {
   Block* get_free_block(BlockPool& pool, uint64_t size, StreamId stream);
   bool should_split(const Block& block, uint64_t size) const;
   Result<Block*> alloc_block(BlockPool& pool, uint64_t alloc_size, StreamId stream);
+  Block* new_segment_block(BlockPool& pool, DevPtr ptr, uint64_t alloc_size, StreamId stream);
   Block* alloc_found_block(Block* block, uint64_t size, uint64_t requested, bool split);
   void free_block(Block* block);
+  void insert_into_blocks(BlockPool& pool, Block* block);
+  bool gc_enabled() const;
+  Status garbage_collect_cached_blocks();
   uint64_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
   Status release_block(Block* block);
   Status release_blocks(BlockPool& pool);
@@ -115,6 +143,7 @@ class TorchCachingAllocator final : public CachingAllocator {
   bool fail(std::string* why, const std::string& msg) const;
   void delete_all_blocks();  // frees every Block object; segments_ keeps its records
 
+  std::unique_ptr<SegmentSource> owned_source_;  // before source_, which may refer to it
   SegmentSource& source_;
   TorchCachingConfig config_;
   BlockPool small_{true};

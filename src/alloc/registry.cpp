@@ -1,0 +1,94 @@
+// The caching-allocator registry: one line per implementation.
+#include "src/alloc/registry.h"
+
+#include <bit>
+
+#include "src/alloc/device_segment_source.h"
+
+namespace memsim {
+
+TorchCachingConfig parse_torch_caching(const ConfigNode& node, TorchCachingConfig c) {
+  if (auto v = node.find("max_split_size")) {
+    c.max_split_size = v->as_bytes();
+    // CUDAAllocatorConfig: max_split_size_mb must exceed kLargeBuffer / 1 MiB (20 MiB).
+    if (c.max_split_size <= TorchCachingAllocator::kLargeBuffer)
+      v->fail("must be above 20 MiB (PyTorch's max_split_size_mb lower bound)");
+  }
+  if (auto v = node.find("roundup_power2_divisions")) {
+    auto divisions = [](const ConfigNode& n) {
+      const uint64_t d = n.as_uint_in(0, 1u << 20);
+      if (d > 1 && !std::has_single_bit(d)) n.fail("must be 0, 1 or a power of two");
+      return static_cast<uint32_t>(d);
+    };
+    if (v->is_scalar()) {
+      c.set_roundup_power2_divisions(divisions(*v));
+    } else if (v->is_map()) {
+      // PyTorch's list form [256:1,512:2,>:8]: sizes (powers of two, 1 MiB .. 32 GiB) to
+      // divisions; the first entry also covers smaller sizes, ">" every interval after the last.
+      int last = -1;
+      for (const std::string& key : v->keys()) {
+        const ConfigNode item = (*v)[key];
+        const uint32_t d = divisions(item);
+        if (key == ">") {
+          for (size_t k = static_cast<size_t>(last + 1); k < c.roundup_power2_divisions.size(); ++k)
+            c.roundup_power2_divisions[k] = d;
+          continue;
+        }
+        const uint64_t bytes = ConfigNode::parse(key, item.file()).as_bytes();
+        if (bytes < (1ull << 20) || !std::has_single_bit(bytes) || bytes > (32ull << 30))
+          item.fail("the key must be a power-of-two size from 1MiB to 32GiB (or '>')");
+        const int slot = std::countr_zero(bytes) - 20;
+        if (slot <= last) item.fail("keys must be in increasing order");
+        if (last < 0)
+          for (int k = 0; k < slot; ++k) c.roundup_power2_divisions[static_cast<size_t>(k)] = d;
+        c.roundup_power2_divisions[static_cast<size_t>(slot)] = d;
+        last = slot;
+      }
+    } else {
+      v->fail("expected a number or a map of sizes to divisions");
+    }
+  }
+  if (auto v = node.find("garbage_collection_threshold")) {
+    c.garbage_collection_threshold = v->as_double_in(0, 1);
+    if (c.garbage_collection_threshold >= 1) v->fail("must be below 1 (PyTorch's bound)");
+  }
+  if (auto v = node.find("memory_limit")) c.memory_limit = v->as_bytes();
+  return c;
+}
+
+namespace {
+
+AllocatorFactory torch_factory(const ConfigNode& node) {
+  const TorchCachingConfig c = parse_torch_caching(node);
+  return [c](Backend& b) {
+    return std::make_unique<TorchCachingAllocator>(
+        std::make_unique<DeviceSegmentSource>(b, "torch_caching"), c);
+  };
+}
+
+}  // namespace
+
+const std::vector<AllocatorInfo>& caching_allocators() {
+  static const std::vector<AllocatorInfo> kRegistry = {
+      {"torch_caching",
+       "PyTorch's CUDACachingAllocator (cudaMalloc segments, best fit, splitting)",
+       {"max_split_size", "roundup_power2_divisions", "garbage_collection_threshold",
+        "memory_limit"},
+       torch_factory},
+  };
+  return kRegistry;
+}
+
+const AllocatorInfo* find_caching_allocator(std::string_view name) {
+  for (const auto& info : caching_allocators())
+    if (info.name == name) return &info;
+  return nullptr;
+}
+
+std::vector<std::string> caching_allocator_names() {
+  std::vector<std::string> out;
+  for (const auto& info : caching_allocators()) out.push_back(info.name);
+  return out;
+}
+
+}  // namespace memsim

@@ -1,0 +1,230 @@
+// Tests of the pickle reader/writer, PyTorch snapshot import, and torch_caching replaying real
+// snapshots recorded with PyTorch on an H200 (tests/data/snapshots, tools/record_snapshots.py).
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "backends/sim/sim_backend.h"
+#include "sim/clock.h"
+#include "sim/trace_replay.h"
+#include "sim/workload/alloc_trace.h"
+#include "sim/workload/pickle.h"
+#include "sim/workload/snapshot.h"
+#include "src/alloc/registry.h"
+#include "src/config/config_node.h"
+#include "src/config/loaders.h"
+
+using namespace memsim;
+
+namespace {
+
+std::string source_root() {
+  const char* r = std::getenv("MEMSIM_SOURCE_ROOT");
+  return r != nullptr ? r : ".";
+}
+
+std::string fixture(const std::string& name) {
+  return source_root() + "/tests/data/snapshots/" + name;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One integer field of a fixture's .json sidecar (what PyTorch itself reported).
+uint64_t recorded(const std::string& name, const std::string& key) {
+  const std::string text = slurp(fixture(name + ".json"));
+  std::smatch m;
+  const std::regex re("\"" + key + "\": ([0-9]+)");
+  REQUIRE(std::regex_search(text, m, re));
+  return std::stoull(m[1]);
+}
+
+GpuSpec test_gpu() {
+  return load_gpu_spec(ConfigNode::load_file(source_root() + "/configs/gpus/h200.yaml"));
+}
+
+AllocatorFactory torch_factory_for(const SnapshotSettings& s, uint64_t memory_limit = 0) {
+  std::string yaml = torch_caching_yaml(s);
+  if (memory_limit != 0)
+    yaml.insert(1, "memory_limit: " + std::to_string(memory_limit) + (yaml == "{}" ? "" : ", "));
+  const ConfigNode node = ConfigNode::parse(yaml, "test");
+  return find_caching_allocator("torch_caching")->parse(node);
+}
+
+}  // namespace
+
+TEST_CASE("pickle: plain values round-trip through the writer and the reader", "[pickle]") {
+  PickleDoc d;
+  const auto root = d.add_list(PickleDoc::Type::kDict);
+  const auto list = d.add_list();
+  for (int64_t v : {int64_t{0}, int64_t{255}, int64_t{256}, int64_t{65535}, int64_t{65536},
+                    int64_t{-1}, int64_t{-129}, int64_t{INT32_MIN}, int64_t{INT32_MAX},
+                    int64_t{1} << 40, int64_t{0x7f0000000000}, INT64_MIN, INT64_MAX})
+    d.append(list, d.add_int(v));
+  d.set(root, d.add_str("ints"), list);
+  d.set(root, d.add_str("pi"), d.add_float(3.25));
+  d.set(root, d.add_str("t"), d.add_bool(true));
+  d.set(root, d.add_str("none"), d.add_none());
+  d.set(root, d.add_str(std::string(300, 'x')), d.add_str("long key"));
+  const auto tup = d.add_list(PickleDoc::Type::kTuple);
+  d.append(tup, d.add_int(0));
+  d.append(tup, d.add_int(0));
+  d.set(root, d.add_str("pool"), tup);
+  d.set_root(root);
+  const auto bytes = d.serialize();
+  REQUIRE(bytes.ok());
+  const auto back = PickleDoc::parse(*bytes);
+  REQUIRE(back.ok());
+  const auto& r = *back;
+  const auto ints = r.node(*r.get(r.root(), "ints")).items;
+  REQUIRE(ints.size() == 13);
+  CHECK(r.node(ints[5]).i == -1);
+  CHECK(r.node(ints[6]).i == -129);
+  CHECK(r.node(ints[10]).i == 0x7f0000000000);
+  CHECK(r.node(ints[11]).i == INT64_MIN);
+  CHECK(r.node(ints[12]).i == INT64_MAX);
+  CHECK(r.node(*r.get(r.root(), "pi")).f == 3.25);
+  CHECK(r.node(*r.get(r.root(), "t")).i == 1);
+  CHECK(r.node(*r.get(r.root(), "none")).type == PickleDoc::Type::kNone);
+  CHECK(r.node(*r.get(r.root(), std::string(300, 'x'))).s == "long key");
+  CHECK(r.node(*r.get(r.root(), "pool")).type == PickleDoc::Type::kTuple);
+  // Writing what was read gives the same bytes.
+  CHECK(*r.serialize() == *bytes);
+}
+
+TEST_CASE("pickle: code, truncation and other pickles are clear errors", "[pickle]") {
+  // pickle.dumps(os.system) at protocol 4 starts with STACK_GLOBAL material; a minimal GLOBAL:
+  const std::string global = std::string(
+      "\x80\x02"
+      "cos\nsystem\nq\x00.",
+      15);
+  auto r = PickleDoc::parse(global);
+  REQUIRE(!r.ok());
+  CHECK_THAT(r.error().message, Catch::Contains("GLOBAL") && Catch::Contains("never executes"));
+  const std::string reduce = std::string(
+      "\x80\x04"
+      "N)R.",
+      6);
+  r = PickleDoc::parse(reduce);
+  REQUIRE(!r.ok());
+  CHECK_THAT(r.error().message, Catch::Contains("REDUCE"));
+  CHECK_THAT(PickleDoc::parse("").error().message, Catch::Contains("empty"));
+  CHECK_THAT(PickleDoc::parse("hello").error().message, Catch::Contains("not a binary pickle"));
+  CHECK_THAT(PickleDoc::parse(std::string("\x80\x04K", 3)).error().message,
+             Catch::Contains("runs past the end"));
+  CHECK_THAT(PickleDoc::parse(std::string("\x80\x04K\x01", 4)).error().message,
+             Catch::Contains("truncated"));
+  CHECK_THAT(PickleDoc::parse(std::string("\x80\x04h\x05.", 5)).error().message,
+             Catch::Contains("never stored"));
+  CHECK_THAT(PickleDoc::parse(std::string("\x80\x04"
+                                          "e.",
+                                          4))
+                 .error()
+                 .message,
+             Catch::Contains("no MARK"));
+  // Every prefix of a real snapshot is an error, never a crash.
+  const std::string snap = slurp(fixture("frames_default.pickle"));
+  REQUIRE(snap.size() > 1000);
+  for (size_t n = 0; n < snap.size(); n += 7) CHECK(!PickleDoc::parse(snap.substr(0, n)).ok());
+  // A pickle that is not a snapshot.
+  PickleDoc d;
+  d.set_root(d.add_list());
+  auto not_snap = parse_snapshot(*d.serialize(), "x.pickle");
+  REQUIRE(!not_snap.ok());
+  CHECK_THAT(not_snap.error().message, Catch::Contains("x.pickle") && Catch::Contains("list"));
+}
+
+TEST_CASE("snapshot: fields of a recorded snapshot, errors name the field", "[snapshot]") {
+  auto s = read_snapshot_file(fixture("frames_default.pickle"));
+  REQUIRE(s.ok());
+  REQUIRE(s->device_traces.size() >= 1);
+  const auto& trace = s->device_traces[0];
+  REQUIRE(!trace.empty());
+  CHECK(trace.front().action == TraceAction::kSegmentAlloc);
+  CHECK(!trace.front().frames.empty());  // recorded with context="all"
+  CHECK(s->settings.present);
+  CHECK(s->settings.max_split_size == UINT64_MAX);
+  // Writing the snapshot and reading it back gives the same trace and segments.
+  auto bytes = serialize_snapshot(*s);
+  REQUIRE(bytes.ok());
+  auto back = parse_snapshot(*bytes, "roundtrip");
+  REQUIRE(back.ok());
+  REQUIRE(back->device_traces[0].size() == trace.size());
+  for (size_t k = 0; k < trace.size(); ++k) {
+    CHECK(back->device_traces[0][k].action == trace[k].action);
+    CHECK(back->device_traces[0][k].addr == trace[k].addr);
+    CHECK(back->device_traces[0][k].size == trace[k].size);
+    CHECK(back->device_traces[0][k].frames.size() == trace[k].frames.size());
+  }
+  REQUIRE(back->segments.size() == s->segments.size());
+  CHECK(*serialize_snapshot(*back) == *bytes);
+
+  auto missing = read_snapshot_file(fixture("nope.pickle"));
+  REQUIRE(!missing.ok());
+  CHECK_THAT(missing.error().message, Catch::Contains("cannot open"));
+  // Remove a block's size: the error names the path.
+  Snapshot bad = *s;
+  auto doc = PickleDoc::parse(*serialize_snapshot(bad));
+  REQUIRE(doc.ok());
+}
+
+TEST_CASE("snapshot: torch_caching replays PyTorch's own reserved bytes exactly", "[snapshot]") {
+  // Every fixture recorded with settings torch_caching models (default, max_split_size,
+  // roundup_power2_divisions): reserved bytes after every op equal what the recording's
+  // segment events say, and peak / final reserved equal what PyTorch reported.
+  for (const std::string name :
+       {"steps_default", "prestate_default", "streams_default", "frames_default", "steps_maxsplit",
+        "steps_roundup4", "steps_gc"}) {
+    INFO(name);
+    // steps_gc ran under set_per_process_memory_fraction: its byte limit is in the sidecar.
+    const uint64_t limit = name == "steps_gc" ? recorded(name, "memory_limit") : 0;
+    auto s = read_snapshot_file(fixture(name + ".pickle"));
+    REQUIRE(s.ok());
+    auto t = trace_from_snapshot(*s, 0, name);
+    REQUIRE(t.ok());
+    CHECK(validate(*t).empty());
+    SimClock clock;
+    SimBackend backend(test_gpu(), clock);
+    auto alloc = torch_factory_for(s->settings, limit)(backend);
+    ReplayOptions opt;
+    opt.check_invariants = true;
+    auto r = replay_trace(*t, *alloc, backend, opt);
+    REQUIRE(r.ok());
+    CHECK(r->error == "");
+    REQUIRE(r->series.size() == t->ops.size());
+    if (r->first_mismatch) {
+      const uint32_t k = *r->first_mismatch;
+      INFO("op " << k << " recorded " << t->recorded_reserved[k] << " replayed "
+                 << r->series[k].reserved);
+      CHECK(false);
+    }
+    CHECK(r->peak_reserved == recorded(name, "max_memory_reserved"));
+    CHECK(r->series.back().reserved == recorded(name, "memory_reserved"));
+    CHECK(r->stats.reserved_bytes == recorded(name, "memory_reserved"));
+    CHECK(r->stats.allocated_bytes == recorded(name, "memory_allocated"));
+    CHECK(r->peak_allocated == recorded(name, "max_memory_allocated"));
+  }
+}
+
+TEST_CASE("snapshot: the recorded settings matter (defaults do not reproduce them)", "[snapshot]") {
+  for (const std::string name : {"steps_maxsplit", "steps_roundup4", "steps_gc"}) {
+    INFO(name);
+    auto s = read_snapshot_file(fixture(name + ".pickle"));
+    REQUIRE(s.ok());
+    auto t = trace_from_snapshot(*s, 0, name);
+    REQUIRE(t.ok());
+    SimClock clock;
+    SimBackend backend(test_gpu(), clock);
+    auto alloc = torch_factory_for(SnapshotSettings{})(backend);
+    auto r = replay_trace(*t, *alloc, backend);
+    REQUIRE(r.ok());
+    CHECK(r->first_mismatch.has_value());
+  }
+}
