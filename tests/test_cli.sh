@@ -280,6 +280,39 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   expect_absent "$TMP/out_kv_cuda" "kv --backend cuda without a GPU: --out dir created"
 fi
 
+# memsim replay: a recorded PyTorch snapshot, its outputs, and bad snapshots or options.
+SNAP=$ROOT/tests/data/snapshots/steps_default.pickle
+run replay replay "$SNAP" --out "$TMP/out_replay" --export "$TMP/exported.pickle"
+expect_rc replay 0
+expect_in "$TMP/replay.out" "reserved equal after all" "replay: torch_caching matches the recording"
+for f in summary.json timeseries.csv; do
+  check "replay: $f written" test -s "$TMP/out_replay/replay/$f"
+done
+expect_in "$TMP/out_replay/replay/summary.json" '"peak_reserved_bytes": 150994944' \
+  "replay: peak reserved as PyTorch reported it"
+check "replay: snapshot exported" test -s "$TMP/exported.pickle"
+run replay_back replay "$TMP/exported.pickle" --allocator torch_caching --no-min-capacity \
+  --out "$TMP/out_replay_back"
+expect_rc replay_back 0
+expect_in "$TMP/replay_back.out" "reserved equal after all" "replay: the exported snapshot replays"
+head -c 5000 "$SNAP" > "$TMP/truncated.pickle"
+run replay_trunc replay "$TMP/truncated.pickle" --out "$TMP/out_trunc"
+expect_rc replay_trunc 2
+expect_in "$TMP/replay_trunc.err" "truncated.pickle: pickle byte" "replay: truncated snapshot named"
+expect_absent "$TMP/out_trunc" "replay truncated: --out dir created"
+run replay_text replay "$CONFIG" --out "$TMP/out_text"
+expect_rc replay_text 2
+expect_in "$TMP/replay_text.err" "not a binary pickle" "replay: a YAML file is not a pickle"
+run replay_alloc replay "$SNAP" --allocator torch_cachin --out "$TMP/out_alloc"
+expect_rc replay_alloc 2
+expect_in "$TMP/replay_alloc.err" "did you mean 'torch_caching'" "replay: unknown allocator"
+run replay_key replay "$SNAP" --set torch_caching.max_split=64MiB --out "$TMP/out_key"
+expect_rc replay_key 2
+expect_in "$TMP/replay_key.err" "max_split_size" "replay: unknown key names the closest"
+run replay_val replay "$SNAP" --set torch_caching.max_split_size=lots --out "$TMP/out_val"
+expect_rc replay_val 2
+expect_in "$TMP/replay_val.err" "torch_caching.max_split_size" "replay: bad value names the key"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

@@ -65,6 +65,15 @@ struct SegmentImage {
   std::vector<Block> blocks;  // by offset
 };
 
+// Told when a caching allocator takes or returns device memory (a segment), e.g. to record the
+// allocator's timeline as a PyTorch snapshot.
+class AllocatorObserver {
+ public:
+  virtual ~AllocatorObserver() = default;
+  virtual void segment_alloc(DevPtr base, uint64_t bytes, StreamId stream) = 0;
+  virtual void segment_free(DevPtr base, uint64_t bytes, StreamId stream) = 0;
+};
+
 // Contract: a device-memory caching allocator in the manner of PyTorch's
 // CUDACachingAllocator.
 // - malloc(bytes, stream) returns a pointer to >= bytes that overlaps no other live block;
@@ -98,6 +107,12 @@ class CachingAllocator {
   virtual AllocatorStats stats() const = 0;
   virtual std::vector<LiveBlock> live_blocks() const = 0;
   virtual bool check_invariants(std::string* why) const = 0;
+
+  // Segment events go to `observer` (nullptr: none) from now on.
+  void set_observer(AllocatorObserver* observer) { observer_ = observer; }
+
+ protected:
+  AllocatorObserver* observer_ = nullptr;
 };
 
 }  // namespace memsim

@@ -205,6 +205,7 @@ TorchCachingAllocator::Block* TorchCachingAllocator::new_segment_block(BlockPool
   add_stat(stats_.reserved_bytes, stats_.peak_reserved_bytes, alloc_size);
   ++stats_.segments;
   ++stats_.segment_allocs;
+  if (observer_ != nullptr) observer_->segment_alloc(ptr, alloc_size, stream);
   return block;
 }
 
@@ -338,6 +339,7 @@ uint64_t TorchCachingAllocator::try_merge_blocks(Block* dst, Block* src, BlockPo
 Status TorchCachingAllocator::release_block(Block* block) {
   Segment* seg = block->segment;
   MEMSIM_TRY(source_.release_segment(seg->base, seg->size));
+  if (observer_ != nullptr) observer_->segment_free(seg->base, seg->size, seg->stream);
   seg->pool->blocks.erase(block);
   stats_.reserved_bytes -= seg->size;
   --stats_.segments;

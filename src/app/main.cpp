@@ -8,6 +8,7 @@
 #include "memsim_config.h"
 #if MEMSIM_HAVE_CUDA
 #include "src/app/calibrate.h"
+#include "src/app/replay_command.h"
 #if MEMSIM_HAVE_CUDA
 #include "src/app/calibrate_model.h"
 #endif
@@ -131,11 +132,44 @@ int main(int argc, char** argv) {
   bool cal_graphs = false;
   calibrate->add_flag("--graphs", cal_graphs,
                       "with --model: decode steps as captured CUDA graphs (as vLLM runs them)");
+  CLI::App* replay = app.add_subcommand(
+      "replay",
+      "replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) under "
+      "every caching allocator");
+  memsim::ReplayCommandOptions rp;
+  replay->add_option("snapshot", rp.snapshot, "the snapshot pickle")
+      ->required()
+      ->check(CLI::ExistingFile);
+  replay->add_option("--allocator", rp.allocators,
+                     "allocator to replay under (repeatable; default: all)");
+  replay->add_option("--set", rp.overrides,
+                     "allocator option: --set NAME.key=value, e.g. "
+                     "torch_caching.max_split_size=64MiB (repeatable)");
+  replay->add_option("--out", rp.out_dir, "results folder; output goes to DIR/replay/")
+      ->capture_default_str();
+  replay
+      ->add_option("--gpu", rp.gpu,
+                   "GPU: a name under configs/gpus/ or a YAML path (its capacity bounds the "
+                   "replay: out of memory is an outcome)")
+      ->capture_default_str();
+  replay->add_option("--device", rp.device, "which device's trace to replay")
+      ->capture_default_str();
+  bool rp_no_min = false;
+  replay->add_flag("--no-min-capacity", rp_no_min,
+                   "skip the bisection for the smallest GPU capacity each allocator fits in");
+  replay->add_option("--export", rp.export_path,
+                     "write torch_caching's replay as a snapshot pickle (for memory_viz)");
   try {
     app.parse(argc, argv);
-    if (!calibrate->parsed() && config_opt->count() == 0) throw CLI::RequiredError("--config");
+    if (!calibrate->parsed() && !replay->parsed() && config_opt->count() == 0)
+      throw CLI::RequiredError("--config");
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitConfigError;
+  }
+
+  if (replay->parsed()) {
+    rp.min_capacity = !rp_no_min;
+    return memsim::run_replay_command(rp, std::cout, std::cerr);
   }
 
   if (calibrate->parsed()) {

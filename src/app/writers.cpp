@@ -193,12 +193,17 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
 std::string run_plot_script(const std::string& config_source, const std::string& script_name,
                             const std::string& dir, const std::vector<std::string>& args,
                             const std::vector<std::string>& outputs) {
-  // The script sits in tools/ of the source tree: next to the experiment's folder, or MEMSIM_ROOT.
+  // The script sits in tools/ of the source tree: MEMSIM_ROOT, next to the experiment's folder,
+  // the current folder, or beside the binary's build folder.
   std::vector<fs::path> candidates;
   if (const char* root = std::getenv("MEMSIM_ROOT"))
     candidates.push_back(fs::path(root) / "tools" / script_name);
   candidates.push_back(fs::path(config_source).parent_path() / ".." / "tools" / script_name);
   candidates.push_back(fs::path("tools") / script_name);
+  // Beside the binary's build folder (build/memsim -> tools/).
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path() / ".." / "tools" / script_name);
   fs::path script;
   for (const auto& p : candidates)
     if (fs::is_regular_file(p)) {
