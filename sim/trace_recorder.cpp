@@ -39,6 +39,15 @@ void RecordingAllocator::segment_free(DevPtr base, uint64_t bytes, StreamId stre
   add(TraceAction::kSegmentFree, base, bytes, stream);
 }
 
+// Expandable segments: only the events (the dumped state lists plain segments only).
+void RecordingAllocator::segment_map(DevPtr base, uint64_t bytes, StreamId stream) {
+  add(TraceAction::kSegmentMap, base, bytes, stream);
+}
+
+void RecordingAllocator::segment_unmap(DevPtr base, uint64_t bytes, StreamId stream) {
+  add(TraceAction::kSegmentUnmap, base, bytes, stream);
+}
+
 Result<DevPtr> RecordingAllocator::malloc(uint64_t bytes, StreamId stream) {
   MEMSIM_ASSIGN_OR_RETURN(const DevPtr p, inner_.malloc(bytes, stream));
   live_[p] = {bytes, stream};

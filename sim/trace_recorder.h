@@ -40,6 +40,8 @@ class RecordingAllocator final : public CachingAllocator, private AllocatorObser
  private:
   void segment_alloc(DevPtr base, uint64_t bytes, StreamId stream) override;
   void segment_free(DevPtr base, uint64_t bytes, StreamId stream) override;
+  void segment_map(DevPtr base, uint64_t bytes, StreamId stream) override;
+  void segment_unmap(DevPtr base, uint64_t bytes, StreamId stream) override;
   void add(TraceAction a, DevPtr addr, uint64_t size, StreamId stream);
   std::vector<SnapshotSegment> current_segments() const;
 

@@ -128,6 +128,7 @@ std::string torch_caching_yaml(const SnapshotSettings& s) {
       slots.push_back(fmt::format("{}MiB: {}", 1u << k, s.roundup_power2_divisions[k]));
     keys.push_back(fmt::format("roundup_power2_divisions: {{{}}}", fmt::join(slots, ", ")));
   }
+  if (s.expandable_segments) keys.push_back("expandable_segments: true");
   if (s.garbage_collection_threshold > 0)
     keys.push_back(fmt::format("garbage_collection_threshold: {}", s.garbage_collection_threshold));
   return fmt::format("{{{}}}", fmt::join(keys, ", "));

@@ -54,7 +54,6 @@ struct ReplayOptions {
 struct SnapshotSettings;
 // The torch_caching keys (YAML flow map) that reproduce a snapshot's allocator_settings, e.g.
 // "{max_split_size: 41943040, roundup_power2_divisions: {1MiB: 4, ...}}"; "{}" for defaults.
-// Expandable segments are not among them (see the replay command).
 std::string torch_caching_yaml(const SnapshotSettings& s);
 
 // Replays `trace` through `alloc` (fresh, over `backend`): adopts the initial segments, runs the

@@ -215,7 +215,8 @@ TEST_CASE("snapshot: torch_caching replays PyTorch's own reserved bytes exactly"
 }
 
 TEST_CASE("snapshot: the recorded settings matter (defaults do not reproduce them)", "[snapshot]") {
-  for (const std::string name : {"steps_maxsplit", "steps_roundup4", "steps_gc"}) {
+  for (const std::string name :
+       {"steps_maxsplit", "steps_roundup4", "steps_gc", "steps_expandable"}) {
     INFO(name);
     auto s = read_snapshot_file(fixture(name + ".pickle"));
     REQUIRE(s.ok());

@@ -72,6 +72,9 @@ class AllocatorObserver {
   virtual ~AllocatorObserver() = default;
   virtual void segment_alloc(DevPtr base, uint64_t bytes, StreamId stream) = 0;
   virtual void segment_free(DevPtr base, uint64_t bytes, StreamId stream) = 0;
+  // Pages mapped into / unmapped from a segment that grows (expandable segments).
+  virtual void segment_map(DevPtr, uint64_t, StreamId) {}
+  virtual void segment_unmap(DevPtr, uint64_t, StreamId) {}
 };
 
 // Contract: a device-memory caching allocator in the manner of PyTorch's

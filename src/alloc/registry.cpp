@@ -53,6 +53,7 @@ TorchCachingConfig parse_torch_caching(const ConfigNode& node, TorchCachingConfi
     if (c.garbage_collection_threshold >= 1) v->fail("must be below 1 (PyTorch's bound)");
   }
   if (auto v = node.find("memory_limit")) c.memory_limit = v->as_bytes();
+  if (auto v = node.find("expandable_segments")) c.expandable_segments = v->as_bool();
   return c;
 }
 
@@ -62,7 +63,7 @@ AllocatorFactory torch_factory(const ConfigNode& node) {
   const TorchCachingConfig c = parse_torch_caching(node);
   return [c](Backend& b) {
     return std::make_unique<TorchCachingAllocator>(
-        std::make_unique<DeviceSegmentSource>(b, "torch_caching"), c);
+        std::make_unique<DeviceSegmentSource>(b, "torch_caching"), c, &b);
   };
 }
 
@@ -73,7 +74,7 @@ const std::vector<AllocatorInfo>& caching_allocators() {
       {"torch_caching",
        "PyTorch's CUDACachingAllocator (cudaMalloc segments, best fit, splitting)",
        {"max_split_size", "roundup_power2_divisions", "garbage_collection_threshold",
-        "memory_limit"},
+        "memory_limit", "expandable_segments"},
        torch_factory},
   };
   return kRegistry;

@@ -29,7 +29,8 @@ const AllocatorInfo* find_caching_allocator(std::string_view name);
 std::vector<std::string> caching_allocator_names();
 
 // The torch_caching keys of `node` (max_split_size, roundup_power2_divisions,
-// garbage_collection_threshold, memory_limit) over `base`; shared with the graph-memory pools.
+// garbage_collection_threshold, memory_limit, expandable_segments) over `base`; shared with the
+// graph-memory pools.
 TorchCachingConfig parse_torch_caching(const ConfigNode& node, TorchCachingConfig base = {});
 
 }  // namespace memsim

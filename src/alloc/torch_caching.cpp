@@ -39,8 +39,8 @@ TorchCachingAllocator::TorchCachingAllocator(SegmentSource& source, TorchCaching
     : source_(source), config_(config) {}
 
 TorchCachingAllocator::TorchCachingAllocator(std::unique_ptr<SegmentSource> source,
-                                             TorchCachingConfig config)
-    : owned_source_(std::move(source)), source_(*owned_source_), config_(config) {}
+                                             TorchCachingConfig config, Backend* vmm)
+    : owned_source_(std::move(source)), vmm_(vmm), source_(*owned_source_), config_(config) {}
 
 // Frees the bookkeeping only; segments still held are not returned (see the header).
 TorchCachingAllocator::~TorchCachingAllocator() {
@@ -111,17 +111,22 @@ Result<DevPtr> TorchCachingAllocator::malloc(uint64_t bytes, StreamId stream) {
   Block* block = get_free_block(pool, size, stream);
   if (block == nullptr) {
     if (gc_enabled()) MEMSIM_TRY(garbage_collect_cached_blocks());
-    Result<Block*> r = alloc_block(pool, alloc_size, stream);
+    // alloc_block(): with expandable segments, grow one instead of a new cudaMalloc.
+    auto grow = [&]() {
+      return config_.expandable_segments ? try_allocate_expandable_block(pool, size, stream)
+                                         : alloc_block(pool, alloc_size, stream);
+    };
+    Result<Block*> r = grow();
     if (!r.ok() && r.error().code == ErrorCode::kOutOfMemory) {
       Result<bool> released = release_available_cached_blocks(pool, size, stream);
       if (!released.ok()) return released.error();
-      if (*released) r = alloc_block(pool, alloc_size, stream);
+      if (*released) r = grow();
     }
     // PyTorch skips this step while a capture is underway (it would cudaFree under capture);
     // this allocator does not know about captures, so it always retries.
     if (!r.ok() && r.error().code == ErrorCode::kOutOfMemory) {
       MEMSIM_TRY(release_cached_blocks());
-      r = alloc_block(pool, alloc_size, stream);
+      r = grow();
     }
     if (!r.ok()) {
       Error e = r.error();
@@ -150,6 +155,18 @@ TorchCachingAllocator::Block* TorchCachingAllocator::get_free_block(BlockPool& p
   key.size = size;
   auto it = pool.blocks.lower_bound(&key);
   if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
+  if (config_.expandable_segments && (*it)->segment->expandable) {
+    // A free block followed by unmapped space counts as the size it could grow to, so best
+    // fit takes the next larger blocks that cannot grow before it.
+    auto expandable_size = [](const Block* b) {
+      return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+    };
+    for (auto next = std::next(it);
+         (*it)->segment->expandable && next != pool.blocks.end() && (*next)->stream == stream &&
+         expandable_size(*next) < expandable_size(*it);
+         ++next)
+      it = next;
+  }
   const uint64_t max_split = config_.max_split_size;
   // Do not return an oversized block for a large request.
   if (size < max_split && (*it)->size >= max_split) return nullptr;
@@ -164,7 +181,8 @@ TorchCachingAllocator::Block* TorchCachingAllocator::get_free_block(BlockPool& p
 // only when the (rounded) request is below max_split_size and the remainder exceeds 1 MiB.
 bool TorchCachingAllocator::should_split(const Block& block, uint64_t size) const {
   const uint64_t remaining = block.size - size;
-  if (block.segment->pool->is_small) return remaining >= kMinBlockSize;
+  if (block.segment->pool->is_small || config_.expandable_segments)
+    return remaining >= kMinBlockSize;
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
@@ -288,25 +306,27 @@ Status TorchCachingAllocator::garbage_collect_cached_blocks() {
   const uint64_t target_size = stats_.reserved_bytes - gc_threshold;
   auto age = [&](const Block* b) { return large_.get_free_blocks_call_count - b->gc_count_base; };
   double total_age = 0;
-  uint64_t freeable = 0;
+  uint64_t n_freeable = 0;
+  // Newer PyTorch skips expandable segments here (they are unmapped, not freed).
+  auto freeable = [](const Block* b) { return !b->is_split() && !b->segment->expandable; };
   for (const Block* b : large_.blocks) {
-    if (b->is_split()) continue;
+    if (!freeable(b)) continue;
     total_age += static_cast<double>(age(b));
-    ++freeable;
+    ++n_freeable;
   }
   uint64_t reclaimed = 0;
   bool block_freed = true;
-  while (reclaimed < target_size && block_freed && freeable > 0) {
-    const double age_threshold = total_age / static_cast<double>(freeable);
+  while (reclaimed < target_size && block_freed && n_freeable > 0) {
+    const double age_threshold = total_age / static_cast<double>(n_freeable);
     block_freed = false;
     for (auto it = large_.blocks.begin(); it != large_.blocks.end();) {
       Block* b = *it;
       ++it;  // release_block erases only b
-      if (b->is_split() || static_cast<double>(age(b)) < age_threshold) continue;
+      if (!freeable(b) || static_cast<double>(age(b)) < age_threshold) continue;
       block_freed = true;
       reclaimed += b->size;
       total_age -= static_cast<double>(age(b));
-      --freeable;
+      --n_freeable;
       MEMSIM_TRY(release_block(b));
     }
   }
@@ -315,8 +335,13 @@ Status TorchCachingAllocator::garbage_collect_cached_blocks() {
 
 // Follows try_merge_blocks(): `dst` (not in the pool) absorbs the free neighbour `src`.
 uint64_t TorchCachingAllocator::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
-  if (src == nullptr || src->allocated) return 0;
-  pool.blocks.erase(src);  // before any field of src changes: the set is keyed on them
+  if (src == nullptr || src->allocated || src->mapped != dst->mapped) return 0;
+  // Before any field of src changes: the sets are keyed on them.
+  if (src->mapped) {
+    pool.blocks.erase(src);
+  } else {
+    pool.unmapped.erase(src);
+  }
   if (dst->prev == src) {  // [src dst]
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -349,15 +374,26 @@ Status TorchCachingAllocator::release_block(Block* block) {
   return {};
 }
 
-// Follows release_blocks(): release every non-split cached block of the pool.
+// Follows release_blocks(): release every non-split cached block of the pool; free blocks of
+// expandable segments are unmapped (whole pages), and a segment left wholly unmapped is freed.
 Status TorchCachingAllocator::release_blocks(BlockPool& pool) {
   Status first;
+  std::vector<Block*> to_unmap;
   auto it = pool.blocks.begin();
   while (it != pool.blocks.end()) {
     Block* block = *it;
     ++it;  // release_block erases only `block`
+    if (block->segment->expandable) {
+      to_unmap.push_back(block);
+      continue;
+    }
     if (block->is_split()) continue;
     Status s = release_block(block);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  for (Block* block : to_unmap) {
+    Status s = unmap_block(block);
+    if (s.ok() && !block->is_split()) s = release_expandable_segment(block);
     if (!s.ok() && first.ok()) first = s;
   }
   return first;
@@ -384,7 +420,7 @@ Result<bool> TorchCachingAllocator::release_available_cached_blocks(BlockPool& p
   key.size = std::max(size, max_split);
   auto it = pool.blocks.lower_bound(&key);
   if (it != pool.blocks.end() && (*it)->stream == stream) {
-    if ((*it)->is_split()) return false;
+    if ((*it)->is_split() || (*it)->segment->expandable) return false;
     MEMSIM_TRY(release_block(*it));
     return true;
   }
@@ -396,7 +432,7 @@ Result<bool> TorchCachingAllocator::release_available_cached_blocks(BlockPool& p
     Block* cur = *it;
     const bool at_begin = it == pool.blocks.begin();
     if (!at_begin) --it;
-    if (!cur->is_split()) {
+    if (!cur->is_split() && !cur->segment->expandable) {
       total_released += cur->size;
       MEMSIM_TRY(release_block(cur));
     }
@@ -415,7 +451,8 @@ Status TorchCachingAllocator::release_all() {
   delete_all_blocks();
   Status first;
   for (auto& [base, seg] : segments_) {
-    Status s = source_.release_segment(seg.base, seg.size);
+    Status s =
+        seg.expandable ? release_expandable_all(seg) : source_.release_segment(seg.base, seg.size);
     if (!s.ok() && first.ok()) first = s;
     ++stats_.segment_releases;
   }
@@ -423,6 +460,8 @@ Status TorchCachingAllocator::release_all() {
   allocated_.clear();
   small_.blocks.clear();
   large_.blocks.clear();
+  small_.unmapped.clear();
+  large_.unmapped.clear();
   stats_.reserved_bytes = 0;
   stats_.allocated_bytes = 0;
   stats_.requested_bytes = 0;
@@ -436,6 +475,10 @@ Status TorchCachingAllocator::release_all() {
 // should_split() would have left it), free gaps cached. Fails without changing anything when
 // the image does not fit its size.
 Result<std::vector<DevPtr>> TorchCachingAllocator::adopt_segment(const SegmentImage& image) {
+  if (config_.expandable_segments)
+    return make_error(ErrorCode::kNotSupported,
+                      "adopt_segment: torch_caching with expandable segments cannot take over "
+                      "segments held before the trace began");
   struct Piece {
     uint64_t offset, size, requested;
     bool live;
@@ -527,26 +570,45 @@ bool TorchCachingAllocator::check_invariants(std::string* why) const {
       if (b->stream != seg.stream) return fail(why, bat + "stream differs from segment");
       cursor += b->size;
       if (cursor > base + seg.size) return fail(why, bat + "runs past the segment end");
-      const auto in_pool = seg.pool->blocks.find(b);
-      const bool pooled = in_pool != seg.pool->blocks.end() && *in_pool == b;
+      if (!b->mapped && !seg.expandable) return fail(why, bat + "unmapped in a plain segment");
+      if (seg.expandable) {  // mapped blocks lie on mapped pages; unmapped ones are whole
+        const uint64_t first = (b->ptr - base) / seg.page;  // unmapped pages
+        const uint64_t end = (b->ptr - base + b->size + seg.page - 1) / seg.page;
+        if (!b->mapped && ((b->ptr - base) % seg.page != 0 || b->size % seg.page != 0))
+          return fail(why, bat + "unmapped block is not whole pages");
+        for (uint64_t p = first; p < end; ++p)
+          if (b->mapped != (seg.handles[p].id != 0))
+            return fail(why, bat + (b->mapped ? "mapped block on an unmapped page"
+                                              : "unmapped block on a mapped page"));
+      }
+      const bool pooled = b->mapped ? seg.pool->blocks.count(const_cast<Block*>(b)) != 0 &&
+                                          *seg.pool->blocks.find(const_cast<Block*>(b)) == b
+                                    : seg.pool->unmapped.count(const_cast<Block*>(b)) != 0;
       if (b->allocated) {
         auto a = allocated_.find(b->ptr);
         if (a == allocated_.end() || a->second != b) return fail(why, bat + "not in live map");
         if (pooled) return fail(why, bat + "allocated block in the free set");
+        if (!b->mapped) return fail(why, bat + "allocated block is not mapped");
         if (b->requested == 0 || b->requested > b->size) return fail(why, bat + "bad requested");
         allocated += b->size;
         requested += b->requested;
         ++live;
       } else {
         if (!pooled) return fail(why, bat + "free block missing from its pool");
-        if (last != nullptr && !last->allocated) return fail(why, bat + "unmerged free blocks");
+        if (last != nullptr && !last->allocated && last->mapped == b->mapped)
+          return fail(why, bat + "unmerged free blocks");
         ++free_blocks;
       }
     }
     if (cursor != base + seg.size) return fail(why, at + "blocks do not cover the segment");
-    reserved += seg.size;
+    if (seg.expandable) {
+      for (const PhysHandle& h : seg.handles) reserved += h.id != 0 ? seg.page : 0;
+    } else {
+      reserved += seg.size;
+    }
   }
-  if (free_blocks != small_.blocks.size() + large_.blocks.size()) {
+  if (free_blocks != small_.blocks.size() + large_.blocks.size() + small_.unmapped.size() +
+                         large_.unmapped.size()) {
     return fail(why, "free sets hold blocks outside any segment");
   }
   if (live != allocated_.size()) return fail(why, "live map holds blocks outside any segment");

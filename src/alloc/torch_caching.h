@@ -31,6 +31,11 @@ struct TorchCachingConfig {
   // set_per_process_memory_fraction(f) as bytes (f * device memory); 0 = no limit. Segments
   // that would take reserved bytes above it fail as out of memory.
   uint64_t memory_limit = 0;
+  // expandable_segments: one growing virtual range per (pool, stream), mapped on demand in pages
+  // of 2 MiB (small pool) / 20 MiB (large pool) and unmapped by empty_cache(). Needs a Backend.
+  bool expandable_segments = false;
+  // Virtual bytes reserved per expandable segment; 0 = device capacity + 1/8 (PyTorch's size).
+  uint64_t expandable_va_bytes = 0;
 
   // The legacy single-value form "roundup_power2_divisions:N": every interval gets N.
   void set_roundup_power2_divisions(uint32_t n) { roundup_power2_divisions.fill(n); }
@@ -60,8 +65,10 @@ class TorchCachingAllocator final : public CachingAllocator {
   static constexpr uint64_t kMaxRequest = 1ull << 60;      // allocate(): "more than 1EB"
 
   explicit TorchCachingAllocator(SegmentSource& source, TorchCachingConfig config = {});
-  // Owns its segment source (allocators made by the registry).
-  TorchCachingAllocator(std::unique_ptr<SegmentSource> source, TorchCachingConfig config);
+  // Owns its segment source (allocators made by the registry). `vmm` backs expandable segments
+  // (required when config.expandable_segments is set).
+  TorchCachingAllocator(std::unique_ptr<SegmentSource> source, TorchCachingConfig config,
+                        Backend* vmm = nullptr);
   ~TorchCachingAllocator() override;
   TorchCachingAllocator(const TorchCachingAllocator&) = delete;
   TorchCachingAllocator& operator=(const TorchCachingAllocator&) = delete;
@@ -104,6 +111,7 @@ class TorchCachingAllocator final : public CachingAllocator {
     Block* next = nullptr;
     Segment* segment = nullptr;
     uint64_t gc_count_base = 0;  // the pool's get_free_block count when cached
+    bool mapped = true;          // false: unmapped space of an expandable segment
     bool is_split() const { return prev != nullptr || next != nullptr; }
   };
   // BlockComparatorSize: (stream, size, address).
@@ -111,9 +119,14 @@ class TorchCachingAllocator final : public CachingAllocator {
     using is_transparent = void;  // lets check_invariants() look up a const Block*
     bool operator()(const Block* a, const Block* b) const;
   };
+  // (stream, address): the unmapped blocks of expandable segments.
+  struct UnmappedLess {
+    bool operator()(const Block* a, const Block* b) const;
+  };
   struct BlockPool {
     explicit BlockPool(bool small) : is_small(small) {}
-    std::set<Block*, BlockLess> blocks;  // free blocks only
+    std::set<Block*, BlockLess> blocks;       // free mapped blocks only
+    std::set<Block*, UnmappedLess> unmapped;  // free unmapped blocks of expandable segments
     const bool is_small;
     uint64_t get_free_blocks_call_count = 0;  // counted only while GC is on (the age clock)
   };
@@ -123,6 +136,14 @@ class TorchCachingAllocator final : public CachingAllocator {
     StreamId stream;
     BlockPool* pool = nullptr;
     Block* head = nullptr;  // the block at `base`
+    // Expandable segments: the page size and the physical page mapped at each page index.
+    bool expandable = false;
+    uint64_t page = 0;
+    std::vector<PhysHandle> handles;  // id 0 = not mapped
+  };
+  struct Range {
+    DevPtr ptr = 0;
+    uint64_t size = 0;
   };
 
   BlockPool& get_pool(uint64_t rounded) { return rounded <= kSmallSize ? small_ : large_; }
@@ -135,6 +156,15 @@ class TorchCachingAllocator final : public CachingAllocator {
   void insert_into_blocks(BlockPool& pool, Block* block);
   bool gc_enabled() const;
   Status garbage_collect_cached_blocks();
+  // Expandable segments (torch_expandable.cpp).
+  Result<Block*> try_allocate_expandable_block(BlockPool& pool, uint64_t size, StreamId stream);
+  Result<Block*> find_expandable_block(BlockPool& pool, uint64_t size, StreamId stream);
+  Result<bool> map_block(Block* to_map, uint64_t size);
+  Status unmap_block(Block* block);
+  Status release_expandable_segment(Block* block);
+  Result<Range> map_pages(Segment& seg, Range range);
+  Result<Range> unmap_pages(Segment& seg, Range range);
+  Status release_expandable_all(Segment& seg);
   uint64_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
   Status release_block(Block* block);
   Status release_blocks(BlockPool& pool);
@@ -144,6 +174,7 @@ class TorchCachingAllocator final : public CachingAllocator {
   void delete_all_blocks();  // frees every Block object; segments_ keeps its records
 
   std::unique_ptr<SegmentSource> owned_source_;  // before source_, which may refer to it
+  Backend* vmm_ = nullptr;
   SegmentSource& source_;
   TorchCachingConfig config_;
   BlockPool small_{true};

@@ -255,9 +255,6 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
            "set_per_process_memory_fraction; the snapshot does not record the fraction, so "
            "torch_caching collected nothing: pass --set torch_caching.memory_limit=BYTES "
            "(fraction x device memory)\n";
-  if (t.recorded_expandable)
-    out << "note: the recording used expandable segments; compare it with torch_caching "
-           "replayed with expandable segments\n";
 
   const std::string dir = (fs::path(o.out_dir) / "replay").string();
   if (std::string e = write_outputs(dir, o, t, *snap, runs, recorded_peak); !e.empty()) {
