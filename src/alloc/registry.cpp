@@ -3,7 +3,9 @@
 
 #include <bit>
 
+#include "src/alloc/cuda_async.h"
 #include "src/alloc/device_segment_source.h"
+#include "src/alloc/sma.h"
 
 namespace memsim {
 
@@ -67,6 +69,55 @@ AllocatorFactory torch_factory(const ConfigNode& node) {
   };
 }
 
+// SMAConfig's PYTORCH_NPU_ALLOC_CONF keys as byte sizes (max_split_size_mb -> max_split_size,
+// base_addr_aligned_kb -> base_addr_aligned), like torch_caching's, plus the heap's region.
+AllocatorFactory sma_factory(const ConfigNode& node) {
+  SmaConfig c;
+  if (auto v = node.find("region")) {
+    c.region = v->as_choice({"vmm", "device_malloc"}) == "vmm" ? SmaConfig::Region::kVmm
+                                                               : SmaConfig::Region::kDeviceMalloc;
+  }
+  if (auto v = node.find("heap_size")) {
+    c.heap_size = v->as_bytes();
+    if (c.heap_size > (1ull << 50)) v->fail("must be at most 1PiB (0 = the device capacity)");
+  }
+  if (auto v = node.find("max_split_size")) {
+    c.max_split_size = v->as_bytes();
+    // The bound of PyTorch's max_split_size_mb (above kLargeBuffer), which SMAConfig mirrors.
+    if (c.max_split_size <= Sma::kLargeBuffer)
+      v->fail("must be above 20 MiB (PyTorch's max_split_size_mb lower bound)");
+  }
+  if (auto v = node.find("garbage_collection_threshold")) {
+    c.garbage_collection_threshold = v->as_double_in(0, 1);
+    if (c.garbage_collection_threshold >= 1) v->fail("must be below 1 (0 = off)");
+  }
+  if (auto v = node.find("base_addr_aligned")) {
+    c.base_addr_aligned = v->as_bytes();
+    if (c.base_addr_aligned < Sma::kMinBlockSize || c.base_addr_aligned > (1ull << 30) ||
+        !std::has_single_bit(c.base_addr_aligned))
+      v->fail("must be a power of two from 512B to 1GiB");
+  }
+  return [c](Backend& b) { return std::make_unique<Sma>(b, c); };
+}
+
+AllocatorFactory cuda_async_factory(const ConfigNode& node) {
+  CudaAsyncConfig c;
+  if (auto v = node.find("chunk_bytes")) {
+    c.chunk_bytes = v->as_bytes();
+    if (c.chunk_bytes == 0 || c.chunk_bytes % (2ull << 20) != 0)
+      v->fail("must be a positive multiple of 2 MiB (the VMM granularity)");
+  }
+  if (auto v = node.find("release_threshold")) {
+    c.release_threshold = v->is_scalar() && v->as_string() == "max" ? UINT64_MAX : v->as_bytes();
+  }
+  if (auto v = node.find("alignment")) {
+    c.alignment = v->as_bytes();
+    if (c.alignment == 0 || (c.alignment & (c.alignment - 1)) != 0)
+      v->fail("must be a power of two");
+  }
+  return [c](Backend& b) { return std::make_unique<CudaAsyncAllocator>(b, c); };
+}
+
 }  // namespace
 
 const std::vector<AllocatorInfo>& caching_allocators() {
@@ -76,6 +127,16 @@ const std::vector<AllocatorInfo>& caching_allocators() {
        {"max_split_size", "roundup_power2_divisions", "garbage_collection_threshold",
         "memory_limit", "expandable_segments"},
        torch_factory},
+      {"sma",
+       "zbccl's SMA: best-fit coalescing heap over one region (VMM or cudaMalloc) under a block "
+       "cache with stream-aware reuse",
+       {"region", "heap_size", "max_split_size", "garbage_collection_threshold",
+        "base_addr_aligned"},
+       sma_factory},
+      {"cuda_async",
+       "the driver's stream-ordered pool (cudaMallocAsync; PyTorch backend:cudaMallocAsync)",
+       {"chunk_bytes", "release_threshold", "alignment"},
+       cuda_async_factory},
   };
   return kRegistry;
 }

@@ -149,6 +149,20 @@ std::string write_outputs(const std::string& dir, const ReplayCommandOptions& o,
       ts << fmt::format("{},{},{},{},{},{}\n", r.name, s.op, s.time_us, s.allocated, s.requested,
                         s.reserved);
   if (!ts) return "cannot write timeseries.csv";
+  // The program itself, for replaying it elsewhere (tools/torch_replay.py on a GPU).
+  std::ofstream ops(fs::path(dir) / "ops.csv");
+  ops << "op,kind,id,bytes,stream,time_us\n";
+  for (const auto& seg : trace.initial)
+    for (const auto& b : seg.blocks)
+      ops << fmt::format("-1,initial,{},{},{},0\n", b.id, b.requested, seg.stream);
+  for (size_t k = 0; k < trace.ops.size(); ++k) {
+    const TraceOp& op = trace.ops[k];
+    const char* kind = op.kind == TraceOp::Kind::kAlloc  ? "alloc"
+                       : op.kind == TraceOp::Kind::kFree ? "free"
+                                                         : "empty_cache";
+    ops << fmt::format("{},{},{},{},{},{}\n", k, kind, op.id, op.bytes, op.stream, op.time_us);
+  }
+  if (!ops) return "cannot write ops.csv";
   return {};
 }
 
@@ -240,7 +254,11 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
     } else if (!x.first_mismatch) {
       vs = fmt::format("reserved equal after all {} ops", t.ops.size());
     } else {
-      vs = fmt::format("differs from op {}", *x.first_mismatch);
+      vs = fmt::format(
+          "peak {:.2f}x{}",
+          static_cast<double>(x.peak_reserved) /
+              static_cast<double>(std::max<uint64_t>(recorded_peak, 1)),
+          r.name == "torch_caching" ? fmt::format(", differs from op {}", *x.first_mismatch) : "");
     }
     out << fmt::format("{:<18} {:>12} {:>14} {:>9.1f}% {:>10} {:>13}  {}\n", r.name,
                        human_bytes(x.peak_allocated), human_bytes(x.peak_reserved),
@@ -261,7 +279,7 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
     err << "memsim replay: " << e << "\n";
     return kExitRunFailure;
   }
-  out << fmt::format("wrote {}/summary.json, {}/timeseries.csv\n", dir, dir);
+  out << fmt::format("wrote {}/summary.json, {}/timeseries.csv, {}/ops.csv\n", dir, dir, dir);
   if (!o.export_path.empty()) {
     auto it = std::find_if(allocs->begin(), allocs->end(),
                            [](const auto& a) { return a.first == "torch_caching"; });
