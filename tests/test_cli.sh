@@ -284,7 +284,7 @@ fi
 SNAP=$ROOT/tests/data/snapshots/steps_default.pickle
 run replay replay "$SNAP" --out "$TMP/out_replay" --export "$TMP/exported.pickle"
 expect_rc replay 0
-expect_in "$TMP/replay.out" "reserved equal after all" "replay: torch_caching matches the recording"
+expect_in "$TMP/replay.out" "reserved equal to the recording after every op" "replay: torch_caching matches the recording"
 for f in summary.json timeseries.csv; do
   check "replay: $f written" test -s "$TMP/out_replay/replay/$f"
 done
@@ -294,7 +294,7 @@ check "replay: snapshot exported" test -s "$TMP/exported.pickle"
 run replay_back replay "$TMP/exported.pickle" --allocator torch_caching --no-min-capacity \
   --out "$TMP/out_replay_back"
 expect_rc replay_back 0
-expect_in "$TMP/replay_back.out" "reserved equal after all" "replay: the exported snapshot replays"
+expect_in "$TMP/replay_back.out" "reserved equal to the recording after every op" "replay: the exported snapshot replays"
 head -c 5000 "$SNAP" > "$TMP/truncated.pickle"
 run replay_trunc replay "$TMP/truncated.pickle" --out "$TMP/out_trunc"
 expect_rc replay_trunc 2

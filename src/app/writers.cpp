@@ -37,6 +37,14 @@ std::string outcome(const CaptureRunResult& r) {
   return "ok";
 }
 
+const StandaloneRef& reference_of(const ShapesResults& res, const Variant& v) {
+  for (const auto& [var, ref] : res.references)
+    if (var == v) return ref;
+  return res.references.front().second;
+}
+
+}  // namespace
+
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char ch : s) {
@@ -59,14 +67,6 @@ std::string json_escape(const std::string& s) {
   }
   return out;
 }
-
-const StandaloneRef& reference_of(const ShapesResults& res, const Variant& v) {
-  for (const auto& [var, ref] : res.references)
-    if (var == v) return ref;
-  return res.references.front().second;
-}
-
-}  // namespace
 
 std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res) {
   std::string out;

@@ -21,6 +21,8 @@ std::string write_shapes_outputs(const ShapesConfig& config, const ShapesResults
 std::string plot_shapes(const ShapesConfig& config, const std::string& dir);
 
 std::string human_bytes(uint64_t bytes);
+// `s` with JSON's escapes (no surrounding quotes).
+std::string json_escape(const std::string& s);
 
 // Runs tools/<script_name> (found beside the config's experiments/ folder, MEMSIM_ROOT or the
 // current folder) with python3 + matplotlib on `dir` and `args`; returns a status line naming
