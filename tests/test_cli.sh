@@ -313,6 +313,29 @@ run replay_val replay "$SNAP" --set torch_caching.max_split_size=lots --out "$TM
 expect_rc replay_val 2
 expect_in "$TMP/replay_val.err" "torch_caching.max_split_size" "replay: bad value names the key"
 
+# The allocators experiment (a shortened grid): table, outputs, and a located config error.
+ALCONF=$ROOT/experiments/allocators.yaml
+sed -e 's/steps: 300 /steps: 40 /' -e 's#path: ../tests#path: '"$ROOT"'/tests#' "$ALCONF" \
+  > "$TMP/alloc_small.yaml"
+MEMSIM_ROOT=$ROOT run alloc --config "$TMP/alloc_small.yaml" --out "$TMP/out_alloc" \
+  --set min_capacity=false
+expect_rc alloc 0
+expect_in "$TMP/alloc.out" "reserved equal to the recording after every op" \
+  "allocators: torch_caching reproduces the committed snapshot"
+for f in summary.json timeseries.csv; do
+  check "allocators: $f written" test -s "$TMP/out_alloc/allocators/$f"
+done
+if command -v python3 >/dev/null 2>&1; then
+  check "allocators: summary.json parses" python3 -c "import json,sys; json.load(open(sys.argv[1]))" \
+    "$TMP/out_alloc/allocators/summary.json"
+fi
+sed 's/impl: sma/impl: smaa/' "$ALCONF" > "$TMP/alloc_typo.yaml"
+sed -i 's#path: ../tests#path: '"$ROOT"'/tests#' "$TMP/alloc_typo.yaml"
+MEMSIM_ROOT=$ROOT run alloc_typo --config "$TMP/alloc_typo.yaml" --out "$TMP/out_alloc_typo"
+expect_rc alloc_typo 2
+expect_in "$TMP/alloc_typo.err" "alloc_typo.yaml" "allocators typo: file named"
+expect_in "$TMP/alloc_typo.err" "sma" "allocators typo: closest impl suggested"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

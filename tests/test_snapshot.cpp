@@ -15,6 +15,7 @@
 #include "sim/workload/pickle.h"
 #include "sim/workload/snapshot.h"
 #include "src/alloc/registry.h"
+#include "src/app/allocators_experiment.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 
@@ -269,4 +270,35 @@ TEST_CASE("snapshot: export, import, identical program", "[snapshot]") {
     REQUIRE(r.ok());
     CHECK(live == r->stats.allocated_bytes);
   }
+}
+
+TEST_CASE("generated serving traces: valid, seeded, fragmenting", "[snapshot]") {
+  const ModelShape model =
+      load_model_shape(ConfigNode::load_file(source_root() + "/configs/models/llama-3.1-8b.yaml"));
+  GeneratedServing g;
+  g.steps = 60;
+  const AllocTrace a = generate_serving_trace(model, g, 7, "a");
+  const AllocTrace b = generate_serving_trace(model, g, 7, "b");
+  const AllocTrace c = generate_serving_trace(model, g, 8, "c");
+  CHECK(validate(a).empty());
+  CHECK(!a.recorded);
+  REQUIRE(a.ops.size() == b.ops.size());
+  for (size_t k = 0; k < a.ops.size(); ++k) CHECK(a.ops[k].bytes == b.ops[k].bytes);
+  bool differs = a.ops.size() != c.ops.size();
+  for (size_t k = 0; !differs && k < a.ops.size(); ++k) differs = a.ops[k].bytes != c.ops[k].bytes;
+  CHECK(differs);
+  // Everything allocated is freed by the end.
+  uint64_t allocs = 0, frees = 0;
+  for (const TraceOp& op : a.ops) (op.kind == TraceOp::Kind::kAlloc ? allocs : frees) += 1;
+  CHECK(allocs == frees);
+  CHECK(allocs == a.blocks);
+  // Varying shapes fragment torch_caching: reserved well above allocated at its peak.
+  SimClock clock;
+  SimBackend backend(test_gpu(), clock);
+  auto alloc = torch_factory_for(SnapshotSettings{})(backend);
+  auto r = replay_trace(a, *alloc, backend);
+  REQUIRE(r.ok());
+  CHECK(r->error.empty());
+  CHECK(r->fragmentation_at_peak() > 0.2);
+  CHECK(r->stats.allocated_bytes == 0);
 }

@@ -7,6 +7,7 @@
 
 #include "memsim_config.h"
 #if MEMSIM_HAVE_CUDA
+#include "src/app/allocators_experiment.h"
 #include "src/app/calibrate.h"
 #include "src/app/replay_command.h"
 #if MEMSIM_HAVE_CUDA
@@ -219,6 +220,16 @@ int main(int argc, char** argv) {
     }
   }
 #endif
+  if (memsim::is_allocators_config(config_path)) {
+    if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
+    try {
+      const memsim::AllocatorsConfig c = memsim::load_allocators_config(config_path, overrides);
+      return memsim::run_allocators_experiment(c, out_dir, std::cout, std::cerr);
+    } catch (const memsim::ConfigError& e) {
+      std::cerr << "memsim: config error: " << e.what() << "\n";
+      return kExitConfigError;
+    }
+  }
   if (memsim::is_serving_config(config_path)) {
     if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
     return run_serving_main(config_path, overrides, out_dir, backend == "cuda");

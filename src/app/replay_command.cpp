@@ -101,9 +101,11 @@ std::string write_outputs(const std::string& dir, const ReplayCommandOptions& o,
                                       : trace.recorded_reserved.back(),
       trace.recorded_ooms, trace.recorded_expandable ? "true" : "false");
   js << "  \"runs\": [\n" << allocator_runs_json(runs) << "  ]\n}\n";
+  js.close();
   if (!js) return "cannot write summary.json";
   std::ofstream ts(fs::path(dir) / "timeseries.csv");
   write_allocator_timeseries(ts, runs, {{"snapshot", &trace}});
+  ts.close();
   if (!ts) return "cannot write timeseries.csv";
   // The program itself, for replaying it elsewhere (tools/torch_replay.py on a GPU).
   std::ofstream ops(fs::path(dir) / "ops.csv");

@@ -1,0 +1,69 @@
+// The allocators experiment (experiments/allocators.yaml): every caching allocator over
+// generated serving-like forward programs and recorded PyTorch snapshots.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "backends/sim/cost_model.h"
+#include "sim/workload/alloc_trace.h"
+#include "sim/workload/model_shape.h"
+#include "src/alloc/registry.h"
+
+namespace memsim {
+
+// A serving-like sequence of forward passes: per step a decode batch (a random walk), sometimes
+// a prefill chunk on top, and a context; each step runs the executor's allocation program for
+// its token count. Async scheduling keeps a step's input metadata alive until the next step
+// ends, so lifetimes of different sizes overlap the way they fragment caching allocators.
+struct GeneratedServing {
+  uint32_t steps = 300;
+  uint32_t max_batch = 256;
+  uint32_t prefill_chunk = 2048;  // largest prefill chunk added to a step
+  double prefill_probability = 0.3;
+  uint32_t max_context = 16384;
+};
+
+struct AllocWorkload {
+  std::string label;
+  bool snapshot = false;  // else generated
+  std::string path;       // snapshot file (resolved)
+  GeneratedServing serving;
+};
+
+struct AllocatorSpec {
+  std::string label;
+  std::string impl;
+  std::string yaml;  // resolved keys
+  AllocatorFactory factory;
+};
+
+struct AllocatorsConfig {
+  std::string source;
+  std::string experiment = "allocators";
+  GpuSpec gpu;
+  ModelShape model;
+  std::vector<AllocWorkload> workloads;
+  std::vector<AllocatorSpec> allocators;
+  uint64_t seed = 1;
+  bool min_capacity = true;
+};
+
+bool is_allocators_config(const std::string& path);
+// Throws ConfigError with file, line and key.
+AllocatorsConfig load_allocators_config(const std::string& path,
+                                        const std::vector<std::string>& overrides);
+
+// The trace of a generated serving workload.
+AllocTrace generate_serving_trace(const ModelShape& model, const GeneratedServing& g, uint64_t seed,
+                                  const std::string& label);
+
+// Runs, prints the table, writes OUT/<experiment>/{summary.json,timeseries.csv,allocators.png}.
+// Returns the exit code (0; 1 when a replay failed other than by running out of memory; 2 for
+// a bad snapshot).
+int run_allocators_experiment(const AllocatorsConfig& c, const std::string& out_dir,
+                              std::ostream& out, std::ostream& err);
+
+}  // namespace memsim
