@@ -107,6 +107,7 @@ Result<ReplayOutcome> replay_trace(const AllocTrace& trace, CachingAllocator& al
             fmt::format("{}: allocator invariant broken after op {}: {}", trace.source, k, why));
     }
     observe(k, op.time_us);
+    if (options.after_op) options.after_op(k, alloc.stats());
   }
   out.stats = alloc.stats();
   out.device_alloc_calls = device_alloc_calls(backend) - calls0;

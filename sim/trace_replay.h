@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,8 @@ struct ReplayOutcome {
 struct ReplayOptions {
   bool series = true;             // keep one sample per op
   bool check_invariants = false;  // check the allocator after every op (tests)
+  // Called after every op that ran (e.g. to compare with cudaMemGetInfo on a GPU).
+  std::function<void(uint32_t op, const AllocatorStats& stats)> after_op;
 };
 
 struct SnapshotSettings;

@@ -158,6 +158,12 @@ int main(int argc, char** argv) {
   bool rp_no_min = false;
   replay->add_flag("--no-min-capacity", rp_no_min,
                    "skip the bisection for the smallest GPU capacity each allocator fits in");
+  std::string rp_backend = "sim";
+  replay
+      ->add_option("--backend", rp_backend,
+                   "sim (default), or cuda: also replay on the GPU and compare reserved bytes "
+                   "with cudaMemGetInfo after every op")
+      ->check(CLI::IsMember({"sim", "cuda"}));
   replay->add_option("--export", rp.export_path,
                      "write torch_caching's replay as a snapshot pickle (for memory_viz)");
   try {
@@ -170,6 +176,7 @@ int main(int argc, char** argv) {
 
   if (replay->parsed()) {
     rp.min_capacity = !rp_no_min;
+    rp.cuda = rp_backend == "cuda";
     return memsim::run_replay_command(rp, std::cout, std::cerr);
   }
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "backends/sim/sim_backend.h"
+#include "memsim_config.h"
 #include "sim/clock.h"
 #include "sim/trace_recorder.h"
 #include "sim/trace_replay.h"
@@ -15,6 +16,9 @@
 #include "sim/workload/snapshot.h"
 #include "src/alloc/registry.h"
 #include "src/app/allocator_reports.h"
+#if MEMSIM_HAVE_CUDA
+#include "src/app/replay_cuda.h"
+#endif
 #include "src/app/writers.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
@@ -224,6 +228,15 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
     }
     out << "exported " << (it != allocs->end() ? it->first : allocs->front().first)
         << "'s replay as a snapshot: " << o.export_path << " (open it in pytorch.org/memory_viz)\n";
+  }
+  if (o.cuda) {
+#if MEMSIM_HAVE_CUDA
+    const int rc = replay_on_cuda(t, *allocs, gpu, dir, out, err);
+    if (rc != 0) failed = true;
+#else
+    err << "memsim replay: --backend cuda: this build has no CUDA backend\n";
+    return kExitConfigError;
+#endif
   }
   out << run_plot_script(o.snapshot, "plot_allocators.py", dir, {}, {"allocators.png"}) << "\n";
   return failed ? kExitRunFailure : 0;
