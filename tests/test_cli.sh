@@ -336,6 +336,20 @@ expect_rc alloc_typo 2
 expect_in "$TMP/alloc_typo.err" "alloc_typo.yaml" "allocators typo: file named"
 expect_in "$TMP/alloc_typo.err" "sma" "allocators typo: closest impl suggested"
 
+# The shapes experiment with one PyTorch snapshot per capture size: each shape's standalone
+# private pool equals the private-pool segments PyTorch itself held after that capture
+# (34, 34 and 54 MiB at batch 1, 8, 64: max 54 MiB, sum 122 MiB).
+run shapes_snap --config "$ROOT/experiments/shapes_snapshots.yaml" --out "$TMP/out_shapes_snap"
+expect_rc shapes_snap 0
+expect_in "$TMP/shapes_snap.out" "max(shape) = 54.0 MiB, sum(shape) = 122.0 MiB" \
+  "shapes with snapshots: PyTorch's private pools"
+sed 's#graph_b8.pickle#graph_b9.pickle#' "$ROOT/experiments/shapes_snapshots.yaml" \
+  | sed 's#\.\./tests#'"$ROOT"'/tests#' > "$TMP/shapes_snap_bad.yaml"
+MEMSIM_ROOT=$ROOT run shapes_snap_bad --config "$TMP/shapes_snap_bad.yaml" --out "$TMP/out_ssb"
+expect_rc shapes_snap_bad 2
+expect_in "$TMP/shapes_snap_bad.err" "capture size 8: cannot find snapshot" \
+  "shapes with snapshots: a missing file is named"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

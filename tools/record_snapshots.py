@@ -26,6 +26,10 @@ FIXTURES = {
     "steps_roundup4": ("roundup_power2_divisions:4", "steps", False),
     "steps_maxsplit": ("max_split_size_mb:24", "steps", False),
     "steps_gc": ("garbage_collection_threshold:0.5", "steps_gc", False),
+    # One CUDA-graph capture of a small MLP decode step per batch size (shapes experiment).
+    "graph_b1": ("", "graph1", False),
+    "graph_b8": ("", "graph8", False),
+    "graph_b64": ("", "graph64", False),
 }
 
 
@@ -73,6 +77,37 @@ def workload_gc(torch, rng):
         if len(held) > 8:
             held.pop(0)
     return held
+
+
+def workload_graph(torch, batch):
+    """Records only the capture of one CUDA graph (torch.cuda.graph, its private pool) of a
+    4-layer MLP step at `batch`; weights and the static input exist before recording."""
+    hidden, inter, vocab = 1024, 3584, 32000
+    layers = [(torch.randn(hidden, inter, device="cuda", dtype=torch.bfloat16),
+               torch.randn(inter, hidden, device="cuda", dtype=torch.bfloat16)) for _ in range(4)]
+    head = torch.randn(hidden, vocab, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, hidden, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        h = x
+        for up, down in layers:
+            h = h + torch.nn.functional.silu(h @ up) @ down
+        return (h @ head).argmax(dim=-1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=100000)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    torch.cuda.synchronize()
+    return [g, out, layers, head, x]
 
 
 def workload_prestate(torch, rng):
@@ -127,14 +162,18 @@ def run_one(name, outdir):
     fraction = 0.0014 if workload == "steps_gc" else None
     if fraction is not None:  # ~210 MB of an H200: the GC threshold (0.5) is often passed
         torch.cuda.set_per_process_memory_fraction(fraction)
-    if workload != "prestate":  # prestate starts recording itself, after its first tensors
+    if workload != "prestate" and not workload.startswith("graph"):
+        # prestate and graph start recording themselves, after their first tensors
         # context=None records no stack frames (small fixtures); frames_default keeps them.
         torch.cuda.memory._record_memory_history(enabled="all", context="all" if frames else None,
                                                  stacks="python", max_entries=100000)
     torch.cuda.reset_peak_memory_stats()
     fn = {"steps": workload_steps, "steps_gc": workload_gc,
           "prestate": workload_prestate, "streams": workload_streams, "small": workload_small}
-    held = fn[workload](torch, rng)
+    if workload.startswith("graph"):
+        held = workload_graph(torch, int(workload[len("graph"):]))
+    else:
+        held = fn[workload](torch, rng)
     torch.cuda.synchronize()
     path = os.path.join(outdir, name + ".pickle")
     torch.cuda.memory._dump_snapshot(path)

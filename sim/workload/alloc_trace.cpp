@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "sim/workload/alloc_program.h"
 #include "sim/workload/snapshot.h"
 
 namespace memsim {
@@ -268,6 +269,29 @@ Result<AllocTrace> Builder::build() {
 
 Result<AllocTrace> trace_from_snapshot(const Snapshot& s, int device, const std::string& origin) {
   return Builder(s, device, origin).build();
+}
+
+ShapeProgram shape_program_from_trace(const AllocTrace& t, uint32_t batch) {
+  ShapeProgram p;
+  p.batch = batch;
+  GraphProgram g;
+  g.name = fmt::format("b{}.snapshot", batch);
+  std::vector<uint32_t> tensor(t.blocks, UINT32_MAX);  // block id -> tensor index
+  std::vector<bool> freed(t.blocks, false);
+  for (const TraceOp& op : t.ops)
+    if (op.kind == TraceOp::Kind::kFree) freed[op.id] = true;
+  for (const TraceOp& op : t.ops) {
+    if (op.kind == TraceOp::Kind::kAlloc) {
+      tensor[op.id] = static_cast<uint32_t>(g.tensors.size());
+      g.tensors.push_back({fmt::format("block{}", op.id), op.bytes,
+                           freed[op.id] ? TensorRole::kIntermediate : TensorRole::kOutput});
+      g.ops.push_back({ProgramOp::Kind::kAlloc, tensor[op.id]});
+    } else if (op.kind == TraceOp::Kind::kFree && tensor[op.id] != UINT32_MAX) {
+      g.ops.push_back({ProgramOp::Kind::kFree, tensor[op.id]});
+    }  // frees of blocks from before the capture: not graph memory
+  }
+  p.graphs.push_back(std::move(g));
+  return p;
 }
 
 std::string validate(const AllocTrace& t) {

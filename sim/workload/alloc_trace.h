@@ -69,6 +69,14 @@ struct AllocTrace {
 // Errors name `origin` and the trace entry.
 Result<AllocTrace> trace_from_snapshot(const Snapshot& s, int device, const std::string& origin);
 
+struct ShapeProgram;
+// One captured graph's body from a trace (a snapshot recorded around one capture): a single graph
+// "b<batch>.snapshot" whose tensors are the trace's blocks, freed ones intermediates, the ones
+// still live at the end outputs. Memory live before the trace began (weights, static inputs)
+// is not graph memory and is left out; empty_cache ops are dropped (torch.cuda.graph empties
+// the cache before it captures) and streams merged.
+ShapeProgram shape_program_from_trace(const AllocTrace& t, uint32_t batch);
+
 // Checks ids and order: every kAlloc names a fresh id, every kFree a live one, sizes > 0, and
 // recorded_reserved (when present) has one value per op. Empty string when valid.
 std::string validate(const AllocTrace& t);

@@ -4,13 +4,20 @@
 #include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include "kernels/attention_types.h"
+#include "sim/workload/alloc_trace.h"
 #include "sim/workload/executor_program.h"
+#include "sim/workload/snapshot.h"
 #include "src/config/loaders.h"
 
 namespace memsim {
+
+namespace fs = std::filesystem;
 
 std::string Variant::name() const {
   return fmt::format("{}/{}/{}/{}", to_string(outputs), to_string(arrival), to_string(graphs),
@@ -95,7 +102,7 @@ ShapesConfig load_shapes_config(const std::string& path,
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
                     "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
-                    "timeseries", "strategies", "graph_body"});
+                    "timeseries", "strategies", "graph_body", "program"});
   ShapesConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_choice({"shapes"});
@@ -103,7 +110,43 @@ ShapesConfig load_shapes_config(const std::string& path,
       ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
-  if (auto s = root.find("capture_sizes")) {
+  // program: which graph bodies to capture (generated, or one snapshot per capture size).
+  std::optional<ConfigNode> files_node;
+  std::string pattern;
+  if (auto p = root.find("program")) {
+    p->expect_keys({"source", "files", "pattern"});
+    if ((*p)["source"].as_choice({"generated", "snapshot"}) == "snapshot") {
+      files_node = p->find("files");
+      if (auto v = p->find("pattern")) pattern = v->as_string();
+      if (files_node.has_value() == !pattern.empty())
+        p->fail(
+            "source: snapshot needs either files: {BATCH: FILE} or pattern: "
+            "\"dir/b{batch}.pickle\"");
+      if (!pattern.empty() && pattern.find("{batch}") == std::string::npos)
+        (*p)["pattern"].fail("must contain {batch}");
+    } else if (p->has("files") || p->has("pattern")) {
+      p->fail("files and pattern go with source: snapshot");
+    }
+  }
+  const fs::path base = fs::path(path).parent_path();
+  auto resolve = [&](const std::string& ref) {
+    return fs::exists(base / ref) ? (base / ref).lexically_normal().string() : ref;
+  };
+  if (files_node && !root.has("capture_sizes") && !root.has("max_num_seqs")) {
+    for (const std::string& k : files_node->keys()) {
+      uint64_t b = 0;
+      for (char ch : k) {
+        if (ch < '0' || ch > '9' || b > 65536) b = UINT64_MAX;
+        if (b != UINT64_MAX) b = b * 10 + static_cast<uint64_t>(ch - '0');
+      }
+      if (k.empty() || b == 0 || b > 65536)
+        (*files_node)[k].fail("keys of files are capture sizes (1 to 65536)");
+      c.capture_sizes.push_back(static_cast<uint32_t>(b));
+    }
+  }
+  if (!c.capture_sizes.empty()) {
+    // capture sizes taken from program.files
+  } else if (auto s = root.find("capture_sizes")) {
     if (root.has("max_num_seqs")) (*s).fail("give either capture_sizes or max_num_seqs, not both");
     c.capture_sizes = uint_list(*s, 1, 1u << 16);
     std::set<uint32_t> unique(c.capture_sizes.begin(), c.capture_sizes.end());
@@ -111,6 +154,33 @@ ShapesConfig load_shapes_config(const std::string& path,
   } else {
     c.max_num_seqs = static_cast<uint32_t>(root["max_num_seqs"].as_uint_in(1, 1u << 16));
     c.capture_sizes = vllm_capture_sizes(c.max_num_seqs);
+  }
+  if (files_node || !pattern.empty()) {
+    for (uint32_t b : c.capture_sizes) {
+      std::string ref;
+      if (files_node) {
+        auto f = files_node->find(std::to_string(b));
+        if (!f) files_node->fail(fmt::format("no snapshot for capture size {}", b));
+        ref = f->as_string();
+      } else {
+        ref = pattern;
+        ref.replace(ref.find("{batch}"), 7, std::to_string(b));
+      }
+      const std::string file = resolve(ref);
+      if (!fs::is_regular_file(file))
+        root["program"].fail(fmt::format("capture size {}: cannot find snapshot '{}'", b, ref));
+      c.snapshot_files[b] = file;
+    }
+    // Each capture size's body from its snapshot, read once here.
+    auto programs = std::make_shared<std::map<uint32_t, ShapeProgram>>();
+    for (const auto& [b, file] : c.snapshot_files) {
+      Result<Snapshot> snap = read_snapshot_file(file);
+      Result<AllocTrace> t =
+          snap.ok() ? trace_from_snapshot(*snap, 0, file) : Result<AllocTrace>(snap.error());
+      if (!t.ok()) root["program"].fail(t.error().message);
+      (*programs)[b] = shape_program_from_trace(*t, b);
+    }
+    c.snapshot_programs = std::move(programs);
   }
   if (auto v = root.find("gemm_workspace")) c.gemm_workspace_bytes = v->as_bytes();
   if (auto v = root.find("max_model_len"))
@@ -148,6 +218,15 @@ ShapesConfig load_shapes_config(const std::string& path,
     c.table = c.variants.front();
   }
   if (auto t = root.find("timeseries")) c.timeseries_all = t->as_choice({"table", "all"}) == "all";
+  if (!c.snapshot_files.empty()) {
+    for (const Variant& v : c.variants)
+      if (v.graphs != GraphRunners::kFull)
+        root["program"].fail(fmt::format(
+            "a snapshot is one graph body per capture size; set sweep.graphs: full (the sweep "
+            "has {})",
+            to_string(v.graphs)));
+    if (root.has("graph_body")) root["graph_body"].fail("graph_body does not apply to snapshots");
+  }
   if (auto b = root.find("graph_body")) {
     c.executor_body = b->as_choice({"fill", "executor"}) == "executor";
     if (c.executor_body) {
@@ -194,6 +273,10 @@ CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCach
   r.outputs = v.outputs;
   r.runners = v.graphs;
   r.seed = c.seed;
+  if (c.snapshot_programs) {
+    r.program_for = [programs = c.snapshot_programs](uint32_t b) { return programs->at(b); };
+    r.gemm_workspace_bytes = 0;
+  }
   if (c.executor_body) {
     ExecutorProgramOptions o;
     o.max_context = c.executor_context;

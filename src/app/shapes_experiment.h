@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,11 @@ struct ShapesConfig {
   // the real step (src/exec/model_step.h) into each strategy. Full graphs only; the executor's
   // GEMM workspace is its own, so gemm_workspace does not apply.
   bool executor_body = false;
+  // program: {source: snapshot, files: {BATCH: FILE, ...} | pattern: "dir/b{batch}.pickle"}:
+  // each capture size's graph body is a PyTorch snapshot recorded around that capture
+  // (shape_program_from_trace) instead of the generated decode program. Resolved paths.
+  std::map<uint32_t, std::string> snapshot_files;
+  std::shared_ptr<const std::map<uint32_t, ShapeProgram>> snapshot_programs;
   uint32_t executor_context = 0;  // contexts the executor's graphs serve (graph_context_for)
   DynamicArrival dynamic;
   std::vector<Variant> variants;  // the sweep (cartesian product of the listed axes)
