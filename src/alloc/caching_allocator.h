@@ -2,6 +2,7 @@
 // sources they draw device memory from.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -50,6 +51,24 @@ struct LiveBlock {
   uint64_t size = 0;       // block size after rounding
   uint64_t requested = 0;  // size the caller asked for
 };
+
+// Helpers shared by the implementations.
+// `blocks` sorted by address (live_blocks() returns them so).
+inline std::vector<LiveBlock> by_address(std::vector<LiveBlock> blocks) {
+  std::sort(blocks.begin(), blocks.end(),
+            [](const LiveBlock& a, const LiveBlock& b) { return a.ptr < b.ptr; });
+  return blocks;
+}
+// check_invariants(): records why and returns false.
+inline bool invariant_broken(std::string* why, const std::string& msg) {
+  if (why != nullptr) *why = msg;
+  return false;
+}
+// After release_all(): nothing reserved, allocated or live (peaks and counts of calls stay).
+inline void clear_current(AllocatorStats& s) {
+  s.reserved_bytes = s.allocated_bytes = s.requested_bytes = 0;
+  s.segments = s.live_blocks = 0;
+}
 
 // A segment that existed before a replayed trace began (from a memory snapshot): its size, the
 // pool it belonged to, and the blocks live in it; the rest of it was cached free memory.

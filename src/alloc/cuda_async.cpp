@@ -176,23 +176,18 @@ Status CudaAsyncAllocator::release_all() {
   }
   base_ = 0;
   range_ = 0;
-  stats_.reserved_bytes = stats_.allocated_bytes = stats_.requested_bytes = 0;
-  stats_.segments = stats_.live_blocks = 0;
+  clear_current(stats_);
   return first;
 }
 
 std::vector<LiveBlock> CudaAsyncAllocator::live_blocks() const {
   std::vector<LiveBlock> out;
   for (const auto& [p, l] : live_) out.push_back({p, l.size, l.requested});
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.ptr < b.ptr; });
-  return out;
+  return by_address(std::move(out));
 }
 
 bool CudaAsyncAllocator::check_invariants(std::string* why) const {
-  auto fail = [&](const std::string& m) {
-    if (why != nullptr) *why = m;
-    return false;
-  };
+  auto fail = [&](const std::string& m) { return invariant_broken(why, m); };
   if (free_by_offset_.size() != free_by_size_.size()) return fail("free trees differ in size");
   uint64_t free_total = 0, prev_end = 0;
   bool first = true;

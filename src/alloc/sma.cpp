@@ -647,11 +647,7 @@ Status Sma::release_all() {
   }
   region_open_ = false;
   base_ = 0;
-  stats_.reserved_bytes = 0;
-  stats_.allocated_bytes = 0;
-  stats_.requested_bytes = 0;
-  stats_.segments = 0;
-  stats_.live_blocks = 0;
+  clear_current(stats_);
   return first;
 }
 
@@ -659,14 +655,11 @@ std::vector<LiveBlock> Sma::live_blocks() const {
   std::vector<LiveBlock> out;
   out.reserve(live_.size());
   for (const auto& [ptr, b] : live_) out.push_back(LiveBlock{ptr, b->size, b->requested});
-  std::sort(out.begin(), out.end(),
-            [](const LiveBlock& a, const LiveBlock& b) { return a.ptr < b.ptr; });
-  return out;
+  return by_address(std::move(out));
 }
 
 bool Sma::fail(std::string* why, const std::string& msg) const {
-  if (why != nullptr) *why = msg;
-  return false;
+  return invariant_broken(why, msg);
 }
 
 bool Sma::check_invariants(std::string* why) const {

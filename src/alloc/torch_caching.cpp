@@ -462,11 +462,7 @@ Status TorchCachingAllocator::release_all() {
   large_.blocks.clear();
   small_.unmapped.clear();
   large_.unmapped.clear();
-  stats_.reserved_bytes = 0;
-  stats_.allocated_bytes = 0;
-  stats_.requested_bytes = 0;
-  stats_.segments = 0;
-  stats_.live_blocks = 0;
+  clear_current(stats_);
   return first;
 }
 
@@ -540,14 +536,11 @@ std::vector<LiveBlock> TorchCachingAllocator::live_blocks() const {
   std::vector<LiveBlock> out;
   out.reserve(allocated_.size());
   for (const auto& [ptr, b] : allocated_) out.push_back(LiveBlock{ptr, b->size, b->requested});
-  std::sort(out.begin(), out.end(),
-            [](const LiveBlock& a, const LiveBlock& b) { return a.ptr < b.ptr; });
-  return out;
+  return by_address(std::move(out));
 }
 
 bool TorchCachingAllocator::fail(std::string* why, const std::string& msg) const {
-  if (why != nullptr) *why = msg;
-  return false;
+  return invariant_broken(why, msg);
 }
 
 bool TorchCachingAllocator::check_invariants(std::string* why) const {
