@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "sim/workload/alloc_trace.h"
 #include "sim/workload/snapshot.h"
@@ -15,41 +16,52 @@ namespace memsim {
 
 struct GpuSpec;
 
-// A CachingAllocator that forwards to `inner` and writes what happens as trace entries:
-// malloc -> (segment_alloc...) alloc; free -> free_requested, free_completed; empty_cache ->
-// segment_free...; adopted segments are recorded as segment_alloc + alloc. Time is the entry's
-// index (memory_viz needs only the order). release_all() first takes the state at the end.
-class RecordingAllocator final : public CachingAllocator, private AllocatorObserver {
+// An observer that writes every event as a trace entry: block_alloc -> alloc, block_free ->
+// free_requested + free_completed, segment events as they are. Time is the entry's index
+// (memory_viz needs only the order).
+class TimelineRecorder final : public AllocatorObserver {
+ public:
+  void segment_alloc(DevPtr base, uint64_t bytes, StreamId stream) override;
+  void segment_free(DevPtr base, uint64_t bytes, StreamId stream) override;
+  void segment_map(DevPtr base, uint64_t bytes, StreamId stream) override;
+  void segment_unmap(DevPtr base, uint64_t bytes, StreamId stream) override;
+  void block_alloc(DevPtr p, uint64_t requested, StreamId stream) override;
+  void block_free(DevPtr p) override;
+
+  // The trace so far and the segments now, their blocks from `live` (exact sizes, by address)
+  // or, without it, from the recorded requests rounded to 512 B.
+  Snapshot snapshot(const std::vector<LiveBlock>* live = nullptr) const;
+
+ private:
+  void add(TraceAction a, DevPtr addr, uint64_t size, StreamId stream);
+
+  std::vector<TraceEntry> trace_;
+  std::map<DevPtr, std::pair<uint64_t, StreamId>> segments_;  // base -> (bytes, stream)
+  std::map<DevPtr, std::pair<uint64_t, StreamId>> live_;      // ptr -> (requested, stream)
+};
+
+// A CachingAllocator that forwards to `inner` and records what happens (adopted segments are
+// recorded as segment_alloc + alloc). release_all() first takes the state at the end.
+class RecordingAllocator final : public CachingAllocator {
  public:
   explicit RecordingAllocator(CachingAllocator& inner);
   ~RecordingAllocator() override;
 
   Result<DevPtr> malloc(uint64_t bytes, StreamId stream) override;
   Status free(DevPtr p) override;
-  Status empty_cache() override;
+  Status empty_cache() override { return inner_.empty_cache(); }
   Status release_all() override;
   Result<std::vector<DevPtr>> adopt_segment(const SegmentImage& image) override;
   AllocatorStats stats() const override { return inner_.stats(); }
   std::vector<LiveBlock> live_blocks() const override { return inner_.live_blocks(); }
   bool check_invariants(std::string* why) const override { return inner_.check_invariants(why); }
 
-  // The recorded snapshot: the trace so far, and the segments as they are now (or as they were
-  // when release_all() was called).
   Snapshot snapshot() const;
 
  private:
-  void segment_alloc(DevPtr base, uint64_t bytes, StreamId stream) override;
-  void segment_free(DevPtr base, uint64_t bytes, StreamId stream) override;
-  void segment_map(DevPtr base, uint64_t bytes, StreamId stream) override;
-  void segment_unmap(DevPtr base, uint64_t bytes, StreamId stream) override;
-  void add(TraceAction a, DevPtr addr, uint64_t size, StreamId stream);
-  std::vector<SnapshotSegment> current_segments() const;
-
   CachingAllocator& inner_;
-  std::vector<TraceEntry> trace_;
-  std::map<DevPtr, std::pair<uint64_t, StreamId>> segments_;        // base -> (bytes, stream)
-  std::unordered_map<DevPtr, std::pair<uint64_t, StreamId>> live_;  // ptr -> (requested, stream)
-  std::vector<SnapshotSegment> final_segments_;
+  TimelineRecorder recorder_;
+  std::vector<LiveBlock> final_live_;
   bool finished_ = false;
 };
 

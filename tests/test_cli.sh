@@ -350,6 +350,18 @@ expect_rc shapes_snap_bad 2
 expect_in "$TMP/shapes_snap_bad.err" "capture size 8: cannot find snapshot" \
   "shapes with snapshots: a missing file is named"
 
+# export_snapshots: each pool strategy's timeline as a PyTorch snapshot; replayed through one
+# torch_caching pool, shared_pool's reproduces its reserved bytes op for op.
+run shapes_export --config "$CONFIG" --out "$TMP/out_shapes_export" --set export_snapshots=true
+expect_rc shapes_export 0
+EXPORTED=$TMP/out_shapes_export/shapes/snapshots/shared_pool_large_first.pickle
+check "shapes export: snapshot written" test -s "$EXPORTED"
+run shapes_export_replay replay "$EXPORTED" --allocator torch_caching --no-min-capacity \
+  --out "$TMP/out_shapes_export_replay"
+expect_rc shapes_export_replay 0
+expect_in "$TMP/shapes_export_replay.out" "reserved equal to the recording after every op" \
+  "shapes export: shared_pool's timeline replays exactly"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

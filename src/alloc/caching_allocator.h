@@ -94,6 +94,9 @@ class AllocatorObserver {
   // Pages mapped into / unmapped from a segment that grows (expandable segments).
   virtual void segment_map(DevPtr, uint64_t, StreamId) {}
   virtual void segment_unmap(DevPtr, uint64_t, StreamId) {}
+  // A caller's block (told by owners of allocators that route blocks, e.g. graph pools).
+  virtual void block_alloc(DevPtr, uint64_t /*requested*/, StreamId) {}
+  virtual void block_free(DevPtr) {}
 };
 
 // Contract: a device-memory caching allocator in the manner of PyTorch's

@@ -258,6 +258,11 @@ int main(int argc, char** argv) {
     return kExitRunFailure;
   }
   std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv\n", dir);
+  if (!results.snapshots.empty())
+    std::cout << fmt::format(
+        "wrote {} allocator timelines as PyTorch snapshots: {}/snapshots/ "
+        "(open them in pytorch.org/memory_viz, or memsim replay them)\n",
+        results.snapshots.size(), dir);
   std::cout << memsim::plot_shapes(config, dir) << "\n";
   for (const auto& r : results.runs)
     if (!r.result.invariant_violation.empty()) return kExitRunFailure;

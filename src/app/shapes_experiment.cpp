@@ -10,6 +10,7 @@
 #include <set>
 
 #include "kernels/attention_types.h"
+#include "sim/trace_recorder.h"
 #include "sim/workload/alloc_trace.h"
 #include "sim/workload/executor_program.h"
 #include "sim/workload/snapshot.h"
@@ -102,7 +103,7 @@ ShapesConfig load_shapes_config(const std::string& path,
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
                     "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
-                    "timeseries", "strategies", "graph_body", "program"});
+                    "timeseries", "strategies", "graph_body", "program", "export_snapshots"});
   ShapesConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_choice({"shapes"});
@@ -217,6 +218,7 @@ ShapesConfig load_shapes_config(const std::string& path,
   } else {
     c.table = c.variants.front();
   }
+  if (auto v = root.find("export_snapshots")) c.export_snapshots = v->as_bool();
   if (auto t = root.find("timeseries")) c.timeseries_all = t->as_choice({"table", "all"}) == "all";
   if (!c.snapshot_files.empty()) {
     for (const Variant& v : c.variants)
@@ -351,7 +353,21 @@ ShapesResults run_shapes(const ShapesConfig& c) {
       CaptureRunConfig rc = run_config(c, v, &cache);
       rc.order = s.order;
       rc.order_list = s.order_list;
-      SingleRun one = run_one(c, rc, s.factory, c.timeseries_all || v == c.table);
+      // The table slice's allocator timeline, recorded as a PyTorch snapshot on request.
+      auto recorder = std::make_shared<TimelineRecorder>();
+      bool observed = false;
+      GraphStrategyFactory factory = s.factory;
+      if (c.export_snapshots && v == c.table)
+        factory = [f = s.factory, recorder, &observed](Backend& b) {
+          auto strategy = f(b);
+          observed = strategy->set_observer(recorder.get());
+          return strategy;
+        };
+      SingleRun one = run_one(c, rc, factory, c.timeseries_all || v == c.table);
+      if (observed) {
+        Result<std::string> bytes = serialize_snapshot(recorder->snapshot());
+        if (bytes.ok()) out.snapshots.emplace_back(s.label, std::move(*bytes));
+      }
       RunRecord rec;
       rec.strategy = &s;
       rec.variant = v;

@@ -56,6 +56,7 @@ struct ShapesConfig {
   // (shape_program_from_trace) instead of the generated decode program. Resolved paths.
   std::map<uint32_t, std::string> snapshot_files;
   std::shared_ptr<const std::map<uint32_t, ShapeProgram>> snapshot_programs;
+  bool export_snapshots = false;  // write OUT/shapes/snapshots/<strategy>.pickle (table slice)
   uint32_t executor_context = 0;  // contexts the executor's graphs serve (graph_context_for)
   DynamicArrival dynamic;
   std::vector<Variant> variants;  // the sweep (cartesian product of the listed axes)
@@ -95,6 +96,9 @@ struct ShapesResults {
   std::vector<std::pair<Variant, StandaloneRef>> references;
   std::vector<TimeseriesRow> timeseries;
   double wall_seconds = 0;
+  // export_snapshots: each strategy's allocator timeline in the table slice, as a PyTorch
+  // snapshot pickle (label, bytes); strategies without a caching allocator are left out.
+  std::vector<std::pair<std::string, std::string>> snapshots;
 };
 
 ShapesResults run_shapes(const ShapesConfig& config);

@@ -121,6 +121,17 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
   fs::create_directories(dir, ec);
   if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
 
+  if (!res.snapshots.empty()) {
+    fs::create_directories(fs::path(dir) / "snapshots", ec);
+    for (const auto& [label, bytes] : res.snapshots) {
+      std::string name = label;
+      std::replace(name.begin(), name.end(), '/', '_');
+      std::ofstream f(fs::path(dir) / "snapshots" / (name + ".pickle"), std::ios::binary);
+      f << bytes;
+      if (!f) return "cannot write snapshots/" + name + ".pickle";
+    }
+  }
+
   std::ofstream js(fs::path(dir) / "summary.json");
   js << "{\n";
   js << fmt::format("  \"experiment\": \"{}\",\n  \"config\": \"{}\",\n", c.experiment,

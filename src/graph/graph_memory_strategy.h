@@ -53,6 +53,9 @@ class GraphMemoryStrategy {
   // Whether a tensor kept alive past its graph (a strong output) keeps its contents while other
   // graphs run. False for strategies that alias other graphs' memory onto it (vmm_alias).
   virtual bool preserves_held_tensors() const { return true; }
+  // Sends block and segment events to `observer` (to export the timeline as a PyTorch
+  // snapshot). Returns false when the strategy has no caching allocator to observe.
+  virtual bool set_observer(AllocatorObserver* /*observer*/) { return false; }
 };
 
 }  // namespace memsim

@@ -11,7 +11,14 @@ PoolStrategyBase::PoolStrategyBase(Backend& backend, TorchCachingConfig allocato
 
 size_t PoolStrategyBase::add_pool(SegmentSource& source) {
   pools_.push_back(std::make_unique<TorchCachingAllocator>(source, config_));
+  pools_.back()->set_observer(observer_);
   return pools_.size() - 1;
+}
+
+bool PoolStrategyBase::set_observer(AllocatorObserver* observer) {
+  observer_ = observer;
+  for (auto& pool : pools_) pool->set_observer(observer);
+  return true;
 }
 
 Status PoolStrategyBase::begin_graph(const GraphInfo& info, StreamId stream) {
@@ -33,6 +40,7 @@ Result<DevPtr> PoolStrategyBase::allocate(uint64_t bytes, StreamId stream) {
   peak_reserved_ = std::max(peak_reserved_, reserved_);
   if (!p.ok()) return p.error();
   owner_.emplace(*p, current_);
+  if (observer_ != nullptr) observer_->block_alloc(*p, bytes, stream);
   return p;
 }
 
@@ -44,6 +52,7 @@ Status PoolStrategyBase::free(DevPtr p, StreamId /*stream*/) {
   TorchCachingAllocator& pool = *pools_[it->second];
   const uint64_t before = pool.stats().allocated_bytes;
   MEMSIM_TRY(pool.free(p));
+  if (observer_ != nullptr) observer_->block_free(p);
   allocated_ = allocated_ + pool.stats().allocated_bytes - before;
   if (dirty_.empty() || dirty_.back() != it->second) dirty_.push_back(it->second);
   owner_.erase(it);

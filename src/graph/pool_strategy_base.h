@@ -26,6 +26,7 @@ class PoolStrategyBase : public GraphMemoryStrategy {
   GraphMemoryStats stats() const override;
   std::vector<LiveBlock> live_allocations() const override;
   bool check_invariants(std::string* why) const override;
+  bool set_observer(AllocatorObserver* observer) override;
 
  protected:
   // Index of the pool graph `info` captures into; may call add_pool().
@@ -46,6 +47,7 @@ class PoolStrategyBase : public GraphMemoryStrategy {
   size_t current_ = SIZE_MAX;
   uint64_t reserved_ = 0;  // sum of the pools' reserved bytes, kept incrementally
   uint64_t peak_reserved_ = 0;
+  AllocatorObserver* observer_ = nullptr;
 
  protected:
   SegmentSource& device_source() { return device_source_; }
