@@ -362,6 +362,17 @@ expect_rc shapes_export_replay 0
 expect_in "$TMP/shapes_export_replay.out" "reserved equal to the recording after every op" \
   "shapes export: shared_pool's timeline replays exactly"
 
+# engine.export_snapshot: a serving run's profile-run allocator timeline, replayed exactly.
+run kv_export --config "$KVCONF" --out "$TMP/out_kv_export" --set engine.export_snapshot=true
+expect_rc kv_export 0
+KVSNAP=$(ls "$TMP"/out_kv_export/*/snapshots/*_profile_run.pickle 2>/dev/null | head -1)
+check "serving export: snapshot written" test -s "$KVSNAP"
+run kv_export_replay replay "$KVSNAP" --allocator torch_caching --no-min-capacity \
+  --out "$TMP/out_kv_export_replay"
+expect_rc kv_export_replay 0
+expect_in "$TMP/kv_export_replay.out" "reserved equal to the recording after every op" \
+  "serving export: the profile run replays exactly"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <algorithm>
 
 #include "src/app/writers.h"
 
@@ -170,6 +171,17 @@ std::string write_serving_outputs(const ServingConfig& c, const ServingResults& 
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
+  // engine.export_snapshot: each run's profile-run allocator timeline as a PyTorch snapshot.
+  for (const auto& r : results.runs) {
+    if (r.budget.profile_snapshot.empty()) continue;
+    fs::create_directories(fs::path(dir) / "snapshots", ec);
+    std::string name = r.spec.label;
+    for (char& ch : name)
+      if (ch == '/' || ch == ' ') ch = '_';
+    std::ofstream f(fs::path(dir) / "snapshots" / (name + "_profile_run.pickle"), std::ios::binary);
+    f << r.budget.profile_snapshot;
+    if (!f) return "cannot write snapshots/" + name + "_profile_run.pickle";
+  }
   {
     std::ofstream f(fs::path(dir) / "summary.json");
     f << "{\n  \"experiment\": " << json_string(c.experiment)

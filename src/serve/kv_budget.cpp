@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <optional>
 
 #include "backends/sim/sim_backend.h"
 #include "sim/clock.h"
 #include "sim/metrics.h"
+#include "sim/trace_recorder.h"
 #include "sim/workload/alloc_program.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
@@ -36,7 +38,7 @@ ProgramOptions program_options(const KvBudgetInput& in) {
 // Replays the ops of `g` from op `from` up to (not including) op `to` through `alloc`, tracking
 // live tensors by name, so that a free in one program may release a tensor allocated by another
 // program of the same model (names are the same across batch sizes).
-Status replay_ops(const GraphProgram& g, size_t from, size_t to, TorchCachingAllocator& alloc,
+Status replay_ops(const GraphProgram& g, size_t from, size_t to, CachingAllocator& alloc,
                   StreamId stream, std::map<std::string, DevPtr>& live) {
   for (size_t i = from; i < to; ++i) {
     const ProgramOp& op = g.ops[i];
@@ -67,6 +69,7 @@ size_t find_alloc(const GraphProgram& g, const std::string& name) {
 struct ActivationPeak {
   uint64_t allocated = 0;
   uint64_t reserved = 0;
+  std::string snapshot;  // the run as a PyTorch snapshot pickle, when asked for
 };
 
 // vLLM's profile run: a forward of `tokens` rows, then the sampler on `rows` rows.
@@ -83,7 +86,10 @@ Result<ActivationPeak> profile_run(const KvBudgetInput& in, const GpuSpec& gpu, 
   SimBackend backend(gpu, clock);
   MEMSIM_ASSIGN_OR_RETURN(const StreamId stream, backend.create_stream());
   DeviceSegmentSource source(backend, "profile_run");
-  TorchCachingAllocator alloc(source);
+  TorchCachingAllocator torch(source);
+  std::optional<RecordingAllocator> recording;
+  if (in.export_profile_snapshot) recording.emplace(torch);
+  CachingAllocator& alloc = recording ? static_cast<CachingAllocator&>(*recording) : torch;
   std::map<std::string, DevPtr> live;
   Status status = [&]() -> Status {
     for (const TensorSpec& t : body.inputs) {
@@ -99,6 +105,11 @@ Result<ActivationPeak> profile_run(const KvBudgetInput& in, const GpuSpec& gpu, 
     return {};
   }();
   const AllocatorStats stats = alloc.stats();
+  std::string snapshot;
+  if (recording) {
+    Result<std::string> bytes = serialize_snapshot(recording->snapshot());
+    if (bytes.ok()) snapshot = std::move(*bytes);
+  }
   const Status released = alloc.release_all();
   if (!status.ok()) {
     Error e = status.error();
@@ -107,7 +118,7 @@ Result<ActivationPeak> profile_run(const KvBudgetInput& in, const GpuSpec& gpu, 
     return e;
   }
   MEMSIM_TRY(released);
-  return ActivationPeak{stats.peak_allocated_bytes, stats.peak_reserved_bytes};
+  return ActivationPeak{stats.peak_allocated_bytes, stats.peak_reserved_bytes, std::move(snapshot)};
 }
 
 Result<uint64_t> graph_memory(const KvBudgetInput& in, const GpuSpec& gpu,
@@ -202,6 +213,7 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
       profile_run(in, after_weights, in.max_num_batched_tokens, b.sampler_rows));
   b.activation_peak = act.allocated;
   b.activation_reserved_peak = act.reserved;
+  b.profile_snapshot = act.snapshot;
   if (!in.enforce_eager) {
     MEMSIM_ASSIGN_OR_RETURN(b.graph_memory, graph_memory(in, after_weights, b.capture_sizes));
   }

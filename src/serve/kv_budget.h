@@ -37,6 +37,7 @@ namespace memsim {
 //   only under VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; otherwise graphs come out of the
 //   1 - utilization margin. memsim always subtracts it.)
 struct KvBudgetInput {
+  bool export_profile_snapshot = false;  // record the profile run as a PyTorch snapshot
   ModelShape model;
   GpuSpec gpu;
   double gpu_memory_utilization = 0.9;     // (0, 1]
@@ -64,8 +65,9 @@ struct KvBudgetInput {
 };
 
 struct KvBudget {
-  uint64_t capacity = 0;  // device memory
-  uint64_t usable = 0;    // floor(gpu_memory_utilization x capacity)
+  std::string profile_snapshot;  // the profile run's timeline (pickle), when asked for
+  uint64_t capacity = 0;         // device memory
+  uint64_t usable = 0;           // floor(gpu_memory_utilization x capacity)
   uint64_t weights = 0;
   uint64_t activation_peak = 0;           // profile run: peak allocated bytes (subtracted)
   uint64_t activation_reserved_peak = 0;  // profile run: peak reserved bytes (not subtracted)

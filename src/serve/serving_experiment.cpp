@@ -36,12 +36,14 @@ struct EngineSettings {
   uint32_t gpu_layers = 0;
   std::string step_time = "auto";
   std::string gpu_step = "attention";
+  bool export_snapshot = false;
 };
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys({"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget",
                     "max_model_len", "validate_content", "validate_sample", "gpu_layers",
-                    "step_time", "gpu_step"});
+                    "step_time", "gpu_step", "export_snapshot"});
+  if (auto v = node.find("export_snapshot")) e.export_snapshot = v->as_bool();
   if (auto v = node.find("step_time")) e.step_time = v->as_choice({"auto", "roofline", "profile"});
   if (auto v = node.find("gpu_step")) e.gpu_step = v->as_choice({"attention", "model"});
   if (auto v = node.find("gpu_memory_utilization"))
@@ -201,6 +203,7 @@ ServingConfig load_serving_config(const std::string& path,
     run.serve.max_model_len = e.max_model_len;
     run.gpu_memory_utilization = e.gpu_memory_utilization;
     run.enforce_eager = e.enforce_eager;
+    run.export_snapshot = e.export_snapshot;
     run.graph_memory = e.graph_memory;
     run.kv_budget_override = e.kv_budget;
     run.validate_content = e.validate_content;
@@ -252,9 +255,11 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     in.graph_strategy = r.enforce_eager ? "shared_pool" : r.graph_memory;
     in.max_model_len = r.serve.max_model_len;
     in.kv_block_size = r.budget_block_size;
-    const std::string key = fmt::format(
-        "{}/{}/{}/{}/{}/{}/{}", in.gpu_memory_utilization, in.max_num_batched_tokens,
-        in.max_num_seqs, in.enforce_eager, in.graph_strategy, in.max_model_len, in.kv_block_size);
+    in.export_profile_snapshot = r.export_snapshot;
+    const std::string key =
+        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", in.gpu_memory_utilization, in.max_num_batched_tokens,
+                    in.max_num_seqs, in.enforce_eager, in.graph_strategy, in.max_model_len,
+                    in.kv_block_size, in.export_profile_snapshot);
     auto it = budgets.find(key);
     if (it == budgets.end()) it = budgets.emplace(key, compute_kv_budget(in)).first;
     if (it->second.ok()) {

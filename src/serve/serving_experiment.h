@@ -25,6 +25,9 @@ struct ServingRunSpec {
   ServeOptions serve;
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
+  // engine.export_snapshot: the profile run's allocator timeline (the run's caching allocator
+  // on the sim backend) written as a PyTorch snapshot, snapshots/<label>_profile_run.pickle.
+  bool export_snapshot = false;
   std::string graph_memory = "shared_pool";
   uint64_t kv_budget_override = 0;  // engine.kv_budget: fixed bytes instead of the formula
   uint32_t budget_block_size = 16;  // block-table input of the captured graphs
