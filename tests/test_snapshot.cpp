@@ -302,3 +302,63 @@ TEST_CASE("generated serving traces: valid, seeded, fragmenting", "[snapshot]") 
   CHECK(r->fragmentation_at_peak() > 0.2);
   CHECK(r->stats.allocated_bytes == 0);
 }
+
+TEST_CASE("snapshot: a missing or bad field is named by its path", "[snapshot]") {
+  auto build = [](bool with_size, const char* action, int64_t addr = 1 << 21) {
+    PickleDoc d;
+    auto dict = [&]() { return d.add_list(PickleDoc::Type::kDict); };
+    auto set = [&](PickleDoc::Ref m, const char* k, PickleDoc::Ref v) {
+      d.set(m, d.add_str(k), v);
+    };
+    const auto root = dict();
+    const auto segs = d.add_list();
+    const auto seg = dict();
+    set(seg, "address", d.add_int(1 << 21));
+    set(seg, "total_size", d.add_int(2 << 20));
+    set(seg, "stream", d.add_int(0));
+    set(seg, "segment_type", d.add_str("small"));
+    const auto blocks = d.add_list();
+    const auto block = dict();
+    if (with_size) set(block, "size", d.add_int(2 << 20));
+    set(block, "state", d.add_str("inactive"));
+    d.append(blocks, block);
+    set(seg, "blocks", blocks);
+    d.append(segs, seg);
+    set(root, "segments", segs);
+    const auto traces = d.add_list();
+    const auto trace = d.add_list();
+    const auto e = dict();
+    set(e, "action", d.add_str(action));
+    set(e, "addr", d.add_int(addr));
+    set(e, "size", d.add_int(512));
+    d.append(trace, e);
+    d.append(traces, trace);
+    set(root, "device_traces", traces);
+    d.set_root(root);
+    return *d.serialize();
+  };
+  auto ok = parse_snapshot(build(true, "alloc"), "s.pickle");
+  REQUIRE(ok.ok());
+  CHECK(ok->segments[0].blocks[0].address == (1u << 21));  // no address key: laid out in order
+  auto no_size = parse_snapshot(build(false, "alloc"), "s.pickle");
+  REQUIRE(!no_size.ok());
+  CHECK(no_size.error().message == "s.pickle: segments[0].blocks[0]: key 'size' missing");
+  auto bad_action = parse_snapshot(build(true, "allocate"), "s.pickle");
+  REQUIRE(!bad_action.ok());
+  CHECK(bad_action.error().message ==
+        "s.pickle: device_traces[0][0].action: unknown action 'allocate'");
+  // A block freed in the trace without an alloc was live when recording began: it must lie in
+  // a segment of that time.
+  auto inside = parse_snapshot(build(true, "free_completed"), "s.pickle");
+  REQUIRE(inside.ok());
+  auto t = trace_from_snapshot(*inside, 0, "s.pickle");
+  REQUIRE(t.ok());
+  REQUIRE(t->initial.size() == 1);
+  CHECK(t->initial[0].blocks.size() == 1);
+  auto outside = parse_snapshot(build(true, "free_completed", 1 << 30), "s.pickle");
+  REQUIRE(outside.ok());
+  auto bad = trace_from_snapshot(*outside, 0, "s.pickle");
+  REQUIRE(!bad.ok());
+  CHECK_THAT(bad.error().message, Catch::Contains("0x40000000 was live when recording began but "
+                                                  "lies in no segment"));
+}
