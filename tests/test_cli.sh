@@ -350,6 +350,15 @@ expect_rc shapes_snap_bad 2
 expect_in "$TMP/shapes_snap_bad.err" "capture size 8: cannot find snapshot" \
   "shapes with snapshots: a missing file is named"
 
+# The same three captures named by a pattern instead of a list.
+sed -e '/^  files:/,/^    64:/d' -e 's#^  source: snapshot#  source: snapshot\n  pattern: "'"$ROOT"'/tests/data/snapshots/graph_b{batch}.pickle"#' \
+  -e 's#^seed: 1#seed: 1\ncapture_sizes: [1, 8, 64]#' "$ROOT/experiments/shapes_snapshots.yaml" \
+  > "$TMP/shapes_pattern.yaml"
+MEMSIM_ROOT=$ROOT run shapes_pattern --config "$TMP/shapes_pattern.yaml" --out "$TMP/out_pattern"
+expect_rc shapes_pattern 0
+expect_in "$TMP/shapes_pattern.out" "max(shape) = 54.0 MiB, sum(shape) = 122.0 MiB" \
+  "shapes with a snapshot pattern"
+
 # export_snapshots: each pool strategy's timeline as a PyTorch snapshot; replayed through one
 # torch_caching pool, shared_pool's reproduces its reserved bytes op for op.
 run shapes_export --config "$CONFIG" --out "$TMP/out_shapes_export" --set export_snapshots=true
