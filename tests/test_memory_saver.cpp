@@ -126,6 +126,9 @@ TEST_CASE("CPU backup: torch_memory_saver keeps the pinned copy, vLLM frees it o
   auto r = tms->pause({});
   CHECK(r->copied_bytes == 512 * kMiB);  // only the weights are backed up
   CHECK(b.usage().pinned_host_bytes == 512 * kMiB);
+  // The copy to pinned host memory is priced over PCIe (compute.pcie_gbps), not HBM.
+  CHECK(b.time_in(Primitive::kCopy) == static_cast<SimTime>(static_cast<double>(512 * kMiB) * 1e9 /
+                                                            h200().compute.pcie_bytes_per_s));
   r = tms->resume({});
   CHECK(r->copied_bytes == 512 * kMiB);
   CHECK(b.usage().pinned_host_bytes == 512 * kMiB);  // kept for the next pause

@@ -424,7 +424,20 @@ Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId
 
 Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) {
   const bool captured = graph_mem_.capturing(stream);
-  MEMSIM_TRY(enter(Primitive::kCopy, 0, 2 * bytes, !captured));
+  // A copy to or from (the start of) a pinned host allocation crosses PCIe: priced at
+  // compute.pcie_gbps, not at the device copy rate (bytes read + written at HBM speed).
+  auto is_host = [&](DevPtr p) {
+    auto it = plain_.find(p);
+    return it != plain_.end() && it->second.kind == PlainKind::kPinned;
+  };
+  const bool pcie = (is_host(dst) || is_host(src)) && gpu_.compute.pcie_bytes_per_s > 0;
+  MEMSIM_TRY(enter(Primitive::kCopy, 0, 2 * bytes, !captured && !pcie));
+  if (pcie && !captured) {
+    const auto cost =
+        static_cast<SimTime>(static_cast<double>(bytes) * 1e9 / gpu_.compute.pcie_bytes_per_s);
+    time_[static_cast<size_t>(Primitive::kCopy)] += cost;
+    clock_.advance(cost);
+  }
   if (dst == 0 || src == 0 || bytes == 0)
     return make_error(ErrorCode::kInvalidArgument, "copy: empty range");
   if (captured) {
