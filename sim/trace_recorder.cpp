@@ -4,12 +4,9 @@
 #include "backends/sim/sim_backend.h"
 #include "sim/clock.h"
 #include "sim/trace_replay.h"
+#include "src/alloc/torch_caching.h"
 
 namespace memsim {
-
-namespace {
-constexpr uint64_t kSmallSegmentBytes = 2ull << 20;  // PyTorch's small-pool segment size
-}
 
 void TimelineRecorder::add(TraceAction a, DevPtr addr, uint64_t size, StreamId stream) {
   TraceEntry e;
@@ -69,7 +66,7 @@ Snapshot TimelineRecorder::snapshot(const std::vector<LiveBlock>* live) const {
     seg.address = base;
     seg.total_size = info.first;
     seg.stream = info.second.id;
-    seg.small = info.first <= kSmallSegmentBytes;
+    seg.small = info.first <= TorchCachingAllocator::kSmallBuffer;  // PyTorch's small pool
     DevPtr cursor = base;
     while (b != blocks.end() && b->ptr < base) ++b;
     for (; b != blocks.end() && b->ptr < base + info.first; ++b) {

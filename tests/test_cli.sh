@@ -347,7 +347,7 @@ sed 's#graph_b8.pickle#graph_b9.pickle#' "$ROOT/experiments/shapes_snapshots.yam
   | sed 's#\.\./tests#'"$ROOT"'/tests#' > "$TMP/shapes_snap_bad.yaml"
 MEMSIM_ROOT=$ROOT run shapes_snap_bad --config "$TMP/shapes_snap_bad.yaml" --out "$TMP/out_ssb"
 expect_rc shapes_snap_bad 2
-expect_in "$TMP/shapes_snap_bad.err" "capture size 8: cannot find snapshot" \
+expect_in "$TMP/shapes_snap_bad.err" "program.files.8: cannot find file" \
   "shapes with snapshots: a missing file is named"
 
 # The same three captures named by a pattern instead of a list.

@@ -171,10 +171,6 @@ TEST_CASE("snapshot: fields of a recorded snapshot, errors name the field", "[sn
   auto missing = read_snapshot_file(fixture("nope.pickle"));
   REQUIRE(!missing.ok());
   CHECK_THAT(missing.error().message, Catch::Contains("cannot open"));
-  // Remove a block's size: the error names the path.
-  Snapshot bad = *s;
-  auto doc = PickleDoc::parse(*serialize_snapshot(bad));
-  REQUIRE(doc.ok());
 }
 
 TEST_CASE("snapshot: torch_caching replays PyTorch's own reserved bytes exactly", "[snapshot]") {

@@ -9,13 +9,16 @@
 
 #include "sim/workload/alloc_program.h"
 #include "sim/workload/snapshot.h"
+#include "src/alloc/torch_caching.h"
 
 namespace memsim {
 
 namespace {
 
 // PyTorch's small segments are kSmallBuffer (2 MiB); large ones are at least 10 MiB.
-constexpr uint64_t kSmallSegmentBytes = 2ull << 20;
+bool is_small_segment(uint64_t bytes) {
+  return bytes <= TorchCachingAllocator::kSmallBuffer;
+}
 
 struct SegState {
   uint64_t size = 0;
@@ -103,7 +106,7 @@ Status Builder::initial_state(const std::vector<TraceEntry>& trace) {
         segs.erase(e.addr);
         break;
       case TraceAction::kSegmentFree:
-        segs[e.addr] = SegState{e.size, e.stream, e.size <= kSmallSegmentBytes, 0};
+        segs[e.addr] = SegState{e.size, e.stream, is_small_segment(e.size), 0};
         break;
       case TraceAction::kSegmentMap:
         t_.recorded_expandable = true;
@@ -212,7 +215,7 @@ Status Builder::forward(const std::vector<TraceEntry>& trace) {
         reserved += e.size;
         if (segs_.count(e.addr) != 0)
           return fail(k, fmt::format("segment_alloc at {:#x}, which is already a segment", e.addr));
-        segs_[e.addr] = SegState{e.size, e.stream, e.size <= kSmallSegmentBytes, 0};
+        segs_[e.addr] = SegState{e.size, e.stream, is_small_segment(e.size), 0};
         ++free_segments_;
         break;
       case TraceAction::kSegmentFree: {

@@ -14,6 +14,7 @@
 #include "src/app/writers.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
+#include "src/config/requests_loader.h"
 
 namespace memsim {
 
@@ -50,10 +51,7 @@ AllocatorsConfig load_allocators_config(const std::string& path,
     if (src == "snapshot") {
       w.expect_keys({"label", "source", "path"});
       wl.snapshot = true;
-      const std::string ref = w["path"].as_string();
-      const fs::path base = fs::path(path).parent_path();
-      wl.path = fs::exists(base / ref) ? (base / ref).lexically_normal().string() : ref;
-      if (!fs::exists(wl.path)) w["path"].fail(fmt::format("cannot find snapshot '{}'", ref));
+      wl.path = resolve_data_path(w["path"], w["path"].as_string());
     } else {
       w.expect_keys({"label", "source", "steps", "max_batch", "prefill_chunk",
                      "prefill_probability", "max_context"});

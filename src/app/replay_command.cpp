@@ -7,9 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "backends/sim/sim_backend.h"
 #include "memsim_config.h"
-#include "sim/clock.h"
 #include "sim/trace_recorder.h"
 #include "sim/trace_replay.h"
 #include "sim/workload/alloc_trace.h"
@@ -145,11 +143,10 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
   try {
     // A bare name is looked up under MEMSIM_ROOT, the current folder, and the source tree of
     // this binary (build/memsim -> configs/gpus/NAME.yaml).
-    std::error_code ec;
-    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    const std::string root = binary_source_root();
     const std::string anchor =
-        ec ? std::string("memsim replay --gpu")
-           : (exe.parent_path() / ".." / "experiments" / "memsim replay --gpu").string();
+        root.empty() ? std::string("memsim replay --gpu")
+                     : (fs::path(root) / "experiments" / "memsim replay --gpu").string();
     const ConfigNode ref = ConfigNode::parse("gpu: '" + o.gpu + "'", anchor);
     gpu = load_gpu_spec(ConfigNode::load_file(resolve_config_path(ref["gpu"], o.gpu, "gpus")));
   } catch (const ConfigError& e) {

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <set>
@@ -15,10 +15,10 @@
 #include "sim/workload/executor_program.h"
 #include "sim/workload/snapshot.h"
 #include "src/config/loaders.h"
+#include "src/config/requests_loader.h"
 
 namespace memsim {
 
-namespace fs = std::filesystem;
 
 std::string Variant::name() const {
   return fmt::format("{}/{}/{}/{}", to_string(outputs), to_string(arrival), to_string(graphs),
@@ -129,20 +129,13 @@ ShapesConfig load_shapes_config(const std::string& path,
       p->fail("files and pattern go with source: snapshot");
     }
   }
-  const fs::path base = fs::path(path).parent_path();
-  auto resolve = [&](const std::string& ref) {
-    return fs::exists(base / ref) ? (base / ref).lexically_normal().string() : ref;
-  };
   if (files_node && !root.has("capture_sizes") && !root.has("max_num_seqs")) {
     for (const std::string& k : files_node->keys()) {
-      uint64_t b = 0;
-      for (char ch : k) {
-        if (ch < '0' || ch > '9' || b > 65536) b = UINT64_MAX;
-        if (b != UINT64_MAX) b = b * 10 + static_cast<uint64_t>(ch - '0');
-      }
-      if (k.empty() || b == 0 || b > 65536)
+      uint32_t b = 0;
+      const auto [end, err] = std::from_chars(k.data(), k.data() + k.size(), b);
+      if (err != std::errc() || end != k.data() + k.size() || b == 0 || b > 65536)
         (*files_node)[k].fail("keys of files are capture sizes (1 to 65536)");
-      c.capture_sizes.push_back(static_cast<uint32_t>(b));
+      c.capture_sizes.push_back(b);
     }
   }
   if (!c.capture_sizes.empty()) {
@@ -158,19 +151,15 @@ ShapesConfig load_shapes_config(const std::string& path,
   }
   if (files_node || !pattern.empty()) {
     for (uint32_t b : c.capture_sizes) {
-      std::string ref;
       if (files_node) {
         auto f = files_node->find(std::to_string(b));
         if (!f) files_node->fail(fmt::format("no snapshot for capture size {}", b));
-        ref = f->as_string();
+        c.snapshot_files[b] = resolve_data_path(*f, f->as_string());
       } else {
-        ref = pattern;
+        std::string ref = pattern;
         ref.replace(ref.find("{batch}"), 7, std::to_string(b));
+        c.snapshot_files[b] = resolve_data_path(root["program"]["pattern"], ref);
       }
-      const std::string file = resolve(ref);
-      if (!fs::is_regular_file(file))
-        root["program"].fail(fmt::format("capture size {}: cannot find snapshot '{}'", b, ref));
-      c.snapshot_files[b] = file;
     }
     // Each capture size's body from its snapshot, read once here.
     auto programs = std::make_shared<std::map<uint32_t, ShapeProgram>>();
@@ -354,10 +343,11 @@ ShapesResults run_shapes(const ShapesConfig& c) {
       rc.order = s.order;
       rc.order_list = s.order_list;
       // The table slice's allocator timeline, recorded as a PyTorch snapshot on request.
-      auto recorder = std::make_shared<TimelineRecorder>();
+      const bool record = c.export_snapshots && v == c.table;
+      auto recorder = record ? std::make_shared<TimelineRecorder>() : nullptr;
       bool observed = false;
       GraphStrategyFactory factory = s.factory;
-      if (c.export_snapshots && v == c.table)
+      if (record)
         factory = [f = s.factory, recorder, &observed](Backend& b) {
           auto strategy = f(b);
           observed = strategy->set_observer(recorder.get());

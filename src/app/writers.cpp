@@ -201,6 +201,12 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
   return {};
 }
 
+std::string binary_source_root() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : (exe.parent_path() / "..").string();
+}
+
 std::string run_plot_script(const std::string& config_source, const std::string& script_name,
                             const std::string& dir, const std::vector<std::string>& args,
                             const std::vector<std::string>& outputs) {
@@ -211,10 +217,8 @@ std::string run_plot_script(const std::string& config_source, const std::string&
     candidates.push_back(fs::path(root) / "tools" / script_name);
   candidates.push_back(fs::path(config_source).parent_path() / ".." / "tools" / script_name);
   candidates.push_back(fs::path("tools") / script_name);
-  // Beside the binary's build folder (build/memsim -> tools/).
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(exe.parent_path() / ".." / "tools" / script_name);
+  if (const std::string root = binary_source_root(); !root.empty())
+    candidates.push_back(fs::path(root) / "tools" / script_name);
   fs::path script;
   for (const auto& p : candidates)
     if (fs::is_regular_file(p)) {

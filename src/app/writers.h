@@ -21,6 +21,9 @@ std::string write_shapes_outputs(const ShapesConfig& config, const ShapesResults
 std::string plot_shapes(const ShapesConfig& config, const std::string& dir);
 
 std::string human_bytes(uint64_t bytes);
+// The source tree this binary was built in, guessed from its path (build/memsim -> the
+// folder above build/); empty when the path cannot be read.
+std::string binary_source_root();
 // `s` with JSON's escapes (no surrounding quotes).
 std::string json_escape(const std::string& s);
 
