@@ -382,6 +382,32 @@ expect_rc kv_export_replay 0
 expect_in "$TMP/kv_export_replay.out" "reserved equal to the recording after every op" \
   "serving export: the profile run replays exactly"
 
+# The RL co-location experiment: table, outputs, OOM outcome, located config errors.
+RLCONF=$ROOT/experiments/rl_colocation.yaml
+run rl --config "$RLCONF" --out "$TMP/out_rl" --set iterations=1 --set max_utilization=false \
+  --set models=[qwen2.5-7b]
+expect_rc rl 0
+expect_re "$TMP/rl.out" "no_saver .*OOM at iteration 0" "rl: no saver runs out of memory"
+expect_re "$TMP/rl.out" "tagged_multi_stage .* valid +ok" "rl: multi-stage completes, graphs valid"
+for f in summary.json phases.csv timeseries.csv; do
+  check "rl: $f written" test -s "$TMP/out_rl/rl_colocation/$f"
+done
+if command -v python3 >/dev/null 2>&1; then
+  check "rl: summary.json parses" python3 -c "import json,sys; json.load(open(sys.argv[1]))" \
+    "$TMP/out_rl/rl_colocation/summary.json"
+fi
+if /usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1; then
+  check "rl: timeline plot written" test -s "$TMP/out_rl/rl_colocation/rl_timeline.png"
+fi
+run rl_typo --config "$RLCONF" --out "$TMP/out_rl_typo" --set train.shardng=zero3
+expect_rc rl_typo 2
+expect_in "$TMP/rl_typo.err" "train.shardng" "rl: unknown key named"
+expect_in "$TMP/rl_typo.err" "sharding" "rl: closest key suggested"
+check "rl: no output on a config error" test ! -e "$TMP/out_rl_typo"
+run rl_sep --config "$RLCONF" --out "$TMP/out_rl_sep" --set 'runs=[{label: x, placement: separate, saver: {impl: tagged_regions}}]'
+expect_rc rl_sep 2
+expect_in "$TMP/rl_sep.err" "needs no saver" "rl: a saver with separate GPUs is refused"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

@@ -418,7 +418,10 @@ Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId
   const bool captured = graph_mem_.capturing(stream);
   MEMSIM_TRY(enter(Primitive::kFill, 0, bytes, !captured));
   if (p == 0 || bytes == 0) return make_error(ErrorCode::kInvalidArgument, "fill: empty range");
-  if (captured) graph_mem_.add_node(stream);
+  if (captured) {
+    graph_mem_.add_node(stream);
+    note_captured_range(stream, p, bytes);
+  }
   return {};
 }
 
@@ -442,6 +445,8 @@ Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream)
     return make_error(ErrorCode::kInvalidArgument, "copy: empty range");
   if (captured) {
     graph_mem_.add_node(stream);
+    note_captured_range(stream, dst, bytes);
+    note_captured_range(stream, src, bytes);
   } else if (copy_observer_) {
     copy_observer_(dst, src, bytes);
   }
@@ -452,7 +457,29 @@ Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream)
 
 Status SimBackend::begin_capture(StreamId stream) {
   MEMSIM_TRY(enter(Primitive::kBeginCapture, 0, 0));
-  return graph_mem_.begin(stream);
+  MEMSIM_TRY(graph_mem_.begin(stream));
+  capture_ranges_[stream.id].clear();
+  return {};
+}
+
+void SimBackend::note_captured_range(StreamId stream, DevPtr p, uint64_t bytes) {
+  uint64_t off = 0;
+  if (find_reservation(p, bytes, &off) != nullptr) capture_ranges_[stream.id].push_back({p, bytes});
+}
+
+bool SimBackend::range_mapped(DevPtr va, uint64_t bytes) const {
+  uint64_t off = 0;
+  const Reservation* r = find_reservation(va, bytes, &off);
+  if (r == nullptr) return false;
+  auto it = r->maps.upper_bound(off);
+  if (it == r->maps.begin()) return false;
+  --it;  // the mapping at or before off
+  uint64_t cursor = off;
+  for (; it != r->maps.end() && cursor < off + bytes; ++it) {
+    if (it->first > cursor || it->first + it->second.bytes <= cursor) return false;
+    cursor = it->first + it->second.bytes;
+  }
+  return cursor >= off + bytes;
 }
 
 Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
@@ -464,6 +491,11 @@ Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kEndCapture)] += extra;
   MEMSIM_ASSIGN_OR_RETURN(auto ended, graph_mem_.end(stream));
+  auto ranges = capture_ranges_.find(stream.id);
+  if (ranges != capture_ranges_.end()) {
+    if (!ranges->second.empty()) graph_ranges_[ended.graph_id] = std::move(ranges->second);
+    capture_ranges_.erase(ranges);
+  }
   return GraphHandle{ended.graph_id};
 }
 
@@ -472,6 +504,15 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
   if (graph_mem_.capturing(stream))
     return make_error(ErrorCode::kInvalidState, "launch into a capturing stream");
   MEMSIM_ASSIGN_OR_RETURN(auto plan, graph_mem_.plan_launch(g.id, stream));
+  // A node that touches VMM memory no longer mapped would fault on the GPU (an illegal address):
+  // the graph is no longer valid to replay.
+  if (auto ranges = graph_ranges_.find(g.id); ranges != graph_ranges_.end())
+    for (const auto& [va, bytes] : ranges->second)
+      if (!range_mapped(va, bytes))
+        return make_error(ErrorCode::kInvalidState,
+                          fmt::format("launch: graph {} touches {:#x}+{}, which is not mapped "
+                                      "(an illegal address on the GPU)",
+                                      g.id, va, bytes));
   const uint64_t growth = plan.reserved_after - graph_mem_.reserved();
   if (growth > 0) MEMSIM_TRY(charge_physical(growth, "launch (graph memory)"));
   const double us = gpu_.launch_extra_us(plan.upload_nodes, plan.map_granules, plan.remap_granules);
@@ -493,6 +534,7 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
 Status SimBackend::destroy_graph(GraphHandle g) {
   MEMSIM_TRY(enter(Primitive::kDestroyGraph, 0, 0));
   MEMSIM_ASSIGN_OR_RETURN(std::vector<DevPtr> release, graph_mem_.destroy(g.id));
+  graph_ranges_.erase(g.id);
   for (DevPtr va : release) {
     virtual_mapped_ -= va_.size_of(va);
     (void)va_.free(va);

@@ -70,6 +70,10 @@ class SimBackend final : public Backend {
     uint64_t offset;
   };
   std::optional<Resolved> resolve(DevPtr va) const;
+  // Whether [va, va + bytes) lies in one reservation and is mapped throughout. A graph whose
+  // captured fills or copies touched a reservation is checked with it at every launch: launching
+  // after the memory was unmapped fails with kInvalidState, as the GPU would fault.
+  bool range_mapped(DevPtr va, uint64_t bytes) const;
   // Verifies the accounting: counters equal sums over records, mapping counts match.
   bool check_invariants(std::string* why) const;
   // Called after every successful copy outside a capture, with its (dst, src, bytes): tools that
@@ -123,6 +127,7 @@ class SimBackend final : public Backend {
   Reservation* find_reservation(DevPtr va, uint64_t bytes, uint64_t* offset);
   const Reservation* find_reservation(DevPtr va, uint64_t bytes, uint64_t* offset) const;
   void publish();
+  void note_captured_range(StreamId stream, DevPtr p, uint64_t bytes);
 
   GpuSpec gpu_;
   CallFeatures last_call_;
@@ -153,6 +158,9 @@ class SimBackend final : public Backend {
   std::array<SimTime, static_cast<size_t>(Primitive::kCount)> time_{};
   std::array<uint64_t, static_cast<size_t>(Primitive::kCount)> calls_{};
   CopyObserver copy_observer_;
+  // VMM ranges touched by nodes of the capture in progress (per stream) and of each graph.
+  std::unordered_map<uint32_t, std::vector<std::pair<DevPtr, uint64_t>>> capture_ranges_;
+  std::unordered_map<uint64_t, std::vector<std::pair<DevPtr, uint64_t>>> graph_ranges_;
 };
 
 }  // namespace memsim

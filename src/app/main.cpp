@@ -6,20 +6,21 @@
 #include <iostream>
 
 #include "memsim_config.h"
-#if MEMSIM_HAVE_CUDA
 #include "src/app/allocators_experiment.h"
 #include "src/app/calibrate.h"
 #include "src/app/replay_command.h"
-#if MEMSIM_HAVE_CUDA
-#include "src/app/calibrate_model.h"
-#endif
-#include "src/app/cuda_serving.h"
-#include "src/app/cuda_validation.h"
-#endif
+#include "src/app/rl_experiment.h"
 #include "src/app/serving_writers.h"
 #include "src/app/shapes_experiment.h"
 #include "src/app/writers.h"
 #include "src/serve/serving_experiment.h"
+// clang-format off
+#if MEMSIM_HAVE_CUDA
+#include "src/app/calibrate_model.h"
+#include "src/app/cuda_serving.h"
+#include "src/app/cuda_validation.h"
+#endif
+// clang-format on
 
 namespace {
 
@@ -232,6 +233,22 @@ int main(int argc, char** argv) {
     try {
       const memsim::AllocatorsConfig c = memsim::load_allocators_config(config_path, overrides);
       return memsim::run_allocators_experiment(c, out_dir, std::cout, std::cerr);
+    } catch (const memsim::ConfigError& e) {
+      std::cerr << "memsim: config error: " << e.what() << "\n";
+      return kExitConfigError;
+    }
+  }
+  if (memsim::is_rl_config(config_path)) {
+    if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
+    if (backend == "cuda") {
+      std::cerr << "memsim: --backend cuda: the RL co-location experiment runs on the sim "
+                   "backend; the saver's GPU check is tests/test_saver_cuda (README, Memory "
+                   "savers)\n";
+      return kExitConfigError;
+    }
+    try {
+      const memsim::RlConfig c = memsim::load_rl_config(config_path, overrides);
+      return memsim::run_rl_experiment(c, out_dir, std::cout, std::cerr);
     } catch (const memsim::ConfigError& e) {
       std::cerr << "memsim: config error: " << e.what() << "\n";
       return kExitConfigError;

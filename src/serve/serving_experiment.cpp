@@ -72,11 +72,7 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   return e;
 }
 
-struct KvChoice {
-  std::string impl, params;
-  KvFactory factory;
-  uint32_t block_size = 16;
-};
+}  // namespace
 
 KvChoice parse_kv(const ConfigNode& node) {
   const ConfigNode impl = node["impl"];
@@ -104,11 +100,6 @@ KvChoice parse_kv(const ConfigNode& node) {
   return k;
 }
 
-struct SchedulerChoice {
-  const SchedulerInfo* info = nullptr;
-  ServeOptions options;
-};
-
 SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
   if (auto impl = node.find("impl")) {
     base.info = find_scheduler(impl->as_string());
@@ -117,8 +108,6 @@ SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
   base.options = parse_scheduler_options(node, *base.info, base.options);
   return base;
 }
-
-}  // namespace
 
 bool is_serving_config(const std::string& path) {
   try {

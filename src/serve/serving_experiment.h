@@ -10,8 +10,10 @@
 #include "backends/sim/cost_model.h"
 #include "sim/workload/model_shape.h"
 #include "sim/workload/requests.h"
+#include "src/config/config_node.h"
 #include "src/serve/engine.h"
 #include "src/serve/kv_budget.h"
+#include "src/serve/scheduler.h"
 
 namespace memsim {
 
@@ -76,6 +78,20 @@ struct ServingRunHooks {
   std::function<void(const ServingRunSpec&, EngineConfig&)> customize;
   bool serial = false;
 };
+
+// A `kv:` map ({impl, ...the strategy's keys}) and a `scheduler:` map, parsed and validated
+// (shared with the RL experiment). ConfigError names the key.
+struct KvChoice {
+  std::string impl, params;
+  KvFactory factory;
+  uint32_t block_size = 16;  // tokens per block (16 for strategies without blocks)
+};
+KvChoice parse_kv(const ConfigNode& node);
+struct SchedulerChoice {
+  const SchedulerInfo* info = nullptr;
+  ServeOptions options;
+};
+SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base);
 
 // Throws ConfigError (file:line: key: message) for any bad input; `overrides` are --set
 // assignments applied before validation.

@@ -1,0 +1,345 @@
+// The RL co-location experiment: YAML into RlConfig, the terminal table, summary.json,
+// phases.csv, timeseries.csv and the stacked memory-by-tag timeline plot.
+#include "src/app/rl_experiment.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+
+#include "src/app/writers.h"
+#include "src/config/loaders.h"
+#include "src/config/requests_loader.h"
+#include "src/serve/serving_experiment.h"
+
+namespace memsim {
+
+namespace fs = std::filesystem;
+
+bool is_rl_config(const std::string& path) {
+  try {
+    const ConfigNode root = ConfigNode::load_file(path);
+    return root.is_map() && root.has("train") && root.has("rollout");
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
+namespace {
+
+constexpr double kGB = 1e9;
+
+TrainSpec parse_train(const ConfigNode& n, RlConfig& c) {
+  n.expect_keys({"dp", "tp", "sharding", "param_dtype", "activation_checkpointing", "fp32_logits",
+                 "adam", "micro_batch_tokens", "bucket_bytes", "prefetch", "reference",
+                 "old_log_prob", "optimizer_steps"});
+  TrainSpec s;
+  if (auto v = n.find("dp")) s.dp = static_cast<uint32_t>(v->as_uint_in(1, 1u << 16));
+  if (auto v = n.find("tp")) s.tp = static_cast<uint32_t>(v->as_uint_in(1, 64));
+  if (auto v = n.find("sharding")) {
+    const std::string x = v->as_choice({"none", "zero1", "zero2", "zero3", "fsdp"});
+    s.sharding = x == "none"    ? Sharding::kNone
+                 : x == "zero1" ? Sharding::kZero1
+                 : x == "zero2" ? Sharding::kZero2
+                                : Sharding::kZero3;
+  }
+  if (auto v = n.find("param_dtype"))
+    s.param_dtype = v->as_choice({"fp32", "bf16"}) == "fp32" ? DType::kFP32 : DType::kBF16;
+  if (auto v = n.find("activation_checkpointing")) s.activation_checkpointing = v->as_bool();
+  if (auto v = n.find("fp32_logits")) s.fp32_logits = v->as_bool();
+  if (auto v = n.find("adam")) s.adam_foreach = v->as_choice({"foreach", "fused"}) == "foreach";
+  if (auto v = n.find("micro_batch_tokens")) s.micro_batch_tokens = v->as_uint_in(1, 1u << 24);
+  if (auto v = n.find("bucket_bytes")) {
+    s.bucket_bytes = v->as_bytes();
+    if (s.bucket_bytes == 0) v->fail("must be positive");
+  }
+  if (auto v = n.find("prefetch")) s.prefetch = static_cast<uint32_t>(v->as_uint_in(0, 8));
+  if (auto v = n.find("reference")) c.reference = v->as_bool();
+  if (auto v = n.find("old_log_prob")) c.old_log_prob = v->as_bool();
+  if (auto v = n.find("optimizer_steps"))
+    c.optimizer_steps = static_cast<uint32_t>(v->as_uint_in(1, 1024));
+  return s;
+}
+
+void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
+  n.expect_keys(
+      {"gpu_memory_utilization", "max_model_len", "enforce_eager", "kv", "scheduler", "requests"});
+  if (auto v = n.find("gpu_memory_utilization"))
+    r.gpu_memory_utilization = v->as_double_in(0.01, 1);
+  if (auto v = n.find("max_model_len"))
+    r.serve.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 22));
+  if (auto v = n.find("enforce_eager")) r.enforce_eager = v->as_bool();
+  if (auto v = n.find("kv")) {
+    const KvChoice k = parse_kv(*v);
+    r.kv_impl = k.impl;
+    r.kv_factory = k.factory;
+    r.kv_block_size = k.block_size;
+  } else {
+    const ConfigNode d = ConfigNode::parse("{impl: paged_block_pool, block_size: 16}", "default");
+    r.kv_factory = parse_kv(d).factory;
+  }
+  SchedulerChoice sched{find_scheduler("continuous_batching"), r.serve};
+  if (auto v = n.find("scheduler")) sched = parse_scheduler(*v, sched);
+  r.scheduler = sched.info->name;
+  const uint32_t max_len = r.serve.max_model_len;
+  r.serve = sched.options;
+  r.serve.max_model_len = max_len;
+  const ConfigNode req = n["requests"];
+  const RequestsConfig rc = load_requests_config(req);
+  if (rc.source != RequestSource::kSynthetic)
+    req.fail("source: the rollout's prompts are synthetic (one GPU's share per iteration)");
+  r.requests = rc.synthetic;
+  const uint32_t longest = r.requests.prompt.largest() + r.requests.output.largest();
+  if (longest > r.serve.max_model_len)
+    req.fail(fmt::format("prompt + output can reach {} tokens, above rollout.max_model_len {}",
+                         longest, r.serve.max_model_len));
+}
+
+RlRunSpec parse_run(const ConfigNode& n) {
+  n.expect_keys({"label", "placement", "saver", "tags", "multi_stage", "offload_params",
+                 "offload_optimizer", "gpu_memory_utilization"});
+  RlRunSpec r;
+  r.label = n["label"].as_string();
+  if (auto v = n.find("placement"))
+    r.placement = v->as_choice({"colocated", "separate"}) == "separate" ? RlPlacement::kSeparate
+                                                                        : RlPlacement::kColocated;
+  if (auto v = n.find("saver"); v && !(v->is_scalar() && v->as_string() == "none")) {
+    if (!v->is_map()) v->fail("a map {impl: tagged_regions | sleep_mode, ...} or none");
+    const ConfigNode impl = (*v)["impl"];
+    const SaverInfo* info = find_memory_saver(impl.as_string());
+    if (!info) {
+      std::vector<std::string> names;
+      for (const auto& s : memory_savers()) names.push_back(s.name);
+      impl.as_choice(names);
+    }
+    std::vector<std::string> keys = info->params;
+    keys.push_back("impl");
+    v->expect_keys(keys);
+    r.saver = info->name;
+    r.saver_factory = info->parse(*v);
+    // What each system puts in its pausable pool (see RlRunSpec::saver_tags).
+    r.saver_tags = r.saver == "sleep_mode"
+                       ? std::vector<std::string>{"weights", "kv_cache"}
+                       : std::vector<std::string>{"weights", "kv_cache", "cuda_graph"};
+    if (r.placement == RlPlacement::kSeparate)
+      v->fail("placement: separate keeps each engine on its own GPUs; it needs no saver");
+  }
+  if (auto v = n.find("tags")) {
+    if (r.saver.empty()) v->fail("tags apply to a saver; this run has none");
+    r.saver_tags.clear();
+    for (const ConfigNode& t : v->items())
+      r.saver_tags.push_back(t.as_choice({"weights", "kv_cache", "cuda_graph"}));
+    if (r.saver_tags.empty()) v->fail("needs at least one tag");
+  }
+  const bool saver = !r.saver.empty();
+  r.multi_stage = saver;
+  if (auto v = n.find("multi_stage")) {
+    r.multi_stage = v->as_bool();
+    if (r.multi_stage && !saver) v->fail("multi-stage resume needs a saver");
+    if (r.multi_stage &&
+        (r.saver_tags.size() < 2 ||
+         std::find(r.saver_tags.begin(), r.saver_tags.end(), "weights") == r.saver_tags.end()))
+      v->fail("multi-stage resume needs the weights and at least one other tag in the saver");
+  }
+  r.offload_params = r.offload_optimizer = saver;
+  if (auto v = n.find("offload_params")) r.offload_params = v->as_bool();
+  if (auto v = n.find("offload_optimizer")) r.offload_optimizer = v->as_bool();
+  if (auto v = n.find("gpu_memory_utilization"))
+    r.gpu_memory_utilization = v->as_double_in(0.01, 1);
+  return r;
+}
+
+std::string gib(uint64_t b) {
+  return fmt::format("{:.1f}", static_cast<double>(b) / (1ull << 30));
+}
+
+}  // namespace
+
+RlConfig load_rl_config(const std::string& path, const std::vector<std::string>& overrides) {
+  ConfigNode root = ConfigNode::load_file(path);
+  for (const std::string& o : overrides) root.apply_override(o);
+  root.expect_keys({"experiment", "gpu", "models", "iterations", "allocator", "train", "rollout",
+                    "weight_sync", "interconnect_gbps", "network_gbps", "runs", "seed",
+                    "max_utilization"});
+  RlConfig c;
+  c.source = path;
+  if (auto v = root.find("experiment")) c.experiment = v->as_string();
+  c.gpu = load_gpu_spec(
+      ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
+  for (const ConfigNode& m : root["models"].items())
+    c.models.push_back(
+        load_model_shape(ConfigNode::load_file(resolve_config_path(m, m.as_string(), "models"))));
+  if (c.models.empty()) root["models"].fail("needs at least one model");
+  if (auto v = root.find("max_utilization")) c.max_utilization = v->as_bool();
+  if (auto v = root.find("iterations"))
+    c.iterations = static_cast<uint32_t>(v->as_uint_in(1, 1000));
+  const ConfigNode alloc =
+      root.find("allocator") ? root["allocator"] : ConfigNode::parse("{impl: torch_caching}", path);
+  {
+    const ConfigNode impl = alloc["impl"];
+    impl.as_choice(caching_allocator_names());
+    const AllocatorInfo* info = find_caching_allocator(impl.as_string());
+    std::vector<std::string> keys = info->params;
+    keys.push_back("impl");
+    alloc.expect_keys(keys);
+    c.allocator = info->parse(alloc);
+    c.allocator_yaml = info->name;
+  }
+  c.train = parse_train(root["train"], c);
+  parse_rollout(root["rollout"], c.rollout);
+  if (auto v = root.find("seed")) c.rollout.requests.seed = v->as_uint();
+  if (auto v = root.find("weight_sync")) {
+    v->expect_keys({"bucket_bytes"});
+    if (auto b = v->find("bucket_bytes")) {
+      c.sync_bucket_bytes = b->as_bytes();
+      if (c.sync_bucket_bytes == 0) b->fail("must be positive");
+    }
+  }
+  if (auto v = root.find("interconnect_gbps"))
+    c.interconnect_bytes_per_s = v->as_double_in(1, 1e5) * kGB;
+  if (auto v = root.find("network_gbps")) c.network_bytes_per_s = v->as_double_in(0.1, 1e5) * kGB;
+  for (const ConfigNode& r : root["runs"].items()) {
+    RlRunSpec run = parse_run(r);
+    for (const RlRunSpec& other : c.runs)
+      if (other.label == run.label) r["label"].fail("duplicate run label '" + run.label + "'");
+    c.runs.push_back(std::move(run));
+  }
+  if (c.runs.empty()) root["runs"].fail("needs at least one run");
+  return c;
+}
+
+std::string format_rl_table(const RlConfig& c, const RlResults& res) {
+  std::string out = fmt::format(
+      "RL co-location on {} ({:.0f} GiB), {} iterations; trainer dp={} tp={} {} ({} params), "
+      "rollout gpu_memory_utilization {:.2f}\n",
+      c.gpu.name, static_cast<double>(c.gpu.capacity) / (1ull << 30), c.iterations, c.train.dp,
+      c.train.tp, to_string(c.train.sharding),
+      c.train.param_dtype == DType::kFP32 ? "fp32" : "bf16", c.rollout.gpu_memory_utilization);
+  std::string model;
+  for (const RlRunResult& r : res.runs) {
+    if (r.model != model) {
+      model = r.model;
+      out += fmt::format("\n{}\n", model);
+      out += fmt::format(
+          "  {:<22} {:<14} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} "
+          "{:>7} {:<6} {}\n",
+          "run", "saver", "KV GiB", "peak", "rollout", "train", "sync", "pinned", "pause ms",
+          "wake1 ms", "wake2 ms", "rollout s", "iter s", "max util", "graphs", "outcome");
+    }
+    auto phase = [&](const char* name) {
+      auto it = r.phase_peak.find(name);
+      return it == r.phase_peak.end() ? std::string("-") : gib(it->second);
+    };
+    std::string outcome = "ok";
+    if (!r.error.empty())
+      outcome = "error: " + r.error;
+    else if (!r.oom.empty())
+      outcome = "OOM at " + r.oom;
+    out += fmt::format(
+        "  {:<22} {:<14} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.2f} "
+        "{:>7.2f} {:>7} {:<6} {}\n",
+        r.label, r.saver, gib(r.kv_bytes), gib(r.peak), phase("rollout"), phase("train"),
+        phase("sync"), gib(r.peak_pinned), r.pause_ms, r.resume_weights_ms, r.resume_rest_ms,
+        r.rollout_s, r.iteration_s,
+        r.max_utilization < 0 ? std::string("-") : fmt::format("{:.2f}", r.max_utilization),
+        r.graph_launches == 0 ? "-" : (r.graphs_valid ? "valid" : "BROKEN"), outcome);
+  }
+  out += fmt::format(
+      "\npeak / rollout / train / sync: GiB of device memory (max over GPUs and iterations; "
+      "separate runs use 2 GPUs per rank); pinned: host GiB; wake1/wake2: resume stages "
+      "(weights, then the rest); max util: the largest rollout gpu_memory_utilization that "
+      "completes every iteration; {:.1f} s wall\n",
+      res.wall_seconds);
+  return out;
+}
+
+std::string write_rl_outputs(const RlConfig& c, const RlResults& res, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
+  {
+    std::ofstream f(fs::path(dir) / "summary.json");
+    f << "{\n  \"experiment\": \"" << json_escape(c.experiment) << "\",\n  \"gpu\": \""
+      << json_escape(c.gpu.name) << "\",\n  \"capacity_bytes\": " << c.gpu.capacity
+      << ",\n  \"iterations\": " << c.iterations << ",\n  \"runs\": [\n";
+    for (size_t i = 0; i < res.runs.size(); ++i) {
+      const RlRunResult& r = res.runs[i];
+      f << fmt::format(
+          "    {{\"label\": \"{}\", \"model\": \"{}\", \"placement\": \"{}\", \"saver\": \"{}\", "
+          "\"outcome\": \"{}\", \"oom\": \"{}\", \"oom_bytes_short\": {}, \"error\": \"{}\", "
+          "\"iterations_done\": {}, \"gpus_per_rank\": {}, \"kv_bytes\": {}, \"kv_tokens\": {}, "
+          "\"weights_bytes\": {}, \"graph_bytes\": {}, \"peak_bytes\": {}, "
+          "\"peak_train_gpu_bytes\": {}, \"peak_rollout_gpu_bytes\": {}, "
+          "\"peak_pinned_host_bytes\": {}, \"phase_peak_bytes\": {{",
+          json_escape(r.label), json_escape(r.model), r.placement, r.saver,
+          !r.error.empty() ? "error" : (!r.oom.empty() ? "oom" : "ok"), json_escape(r.oom),
+          r.oom_bytes_short, json_escape(r.error), r.iterations_done, r.gpus, r.kv_bytes,
+          r.kv_tokens, r.weights_bytes, r.graph_bytes, r.peak, r.peak_train_gpu, r.peak_rollout_gpu,
+          r.peak_pinned);
+      bool first = true;
+      for (const auto& [name, b] : r.phase_peak) {
+        f << fmt::format("{}\"{}\": {}", first ? "" : ", ", name, b);
+        first = false;
+      }
+      f << fmt::format(
+          "}}, \"rollout_s\": {:.6f}, \"train_s\": {:.6f}, \"sync_s\": {:.6f}, "
+          "\"iteration_s\": {:.6f}, \"pause_ms\": {:.4f}, \"resume_weights_ms\": {:.4f}, "
+          "\"resume_rest_ms\": {:.4f}, \"offload_ms\": {:.4f}, \"reload_ms\": {:.4f}, "
+          "\"preemptions\": {}, \"rollout_tokens_per_s\": {:.2f}, \"max_utilization\": {:.2f}, "
+          "\"graph_launches\": {}, "
+          "\"graphs_valid\": {}, \"graph_error\": \"{}\"}}{}\n",
+          r.rollout_s, r.train_s, r.sync_s, r.iteration_s, r.pause_ms, r.resume_weights_ms,
+          r.resume_rest_ms, r.offload_ms, r.reload_ms, r.preemptions, r.rollout_tokens_per_s,
+          r.max_utilization, r.graph_launches, r.graphs_valid ? "true" : "false",
+          json_escape(r.graph_error), i + 1 < res.runs.size() ? "," : "");
+    }
+    f << "  ]\n}\n";
+    if (!f) return "cannot write summary.json in " + dir;
+  }
+  {
+    std::ofstream f(fs::path(dir) / "phases.csv");
+    f << "model,run,iteration,phase,start_s,end_s,peak_bytes\n";
+    for (const RlRunResult& r : res.runs)
+      for (const RlPhase& p : r.phases)
+        f << fmt::format("{},{},{},{},{:.6f},{:.6f},{}\n", r.model, r.label, p.iteration, p.name,
+                         static_cast<double>(p.start) / 1e9, static_cast<double>(p.end) / 1e9,
+                         p.peak);
+    if (!f) return "cannot write phases.csv in " + dir;
+  }
+  {
+    // Wide rows: one per sample, one column per tag.
+    std::ofstream f(fs::path(dir) / "timeseries.csv");
+    f << "model,run,gpu,time_s,phase";
+    for (size_t t = 0; t < kRlTagCount; ++t) f << "," << to_string(static_cast<RlTag>(t));
+    f << ",physical\n";
+    for (const RlRunResult& r : res.runs)
+      for (const RlSample& s : r.samples) {
+        f << fmt::format("{},{},{},{:.6f},{}", r.model, r.label,
+                         r.gpus == 1 ? "shared" : (s.gpu == 0 ? "train" : "rollout"),
+                         static_cast<double>(s.t) / 1e9, r.phases[s.phase].name);
+        for (uint64_t b : s.bytes) f << "," << b;
+        f << "," << s.physical << "\n";
+      }
+    if (!f) return "cannot write timeseries.csv in " + dir;
+  }
+  return {};
+}
+
+int run_rl_experiment(const RlConfig& c, const std::string& out_dir, std::ostream& out,
+                      std::ostream& err) {
+  const RlResults res = run_rl(c);
+  out << format_rl_table(c, res);
+  const std::string dir = (fs::path(out_dir) / c.experiment).string();
+  if (std::string e = write_rl_outputs(c, res, dir); !e.empty()) {
+    err << "memsim: " << e << "\n";
+    return 1;
+  }
+  out << fmt::format("wrote {}/summary.json, phases.csv, timeseries.csv\n", dir);
+  out << run_plot_script(c.source, "plot_rl.py", dir, {}, {"rl_timeline.png"}) << "\n";
+  for (const RlRunResult& r : res.runs)
+    if (!r.error.empty()) return 1;
+  return 0;
+}
+
+}  // namespace memsim

@@ -1,0 +1,125 @@
+// The rollout side of the RL timeline: KV budget, weight tensors and the serving runs.
+#include "src/rl/rl_rollout.h"
+
+#include <fmt/format.h>
+
+#include "src/serve/engine.h"
+
+namespace memsim {
+
+std::vector<uint64_t> rollout_weight_tensors(const ModelShape& m) {
+  const uint64_t d = dtype_bytes(m.dtype);
+  const uint64_t q = uint64_t{m.heads} * m.head_dim, kv = uint64_t{m.kv_heads} * m.head_dim;
+  std::vector<uint64_t> t;
+  t.push_back(m.vocab * m.hidden * d);  // embed_tokens
+  for (uint32_t l = 0; l < m.layers; ++l) {
+    t.push_back((q + 2 * kv) * m.hidden * d + (m.qkv_bias ? (q + 2 * kv) * d : 0));  // qkv_proj
+    t.push_back(q * m.hidden * d);                                                   // o_proj
+    t.push_back(2 * m.intermediate * m.hidden * d);                                  // gate_up
+    t.push_back(m.intermediate * m.hidden * d);                                      // down_proj
+    t.push_back(m.hidden * d);  // input_layernorm
+    t.push_back(m.hidden * d);  // post_attention_layernorm
+    if (m.qk_norm) {
+      t.push_back(m.head_dim * d);  // q_norm
+      t.push_back(m.head_dim * d);  // k_norm
+    }
+  }
+  t.push_back(m.hidden * d);                                   // norm
+  if (!m.tie_embeddings) t.push_back(m.vocab * m.hidden * d);  // lm_head
+  return t;
+}
+
+namespace {
+
+double utilization(const RlConfig& c, const RlRunSpec& run) {
+  return run.gpu_memory_utilization > 0 ? run.gpu_memory_utilization
+                                        : c.rollout.gpu_memory_utilization;
+}
+
+}  // namespace
+
+std::string rollout_plan_key(const RlConfig& c, const ModelShape& m, const RlRunSpec& run) {
+  return fmt::format("{}/{}", m.name, utilization(c, run));
+}
+
+RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec& run, bool serve) {
+  RolloutPlan p;
+  const RlRolloutSpec& ro = c.rollout;
+  KvBudgetInput in;
+  in.model = m;
+  in.gpu = c.gpu;
+  in.gpu_memory_utilization = utilization(c, run);
+  in.max_num_batched_tokens = ro.serve.max_num_batched_tokens;
+  in.max_num_seqs = ro.serve.max_num_seqs;
+  in.enforce_eager = ro.enforce_eager;
+  in.max_model_len = ro.serve.max_model_len;
+  in.kv_block_size = ro.kv_block_size;
+  Result<KvBudget> b = compute_kv_budget(in);
+  if (!b.ok()) {
+    p.error = "rollout engine: " + b.error().message;
+    return p;
+  }
+  p.budget = *b;
+  p.weight_tensors = rollout_weight_tensors(m);
+  const uint64_t per_token_layer = p.budget.kv_bytes_per_token / m.layers;
+  p.kv_layer_bytes = p.budget.kv_blocks * ro.kv_block_size * per_token_layer;
+  if (p.kv_layer_bytes == 0) {
+    p.error = "rollout engine: no room for one KV block";
+    return p;
+  }
+  for (uint32_t i = 0; i < c.iterations; ++i) {
+    SyntheticRequestsConfig rc = ro.requests;
+    rc.seed = ro.requests.seed + i;
+    const std::vector<RequestSpec> requests = generate_requests(rc);
+    RolloutIteration it;
+    uint64_t sequences = 0;
+    for (const RequestSpec& r : requests) {
+      it.train_tokens += uint64_t{r.n} * (r.prompt_tokens + r.output_tokens);
+      sequences += r.n;
+    }
+    if (i == 0 && sequences > 0) p.mean_sequence_tokens = it.train_tokens / sequences;
+    if (!serve) {
+      p.iterations.push_back(it);
+      continue;
+    }
+    EngineConfig e;
+    e.label = run.label;
+    e.model = m;
+    e.gpu = c.gpu;
+    e.scheduler = ro.scheduler;
+    e.serve = ro.serve;
+    e.kv_impl = ro.kv_impl;
+    e.kv_factory = ro.kv_factory;
+    e.kv_budget_bytes = p.kv_layer_bytes * m.layers;
+    if (!ro.enforce_eager) e.graph_sizes = p.budget.capture_sizes;
+    const ServingResult sr = run_serving(e, requests);
+    if (!sr.error.empty()) {
+      p.error = fmt::format("rollout iteration {}: {}", i, sr.error);
+      return p;
+    }
+    it.duration = sr.sim_time;
+    it.preemptions = sr.counters.preemptions;
+    it.output_tokens = sr.output_tokens;
+    p.iterations.push_back(it);
+  }
+  return p;
+}
+
+double max_rollout_utilization(const RlConfig& c, const ModelShape& m, const RlRunSpec& run) {
+  auto fits = [&](int percent) {
+    RlRunSpec r = run;
+    r.gpu_memory_utilization = percent / 100.0;
+    const RolloutPlan plan = plan_rollout(c, m, r, false);
+    if (!plan.error.empty()) return false;
+    const RlRunResult res = run_rl_with_plan(c, m, r, plan);
+    return res.error.empty() && res.oom.empty();
+  };
+  int lo = 0, hi = 101;  // fits(lo) (0: nothing), !fits(hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo / 100.0;
+}
+
+}  // namespace memsim

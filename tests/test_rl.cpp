@@ -1,0 +1,367 @@
+// Tests of the training-side memory model (ZeRO state bytes, saved activations, programs that
+// free what they allocate) and of the RL co-location timeline (exact differences between
+// resume orders and sleep levels, OOM outcomes, graph validity, accounting, determinism).
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/sim/sim_backend.h"
+#include "sim/workload/train_program.h"
+#include "src/config/config_node.h"
+#include "src/config/loaders.h"
+#include "src/rl/rl_rollout.h"
+#include "src/serve/serving_experiment.h"
+
+using namespace memsim;
+
+namespace {
+
+std::string root() {
+  const char* r = std::getenv("MEMSIM_SOURCE_ROOT");
+  return r != nullptr ? r : ".";
+}
+
+ModelShape model(const std::string& name) {
+  return load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + name + ".yaml"));
+}
+
+GpuSpec h200() {
+  return load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/h200.yaml"));
+}
+
+uint64_t ceil_div(uint64_t a, uint64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Replays a program's allocations: live bytes per tag, their peaks, and the ids left live.
+struct Replay {
+  std::unordered_map<uint64_t, std::pair<uint64_t, TrainTag>> live;
+  std::map<TrainTag, uint64_t> bytes, peak;
+  uint64_t total = 0, peak_total = 0, delivered = 0;
+
+  void run(const std::vector<TrainOp>& ops) {
+    for (const TrainOp& op : ops) {
+      if (op.kind == TrainOp::Kind::kAlloc) {
+        REQUIRE(op.bytes > 0);
+        REQUIRE(live.emplace(op.id, std::make_pair(op.bytes, op.tag)).second);
+        bytes[op.tag] += op.bytes;
+        total += op.bytes;
+        peak[op.tag] = std::max(peak[op.tag], bytes[op.tag]);
+        peak_total = std::max(peak_total, total);
+      } else if (op.kind == TrainOp::Kind::kFree) {
+        auto it = live.find(op.id);
+        REQUIRE(it != live.end());
+        bytes[it->second.second] -= it->second.first;
+        total -= it->second.first;
+        live.erase(it);
+      } else if (op.kind == TrainOp::Kind::kDeliver) {
+        REQUIRE(live.count(op.id) == 1);
+        delivered += op.bytes;
+      } else if (op.kind == TrainOp::Kind::kToHost || op.kind == TrainOp::Kind::kFromHost) {
+        REQUIRE(live.count(op.id) == 1);
+      }
+    }
+  }
+};
+
+RlConfig small_config(const std::string& model_name) {
+  RlConfig c;
+  c.gpu = h200();
+  c.models = {model(model_name)};
+  c.iterations = 2;
+  c.train.dp = 8;
+  c.train.micro_batch_tokens = 4096;
+  c.rollout.gpu_memory_utilization = 0.85;
+  c.rollout.serve.max_model_len = 4096;
+  c.rollout.kv_factory =
+      parse_kv(ConfigNode::parse("{impl: paged_block_pool, block_size: 16}", "test")).factory;
+  c.rollout.requests.count = 8;
+  c.rollout.requests.n = 4;
+  c.rollout.requests.arrival.process = ArrivalProcess::kBurst;
+  c.rollout.requests.prompt = {LengthDist::kFixed, 512};
+  c.rollout.requests.output = {LengthDist::kFixed, 256};
+  c.allocator = find_caching_allocator("torch_caching")
+                    ->parse(ConfigNode::parse("{impl: torch_caching}", "test"));
+  c.max_utilization = false;
+  return c;
+}
+
+RlRunSpec saver_run(const std::string& label, const char* impl, const char* yaml,
+                    bool multi_stage) {
+  RlRunSpec r;
+  r.label = label;
+  r.saver = impl;
+  r.saver_factory = find_memory_saver(impl)->parse(ConfigNode::parse(yaml, "test"));
+  r.saver_tags = r.saver == "sleep_mode"
+                     ? std::vector<std::string>{"weights", "kv_cache"}
+                     : std::vector<std::string>{"weights", "kv_cache", "cuda_graph"};
+  r.multi_stage = multi_stage;
+  return r;
+}
+
+uint64_t round_up(uint64_t v, uint64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO state bytes follow 2 + 2 + 12 bytes per parameter, sharded by stage") {
+  const ModelShape m = model("llama-3.1-8b");
+  uint64_t params = 0;
+  for (const TrainUnit& u : train_units(m, 1)) params += u.numel;
+  CHECK(params == 8030261248ull);  // Llama-3.1-8B
+  CHECK(params * dtype_bytes(m.dtype) == m.weight_bytes());
+
+  TrainSpec s;
+  s.param_dtype = DType::kBF16;
+  s.dp = 8;
+  s.sharding = Sharding::kNone;
+  TrainStateBytes b = train_state_bytes(m, s);
+  CHECK(b.params == 2 * params);
+  CHECK(b.grads == 2 * params);
+  CHECK(b.optimizer == 12 * params);
+
+  uint64_t sharded = 0;  // per-unit ceil(n / 8)
+  for (const TrainUnit& u : train_units(m, 1)) sharded += ceil_div(u.numel, 8);
+  s.sharding = Sharding::kZero1;
+  b = train_state_bytes(m, s);
+  CHECK(b.params == 2 * params);
+  CHECK(b.grads == 2 * params);
+  CHECK(b.optimizer == 12 * sharded);
+  s.sharding = Sharding::kZero2;
+  b = train_state_bytes(m, s);
+  CHECK(b.grads == 2 * sharded);
+  s.sharding = Sharding::kZero3;
+  b = train_state_bytes(m, s);
+  CHECK(b.params == 2 * sharded);
+  CHECK(b.total() == 16 * sharded);
+
+  // FSDP with fp32 parameters: they are the master weights (4 + 4 + 8).
+  s.param_dtype = DType::kFP32;
+  b = train_state_bytes(m, s);
+  CHECK(b.params == 4 * sharded);
+  CHECK(b.grads == 4 * sharded);
+  CHECK(b.optimizer == 8 * sharded);
+
+  // TP splits every layer's matmuls, and the vocabulary.
+  uint64_t tp2 = 0;
+  for (const TrainUnit& u : train_units(m, 2)) tp2 += u.numel;
+  CHECK(tp2 < params / 2 + params / 50);
+  CHECK(tp2 > params / 2);
+}
+
+TEST_CASE("saved activations per token and layer follow the layer's tensors") {
+  const ModelShape m = model("llama-3.1-8b");
+  TrainSpec s;
+  // bf16: input, norm, q, k, v, attention output, residual, norm, gate, up, SiLU, product;
+  // fp32: two rstd, one log-sum-exp per head.
+  CHECK(saved_bytes_per_token_layer(m, s) ==
+        2 * (4 * 4096 + 2 * 4096 + 2 * 1024 + 4 * 14336) + 8 + 4 * 32);
+  const ModelShape q3 = model("qwen3-8b");  // q/k norms save q and k before them
+  CHECK(saved_bytes_per_token_layer(q3, s) ==
+        2 * (4 * 4096 + 3 * 4096 + 3 * 1024 + 4 * 12288) + 8 + 4 * 32);
+}
+
+TEST_CASE("trainer programs free what they allocate; checkpointing keeps one input per layer") {
+  const ModelShape m = model("qwen2.5-7b");
+  for (Sharding sh : {Sharding::kNone, Sharding::kZero1, Sharding::kZero2, Sharding::kZero3}) {
+    for (bool ckpt : {false, true}) {
+      CAPTURE(to_string(sh), ckpt);
+      TrainSpec s;
+      s.sharding = sh;
+      s.activation_checkpointing = ckpt;
+      s.micro_batch_tokens = 2048;
+      TrainProgramBuilder b(m, s, true);
+      Replay r;
+      r.run(b.load_params(false));
+      r.run(b.load_optimizer(false));
+      const TrainStateBytes state = train_state_bytes(m, s);
+      CHECK(r.bytes[TrainTag::kParams] == state.params);
+      CHECK(r.bytes[TrainTag::kOptimizer] == state.optimizer);
+      const size_t persistent = r.live.size();
+      r.run(b.score(5000));
+      CHECK(r.live.size() == persistent);
+      r.run(b.train_step(5000));  // three micro-batches: 2048, 2048, 904
+      CHECK(r.live.size() == persistent);
+      CHECK(r.peak[TrainTag::kGrads] >= state.grads);
+      // The saved set of one micro-batch at the end of its forward.
+      const uint64_t T = 2048;
+      const uint64_t per_layer =
+          ckpt ? 2 * T * m.hidden
+               : T * (saved_bytes_per_token_layer(m, s) - 8 - 4 * (m.heads * m.head_dim / 128));
+      CHECK(r.peak[TrainTag::kActivations] >= m.layers * per_layer);
+      r.run(b.weight_sync(512ull << 20));
+      CHECK(r.live.size() == persistent);
+      CHECK(r.delivered == m.weight_bytes());
+      r.run(b.unload_params(true));
+      r.run(b.unload_optimizer(true));
+      CHECK(r.live.empty());
+      CHECK(r.total == 0);
+    }
+  }
+}
+
+TEST_CASE("checkpointing lowers the training peak; fp32 logits raise it by 10 bytes a logit") {
+  const ModelShape m = model("llama-3.1-8b");
+  auto peak = [&](bool ckpt, bool fp32) {
+    TrainSpec s;
+    s.activation_checkpointing = ckpt;
+    s.fp32_logits = fp32;
+    s.micro_batch_tokens = 4096;
+    TrainProgramBuilder b(m, s, false);
+    Replay r;
+    r.run(b.train_step(4096));
+    return std::make_pair(r.peak[TrainTag::kActivations], r.peak[TrainTag::kLogits]);
+  };
+  CHECK(peak(true, true).first < peak(false, true).first / 5);
+  // The logits' peak is at the loss backward: bf16 logits + fp32 logits + fp32 log-softmax +
+  // their fp32 gradient (14 bytes a logit) against bf16 logits + a bf16 gradient (4 bytes).
+  CHECK(peak(true, true).second - peak(true, false).second == 4096ull * m.vocab * 10);
+}
+
+TEST_CASE("rollout weight tensors add up to the model's weights") {
+  for (const char* name : {"llama-3.1-8b", "qwen2.5-7b", "qwen3-8b"}) {
+    const ModelShape m = model(name);
+    uint64_t sum = 0;
+    for (uint64_t b : rollout_weight_tensors(m)) sum += b;
+    CHECK(sum == m.weight_bytes());
+  }
+}
+
+TEST_CASE("RL timeline: multi-stage resume saves exactly the KV cache and graphs at sync") {
+  const RlConfig c = small_config("qwen2.5-7b");
+  const RlRunResult multi =
+      run_rl_one(c, c.models[0], saver_run("multi", "tagged_regions", "{}", true));
+  const RlRunResult all =
+      run_rl_one(c, c.models[0], saver_run("all", "tagged_regions", "{}", false));
+  REQUIRE(multi.error.empty());
+  REQUIRE(all.error.empty());
+  REQUIRE(multi.oom.empty());
+  REQUIRE(all.oom.empty());
+  CHECK(multi.iterations_done == 2);
+  const uint64_t g = c.gpu.granularity;
+  const uint64_t kv_and_graphs =
+      uint64_t{c.models[0].layers} * round_up(multi.kv_bytes / c.models[0].layers, g) +
+      round_up(multi.graph_bytes, g);
+  CHECK(all.phase_peak.at("sync") - multi.phase_peak.at("sync") == kv_and_graphs);
+  // The rollout and training phases are the same in both.
+  CHECK(all.phase_peak.at("rollout") == multi.phase_peak.at("rollout"));
+  CHECK(all.phase_peak.at("train") == multi.phase_peak.at("train"));
+  // Every resume keeps the captured decode graph valid (its launches succeed).
+  CHECK(multi.graphs_valid);
+  CHECK(multi.graph_launches == 2);
+  CHECK(multi.pause_ms > 0);
+  CHECK(multi.resume_weights_ms > 0);
+  CHECK(multi.resume_rest_ms > 0);
+  CHECK(all.resume_rest_ms == 0);
+  // While training, the engine holds nothing: the training peak is the trainer's alone.
+  CHECK(multi.phase_peak.at("train") < multi.phase_peak.at("rollout"));
+}
+
+TEST_CASE("RL timeline: sleep level 1 backs the weights up in pinned memory, level 2 does not") {
+  const RlConfig c = small_config("llama-3.1-8b");
+  const RlRunResult l1 =
+      run_rl_one(c, c.models[0], saver_run("l1", "sleep_mode", "{level: 1}", true));
+  const RlRunResult l2 =
+      run_rl_one(c, c.models[0], saver_run("l2", "sleep_mode", "{level: 2}", true));
+  REQUIRE(l1.error.empty());
+  REQUIRE(l2.error.empty());
+  uint64_t weights = 0;
+  for (uint64_t b : rollout_weight_tensors(c.models[0])) weights += round_up(b, c.gpu.granularity);
+  CHECK(l1.peak_pinned - l2.peak_pinned == weights);
+  CHECK(l1.resume_weights_ms > l2.resume_weights_ms);  // the copy back over PCIe
+  // vLLM's CuMemAllocator does not hold the graph pool: it stays resident while asleep.
+  CHECK(l1.phase_peak.at("train") == l2.phase_peak.at("train"));
+  const RlRunResult tagged =
+      run_rl_one(c, c.models[0], saver_run("t", "tagged_regions", "{}", true));
+  CHECK(l2.phase_peak.at("train") - tagged.phase_peak.at("train") ==
+        round_up(l2.graph_bytes, c.gpu.granularity));
+}
+
+TEST_CASE("RL timeline: without a saver both engines stay resident and run out of memory") {
+  RlConfig c = small_config("qwen2.5-7b");
+  RlRunSpec none;
+  none.label = "none";
+  const RlRunResult r = run_rl_one(c, c.models[0], none);
+  CHECK(r.error.empty());
+  REQUIRE_FALSE(r.oom.empty());
+  CHECK(r.oom.find("iteration 0") != std::string::npos);
+  CHECK(r.oom_bytes_short > 0);
+  CHECK(r.iterations_done == 0);
+  // At a small KV pool it fits; the search finds the boundary between the two.
+  c.rollout.gpu_memory_utilization = 0.3;
+  const RlRunResult small = run_rl_one(c, c.models[0], none);
+  CHECK(small.oom.empty());
+  CHECK(small.error.empty());
+  const double max_u = max_rollout_utilization(c, c.models[0], none);
+  CHECK(max_u >= 0.3);
+  CHECK(max_u < 0.85);
+  RlRunSpec at = none;
+  at.gpu_memory_utilization = max_u;
+  CHECK(run_rl_one(c, c.models[0], at).oom.empty());
+  at.gpu_memory_utilization = max_u + 0.01;
+  CHECK_FALSE(run_rl_one(c, c.models[0], at).oom.empty());
+}
+
+TEST_CASE("RL timeline: separate GPUs hold each engine alone") {
+  const RlConfig c = small_config("qwen2.5-7b");
+  RlRunSpec sep;
+  sep.label = "sep";
+  sep.placement = RlPlacement::kSeparate;
+  const RlRunResult r = run_rl_one(c, c.models[0], sep);
+  REQUIRE(r.error.empty());
+  CHECK(r.oom.empty());
+  CHECK(r.gpus == 2);
+  const RlRunResult multi =
+      run_rl_one(c, c.models[0], saver_run("m", "tagged_regions", "{}", true));
+  // The rollout GPU holds the engine only: the co-located run's rollout peak, as the trainer
+  // there is offloaded while generating.
+  CHECK(r.peak_rollout_gpu >= multi.phase_peak.at("rollout"));
+  CHECK(r.peak_train_gpu < r.peak_rollout_gpu);
+  CHECK(r.peak_pinned == 0);
+}
+
+TEST_CASE("RL timeline: reruns are identical") {
+  const RlConfig c = small_config("qwen2.5-7b");
+  const RlRunSpec run = saver_run("m", "tagged_regions", "{enable_cpu_backup: true}", true);
+  const RlRunResult a = run_rl_one(c, c.models[0], run);
+  const RlRunResult b = run_rl_one(c, c.models[0], run);
+  REQUIRE(a.samples.size() == b.samples.size());
+  for (size_t i = 0; i < a.samples.size(); ++i) {
+    CHECK(a.samples[i].t == b.samples[i].t);
+    CHECK(a.samples[i].bytes == b.samples[i].bytes);
+  }
+  CHECK(a.iteration_s == b.iteration_s);
+}
+
+TEST_CASE("a captured graph cannot be replayed over unmapped VMM memory") {
+  SimClock clock;
+  SimBackend b(h200(), clock);
+  const uint64_t g = b.granularity();
+  const DevPtr va = *b.reserve_virtual(4 * g, g);
+  PhysHandle h = *b.create_physical(4 * g, "t");
+  REQUIRE(b.map(va, 4 * g, h, 0).ok());
+  REQUIRE(b.set_access(va, 4 * g).ok());
+  const StreamId s = *b.create_stream();
+  REQUIRE(b.begin_capture(s).ok());
+  REQUIRE(b.fill(va + g, g, 7, s).ok());
+  const GraphHandle graph = *b.end_capture(s);
+  CHECK(b.launch(graph, s).ok());
+  REQUIRE(b.unmap(va, 4 * g).ok());
+  const Status broken = b.launch(graph, s);
+  REQUIRE_FALSE(broken.ok());
+  CHECK(broken.error().code == ErrorCode::kInvalidState);
+  CHECK(broken.error().message.find("not mapped") != std::string::npos);
+  // Mapped again at the same address (what a saver's resume does): valid again.
+  REQUIRE(b.map(va, 4 * g, h, 0).ok());
+  CHECK(b.launch(graph, s).ok());
+  REQUIRE(b.destroy_graph(graph).ok());
+  REQUIRE(b.unmap(va, 4 * g).ok());
+  REQUIRE(b.release_physical(h).ok());
+  REQUIRE(b.free_virtual(va).ok());
+  std::string why;
+  CHECK(b.check_invariants(&why));
+}
