@@ -397,9 +397,11 @@ Result<DevPtr> SimBackend::host_malloc_pinned(uint64_t bytes) {
 }
 
 Status SimBackend::host_free_pinned(DevPtr p) {
-  MEMSIM_TRY(enter(Primitive::kHostFreePinned, 1, 0));
+  // Unpinning is priced per byte too (cudaFreeHost of a large buffer takes ~0.1 s per GB).
   auto it = plain_.find(p);
-  if (it == plain_.end() || it->second.kind != PlainKind::kPinned)
+  const bool pinned = it != plain_.end() && it->second.kind == PlainKind::kPinned;
+  MEMSIM_TRY(enter(Primitive::kHostFreePinned, 1, pinned ? it->second.accounted : 0));
+  if (!pinned)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("host_free_pinned: {:#x} is not pinned host memory", p));
   pinned_ -= it->second.accounted;

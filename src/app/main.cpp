@@ -19,6 +19,7 @@
 #include "src/app/calibrate_model.h"
 #include "src/app/cuda_serving.h"
 #include "src/app/cuda_validation.h"
+#include "src/app/rl_cuda.h"
 #endif
 // clang-format on
 
@@ -240,19 +241,22 @@ int main(int argc, char** argv) {
   }
   if (memsim::is_rl_config(config_path)) {
     if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
-    if (backend == "cuda") {
-      std::cerr << "memsim: --backend cuda: the RL co-location experiment runs on the sim "
-                   "backend; the saver's GPU check is tests/test_saver_cuda (README, Memory "
-                   "savers)\n";
-      return kExitConfigError;
-    }
+    memsim::RlConfig c;
     try {
-      const memsim::RlConfig c = memsim::load_rl_config(config_path, overrides);
-      return memsim::run_rl_experiment(c, out_dir, std::cout, std::cerr);
+      c = memsim::load_rl_config(config_path, overrides);
     } catch (const memsim::ConfigError& e) {
       std::cerr << "memsim: config error: " << e.what() << "\n";
       return kExitConfigError;
     }
+    const int rc = memsim::run_rl_experiment(c, out_dir, std::cout, std::cerr);
+#if MEMSIM_HAVE_CUDA
+    if (backend == "cuda") {
+      const std::string dir = (std::filesystem::path(out_dir) / c.experiment).string();
+      const int cuda_rc = memsim::run_rl_on_cuda(c, dir, std::cout, std::cerr);
+      return rc != 0 ? rc : cuda_rc;
+    }
+#endif
+    return rc;
   }
   if (memsim::is_serving_config(config_path)) {
     if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));

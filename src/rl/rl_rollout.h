@@ -40,6 +40,6 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
 // without running out of memory; 0 when none does.
 double max_rollout_utilization(const RlConfig& c, const ModelShape& m, const RlRunSpec& run);
 RlRunResult run_rl_with_plan(const RlConfig& c, const ModelShape& m, const RlRunSpec& run,
-                             const RolloutPlan& plan);
+                             const RolloutPlan& plan, const RlRunHooks& hooks = {});
 
 }  // namespace memsim

@@ -89,10 +89,6 @@ struct RunFailure {
   std::string what;
 };
 
-uint64_t round_up(uint64_t v, uint64_t m) {
-  return (v + m - 1) / m * m;
-}
-
 std::string gib(uint64_t bytes) {
   return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
 }
@@ -101,16 +97,23 @@ constexpr size_t kSamplesPerPhase = 400;  // kept per phase (peaks preserved)
 
 // One GPU: its backend and the two processes' caching allocators.
 struct Device {
-  std::unique_ptr<SimBackend> backend;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<CachingAllocator> train_alloc;    // the trainer process
   std::unique_ptr<CachingAllocator> rollout_alloc;  // the rollout engine's process
   std::array<uint64_t, kRlTagCount> bytes{};        // without kAllocatorCache
+  uint64_t allocator_live = 0;                      // of those, blocks of the allocators
 };
 
 class Timeline {
  public:
-  Timeline(const RlConfig& c, const ModelShape& m, const RlRunSpec& run, const RolloutPlan& plan)
-      : c_(c), m_(m), run_(run), plan_(plan), builder_(m, train_spec(c, plan), c.reference) {
+  Timeline(const RlConfig& c, const ModelShape& m, const RlRunSpec& run, const RolloutPlan& plan,
+           const RlRunHooks& hooks)
+      : c_(c),
+        m_(m),
+        run_(run),
+        plan_(plan),
+        hooks_(hooks),
+        builder_(m, train_spec(c, plan), c.reference) {
     r_.label = run.label;
     r_.model = m.name;
     r_.placement = run.placement == RlPlacement::kSeparate ? "separate" : "colocated";
@@ -157,7 +160,13 @@ class Timeline {
   void setup_devices() {
     devices_.resize(run_.placement == RlPlacement::kSeparate ? 2 : 1);
     for (Device& d : devices_) {
-      d.backend = std::make_unique<SimBackend>(c_.gpu, clock_);
+      if (hooks_.backend) {
+        auto made = hooks_.backend(c_.gpu, clock_);
+        if (!made.ok()) throw RunFailure{"backend: " + made.error().message};
+        d.backend = std::move(made).value();
+      } else {
+        d.backend = std::make_unique<SimBackend>(c_.gpu, clock_);
+      }
       d.train_alloc = c_.allocator(*d.backend);
       d.rollout_alloc = c_.allocator(*d.backend);
     }
@@ -184,6 +193,8 @@ class Timeline {
     p.end = clock_.now();
     thin_samples();
     phase_closed_ = true;
+    if (hooks_.phase_end)
+      hooks_.phase_end(*devices_[0].backend, p, devices_[0].backend->usage().physical_bytes);
   }
 
   // After a failed call: the gauges catch up with what the saver holds, the phase closes.
@@ -209,13 +220,9 @@ class Timeline {
     s.gpu = static_cast<uint8_t>(g);
     s.phase = static_cast<uint16_t>(r_.phases.size() - 1);
     s.bytes = d.bytes;
-    uint64_t live_alloc = 0;
-    for (RlTag t : {RlTag::kRolloutActivations, RlTag::kParams, RlTag::kGrads, RlTag::kOptimizer,
-                    RlTag::kActivations, RlTag::kLogits, RlTag::kComm, RlTag::kReference})
-      live_alloc += d.bytes[static_cast<size_t>(t)];
     const uint64_t reserved =
         d.train_alloc->stats().reserved_bytes + d.rollout_alloc->stats().reserved_bytes;
-    s.bytes[static_cast<size_t>(RlTag::kAllocatorCache)] = reserved - live_alloc;
+    s.bytes[static_cast<size_t>(RlTag::kAllocatorCache)] = reserved - d.allocator_live;
     s.physical = d.backend->usage().physical_bytes;
     uint64_t sum = 0;
     for (uint64_t b : s.bytes) sum += b;
@@ -269,8 +276,11 @@ class Timeline {
     r_.samples.insert(r_.samples.end(), kept.begin(), kept.end());
   }
 
-  void add(size_t g, RlTag t, int64_t delta) {
+  // Bytes of tag `t` on GPU `g` change by `delta`: blocks of a caching allocator (the default)
+  // or memory the saver holds.
+  void add(size_t g, RlTag t, int64_t delta, bool allocator_block = true) {
     devices_[g].bytes[static_cast<size_t>(t)] += static_cast<uint64_t>(delta);
+    if (allocator_block) devices_[g].allocator_live += static_cast<uint64_t>(delta);
   }
 
   // ---- the rollout engine -----------------------------------------------------------------------
@@ -282,14 +292,13 @@ class Timeline {
 
   size_t rollout_index() const { return devices_.size() - 1; }
 
+  // A tensor of the engine: from the saver for its tags, else from the engine process's caching
+  // allocator (PyTorch tensors, the graph pool's segments).
   DevPtr engine_alloc(uint64_t bytes, const std::string& tag) {
     Result<DevPtr> p = via_saver(tag) ? saver_->malloc(bytes, tag)
-                                      : rollout_gpu().backend->device_malloc(bytes, tag);
+                                      : rollout_gpu().rollout_alloc->malloc(bytes, StreamId{});
     if (!p.ok()) fail(p.error(), fmt::format("rollout engine init: {} ({} bytes)", tag, bytes));
-    if (!via_saver(tag))
-      add(rollout_index(), rollout_tag(tag),
-          static_cast<int64_t>(round_up(bytes, c_.gpu.granularity)));
-    engine_.push_back({*p, bytes, tag});
+    if (!via_saver(tag)) add(rollout_index(), rollout_tag(tag), static_cast<int64_t>(bytes));
     return *p;
   }
 
@@ -322,7 +331,7 @@ class Timeline {
     }
     // A decode graph reading every weight and writing every layer's KV and the graph pool: its
     // replays after each resume tell whether the addresses it captured are still mapped.
-    SimBackend& b = *rollout_gpu().backend;
+    Backend& b = *rollout_gpu().backend;
     auto stream = b.create_stream();
     if (!stream.ok()) fail(stream.error(), "create stream");
     stream_ = *stream;
@@ -415,7 +424,7 @@ class Timeline {
   // Copies a bucket of gathered parameters into the rollout engine's weights (in order; the
   // bucket sizes follow the trainer's units, the copies the engine's tensors).
   void deliver(DevPtr src, uint64_t bytes, const std::string& what) {
-    SimBackend& rb = *rollout_gpu().backend;
+    Backend& rb = *rollout_gpu().backend;
     if (run_.placement == RlPlacement::kSeparate) {
       // Broadcast to the rollout GPU into a receive buffer of the engine's process.
       advance_s(static_cast<double>(bytes) / c_.network_bytes_per_s);
@@ -433,7 +442,7 @@ class Timeline {
     copy_into_weights(rb, src, bytes, what);
   }
 
-  void copy_into_weights(SimBackend& b, DevPtr src, uint64_t bytes, const std::string& what) {
+  void copy_into_weights(Backend& b, DevPtr src, uint64_t bytes, const std::string& what) {
     uint64_t done = 0;
     while (done < bytes && sync_tensor_ < weights_.size()) {
       const auto& [dst, size] = weights_[sync_tensor_];
@@ -457,10 +466,16 @@ class Timeline {
     return out;
   }
 
-  double saver_call(bool pause, const std::vector<std::string>& tags, const std::string& what) {
+  // Pauses or resumes `tags`; returns the simulated milliseconds and adds the host wall
+  // milliseconds to *measured.
+  double saver_call(bool pause, const std::vector<std::string>& tags, const std::string& what,
+                    double* measured) {
     if (!saver_ || tags.empty()) return 0;
     const SimTime t0 = clock_.now();
+    const auto w0 = std::chrono::steady_clock::now();
     Result<SaverReport> r = pause ? saver_->pause(tags) : saver_->resume(tags);
+    *measured +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
     if (!r.ok()) fail(r.error(), what);
     std::string why;
     if (!saver_->check_invariants(&why)) throw RunFailure{what + ": saver invariant: " + why};
@@ -521,7 +536,7 @@ class Timeline {
     const SimTime t_train = clock_.now();
     if (colocated && saver_) {
       begin_phase(i, "release");
-      pause_ms_ += saver_call(true, run_.saver_tags, "release (pause)");
+      pause_ms_ += saver_call(true, run_.saver_tags, "release (pause)", &measured_.pause_ms);
       check(rd.rollout_alloc->empty_cache(), "empty_cache");
       sample(rollout_index());
     }
@@ -557,7 +572,8 @@ class Timeline {
     if (colocated && saver_) {
       const std::vector<std::string> first =
           run_.multi_stage ? std::vector<std::string>{"weights"} : run_.saver_tags;
-      resume_weights_ms_ += saver_call(false, first, "resume (stage 1)");
+      resume_weights_ms_ +=
+          saver_call(false, first, "resume (stage 1)", &measured_.resume_weights_ms);
     }
     sync_tensor_ = sync_offset_ = 0;
     exec(builder_.weight_sync(c_.sync_bucket_bytes), "weight sync");
@@ -570,7 +586,8 @@ class Timeline {
     }
     if (colocated && saver_ && run_.multi_stage) {
       begin_phase(i, "resume");
-      resume_rest_ms_ += saver_call(false, saver_tags_except({"weights"}), "resume (stage 2)");
+      resume_rest_ms_ += saver_call(false, saver_tags_except({"weights"}), "resume (stage 2)",
+                                    &measured_.resume_rest_ms);
     }
     sync_s_ += static_cast<double>(clock_.now() - t_sync) / 1e9;
     iteration_s_ += static_cast<double>(clock_.now() - t_iter) / 1e9;
@@ -582,8 +599,6 @@ class Timeline {
       check(d.rollout_alloc->release_all(), "teardown");
     }
     if (saver_) check(saver_->release_all(), "teardown");
-    for (const auto& e : engine_)
-      if (!via_saver(e.tag)) check(rollout_gpu().backend->device_free(e.ptr), "teardown");
     for (const auto& [slot, h] : host_) check(train_gpu().backend->host_free_pinned(h), "teardown");
     for (Device& d : devices_) {
       const Usage u = d.backend->usage();
@@ -591,7 +606,9 @@ class Timeline {
         throw RunFailure{fmt::format("teardown leaves {} device and {} pinned bytes",
                                      u.physical_bytes, u.pinned_host_bytes)};
       std::string why;
-      if (!d.backend->check_invariants(&why)) throw RunFailure{"backend invariant: " + why};
+      if (auto* sim = dynamic_cast<SimBackend*>(d.backend.get()))
+        if (!sim->check_invariants(&why)) throw RunFailure{"backend invariant: " + why};
+      if (hooks_.after_teardown) hooks_.after_teardown(*d.backend);
     }
   }
 
@@ -611,6 +628,9 @@ class Timeline {
     r_.resume_rest_ms = resume_rest_ms_ / n;
     r_.offload_ms = offload_ms_ / n;
     r_.reload_ms = reload_ms_ / n;
+    r_.measured.pause_ms = measured_.pause_ms / n;
+    r_.measured.resume_weights_ms = measured_.resume_weights_ms / n;
+    r_.measured.resume_rest_ms = measured_.resume_rest_ms / n;
     r_.rollout_tokens_per_s =
         rollout_s_ > 0 ? static_cast<double>(rollout_tokens_) / rollout_s_ : 0;
   }
@@ -639,16 +659,11 @@ class Timeline {
   const ModelShape& m_;
   const RlRunSpec& run_;
   const RolloutPlan& plan_;
+  const RlRunHooks& hooks_;
   TrainProgramBuilder builder_;
   SimClock clock_;
   std::vector<Device> devices_;
   std::unique_ptr<MemorySaver> saver_;
-  struct EngineAlloc {
-    DevPtr ptr;
-    uint64_t bytes;
-    std::string tag;
-  };
-  std::vector<EngineAlloc> engine_;
   std::vector<std::pair<DevPtr, uint64_t>> weights_, kv_;
   std::pair<DevPtr, uint64_t> graph_pool_{0, 0};
   StreamId stream_;
@@ -663,6 +678,7 @@ class Timeline {
   double pause_ms_ = 0, resume_weights_ms_ = 0, resume_rest_ms_ = 0, offload_ms_ = 0,
          reload_ms_ = 0;
   uint64_t rollout_tokens_ = 0;
+  RlMeasured measured_;
   RlRunResult r_;
 };
 
@@ -674,7 +690,7 @@ RlRunResult run_rl_one(const RlConfig& config, const ModelShape& model, const Rl
 }
 
 RlRunResult run_rl_with_plan(const RlConfig& config, const ModelShape& model, const RlRunSpec& run,
-                             const RolloutPlan& plan) {
+                             const RolloutPlan& plan, const RlRunHooks& hooks) {
   if (!plan.error.empty()) {
     RlRunResult r;
     r.label = run.label;
@@ -684,7 +700,7 @@ RlRunResult run_rl_with_plan(const RlConfig& config, const ModelShape& model, co
     r.error = plan.error;
     return r;
   }
-  return Timeline(config, model, run, plan).run();
+  return Timeline(config, model, run, plan, hooks).run();
 }
 
 RlResults run_rl(const RlConfig& config) {

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <array>
+#include <functional>
+#include <memory>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "backends/sim/cost_model.h"
+#include "sim/clock.h"
 #include "sim/workload/model_shape.h"
 #include "sim/workload/requests.h"
 #include "sim/workload/train_program.h"
@@ -113,6 +116,12 @@ struct RlPhase {
   uint64_t peak = 0;  // device bytes of the GPU it runs on (separate: see runs_on in the .cpp)
 };
 
+// Host wall time of the saver's calls (the driver's on the CUDA backend; next to the simulated
+// pause_ms / resume_*_ms), means per iteration.
+struct RlMeasured {
+  double pause_ms = 0, resume_weights_ms = 0, resume_rest_ms = 0;
+};
+
 struct RlRunResult {
   std::string label, model, placement, saver;
   std::string error;  // a failure that is not an outcome (a bug or a bad configuration)
@@ -127,7 +136,7 @@ struct RlRunResult {
   std::map<std::string, uint64_t> phase_peak;         // max over iterations
   // Seconds per iteration (means over completed iterations).
   double rollout_s = 0, train_s = 0, sync_s = 0, iteration_s = 0;
-  double pause_ms = 0;                               // release of the rollout memory (saver pause)
+  double pause_ms = 0;  // release of the rollout memory (saver pause)
   double resume_weights_ms = 0, resume_rest_ms = 0;  // stage 1 and 2 (all-at-once: stage 1)
   double offload_ms = 0, reload_ms = 0;              // trainer state to and from host
   uint64_t preemptions = 0;                          // rollout, summed over iterations
@@ -136,6 +145,7 @@ struct RlRunResult {
   uint64_t graph_launches = 0;  // launches of the captured decode graph after a resume
   bool graphs_valid = true;
   std::string graph_error;
+  RlMeasured measured;
   std::vector<RlPhase> phases;
   std::vector<RlSample> samples;
 };
@@ -145,7 +155,17 @@ struct RlResults {
   double wall_seconds = 0;
 };
 
-// Runs every model x run. Deterministic for the config.
+// How a run executes beyond the simulation (the CUDA path, src/app/rl_cuda.cpp, sets them).
+struct RlRunHooks {
+  // Makes each GPU's backend on the run's clock (null: a SimBackend of the config's GPU).
+  std::function<Result<std::unique_ptr<Backend>>(const GpuSpec&, SimClock&)> backend;
+  // At the end of every phase, with the shared GPU's backend and its simulated device bytes.
+  std::function<void(Backend&, const RlPhase&, uint64_t physical)> phase_end;
+  // After teardown freed everything, with each GPU's backend.
+  std::function<void(Backend&)> after_teardown;
+};
+
+// Runs every model x run (in parallel). Deterministic for the config.
 RlResults run_rl(const RlConfig& config);
 RlRunResult run_rl_one(const RlConfig& config, const ModelShape& model, const RlRunSpec& run);
 
