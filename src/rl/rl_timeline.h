@@ -4,10 +4,10 @@
 #pragma once
 
 #include <array>
-#include <functional>
-#include <memory>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -136,7 +136,7 @@ struct RlRunResult {
   std::map<std::string, uint64_t> phase_peak;         // max over iterations
   // Seconds per iteration (means over completed iterations).
   double rollout_s = 0, train_s = 0, sync_s = 0, iteration_s = 0;
-  double pause_ms = 0;  // release of the rollout memory (saver pause)
+  double pause_ms = 0;                               // release of the rollout memory (saver pause)
   double resume_weights_ms = 0, resume_rest_ms = 0;  // stage 1 and 2 (all-at-once: stage 1)
   double offload_ms = 0, reload_ms = 0;              // trainer state to and from host
   uint64_t preemptions = 0;                          // rollout, summed over iterations
