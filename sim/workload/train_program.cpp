@@ -147,34 +147,32 @@ constexpr uint64_t kReferenceSlots = 1ull << 32, kOptimizerSlots = 2ull << 32;
 
 }  // namespace
 
+void TrainProgramBuilder::load_tensor(std::vector<TrainOp>& p, uint64_t bytes, TrainTag tag,
+                                      uint64_t slots, bool from_host, std::vector<uint64_t>& ids,
+                                      std::vector<uint64_t>& sizes) {
+  const uint64_t id = alloc(p, bytes, tag);
+  if (from_host) p.push_back(host_op(TrainOp::Kind::kFromHost, id, bytes, slots | ids.size()));
+  ids.push_back(id);
+  sizes.push_back(bytes);
+}
+
 std::vector<TrainOp> TrainProgramBuilder::load_params(bool from_host) {
   std::vector<TrainOp> p;
   const uint64_t pb = dtype_bytes(spec_.param_dtype);
   const bool z3 = spec_.sharding == Sharding::kZero3;
-  tensors_.params.clear();
-  tensors_.params_bytes.clear();
-  tensors_.reference.clear();
-  tensors_.reference_bytes.clear();
-  for (const TrainUnit& u : units_) {
-    const uint64_t bytes = pb * (z3 ? shard(u.numel) : u.numel);
-    const uint64_t id = alloc(p, bytes, TrainTag::kParams);
-    if (from_host)
-      p.push_back(host_op(TrainOp::Kind::kFromHost, id, bytes, tensors_.params.size()));
-    tensors_.params.push_back(id);
-    tensors_.params_bytes.push_back(bytes);
-  }
-  if (reference_model_) {
-    // The reference policy: a frozen compute-dtype copy, sharded like the parameters.
-    for (const TrainUnit& u : units_) {
-      const uint64_t bytes = compute_bytes(z3 ? shard(u.numel) : u.numel);
-      const uint64_t id = alloc(p, bytes, TrainTag::kReference);
-      if (from_host)
-        p.push_back(host_op(TrainOp::Kind::kFromHost, id, bytes,
-                            kReferenceSlots | tensors_.reference.size()));
-      tensors_.reference.push_back(id);
-      tensors_.reference_bytes.push_back(bytes);
-    }
-  }
+  TrainTensors& t = tensors_;
+  t.params.clear();
+  t.params_bytes.clear();
+  t.reference.clear();
+  t.reference_bytes.clear();
+  for (const TrainUnit& u : units_)
+    load_tensor(p, pb * (z3 ? shard(u.numel) : u.numel), TrainTag::kParams, 0, from_host, t.params,
+                t.params_bytes);
+  // The reference policy: a frozen compute-dtype copy, sharded like the parameters.
+  if (reference_model_)
+    for (const TrainUnit& u : units_)
+      load_tensor(p, compute_bytes(z3 ? shard(u.numel) : u.numel), TrainTag::kReference,
+                  kReferenceSlots, from_host, t.reference, t.reference_bytes);
   return p;
 }
 
@@ -184,17 +182,10 @@ std::vector<TrainOp> TrainProgramBuilder::load_optimizer(bool from_host) {
   tensors_.optimizer_bytes.clear();
   const bool sharded = spec_.sharding >= Sharding::kZero1;
   const int states = spec_.param_dtype == DType::kFP32 ? 2 : 3;  // m, v (+ master)
-  for (const TrainUnit& u : units_) {
-    const uint64_t bytes = 4 * (sharded ? shard(u.numel) : u.numel);
-    for (int s = 0; s < states; ++s) {
-      const uint64_t id = alloc(p, bytes, TrainTag::kOptimizer);
-      if (from_host)
-        p.push_back(host_op(TrainOp::Kind::kFromHost, id, bytes,
-                            kOptimizerSlots | tensors_.optimizer.size()));
-      tensors_.optimizer.push_back(id);
-      tensors_.optimizer_bytes.push_back(bytes);
-    }
-  }
+  for (const TrainUnit& u : units_)
+    for (int s = 0; s < states; ++s)
+      load_tensor(p, 4 * (sharded ? shard(u.numel) : u.numel), TrainTag::kOptimizer,
+                  kOptimizerSlots, from_host, tensors_.optimizer, tensors_.optimizer_bytes);
   return p;
 }
 

@@ -147,6 +147,10 @@ class TrainProgramBuilder {
   void backward_micro(std::vector<TrainOp>& p, uint64_t tokens, std::vector<uint64_t>& saved,
                       std::vector<uint64_t>& held, std::vector<uint64_t>& grads, bool first);
   uint64_t alloc(std::vector<TrainOp>& p, uint64_t bytes, TrainTag tag);
+  // Allocates a persistent tensor (filled from its host copy `slots | index` when from_host)
+  // and appends its id and size.
+  void load_tensor(std::vector<TrainOp>& p, uint64_t bytes, TrainTag tag, uint64_t slots,
+                   bool from_host, std::vector<uint64_t>& ids, std::vector<uint64_t>& sizes);
   static void free(std::vector<TrainOp>& p, uint64_t id);
 
   ModelShape model_;

@@ -6,15 +6,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <memory>
-#include <thread>
 #include <unordered_map>
 
 #include "backends/sim/sim_backend.h"
 #include "sim/clock.h"
+#include "sim/parallel.h"
 #include "src/rl/rl_rollout.h"
 
 namespace memsim {
@@ -727,20 +726,11 @@ RlResults run_rl(const RlConfig& config) {
     plans[i] = it->second;
   }
   out.runs.resize(jobs.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) {
-      out.runs[i] = run_rl_with_plan(config, *jobs[i].model, *jobs[i].run, *plans[i]);
-      if (config.max_utilization)
-        out.runs[i].max_utilization = max_rollout_utilization(config, *jobs[i].model, *jobs[i].run);
-    }
-  };
-  const size_t threads =
-      std::min<size_t>(jobs.size(), std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  parallel_for(jobs.size(), 0, [&](size_t i) {
+    out.runs[i] = run_rl_with_plan(config, *jobs[i].model, *jobs[i].run, *plans[i]);
+    if (config.max_utilization)
+      out.runs[i].max_utilization = max_rollout_utilization(config, *jobs[i].model, *jobs[i].run);
+  });
   out.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return out;

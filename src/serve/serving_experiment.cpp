@@ -1,17 +1,17 @@
 // Serving experiments: YAML -> typed runs (base engine/scheduler/kv/requests + per-run
 // overrides), KV budgets (cached per distinct input), and runs executed in parallel.
 #include "src/serve/serving_experiment.h"
+
+#include "sim/parallel.h"
 #include "src/config/step_profile_loader.h"
 
 #include <filesystem>
 #include <optional>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -263,40 +263,29 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
   }
 
   // Runs in parallel: each has its own backend, clock, strategy and state.
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < c.runs.size(); i = next++) {
-      ServingRunResult& o = out.runs[i];
-      if (!o.budget_error.empty()) continue;
-      EngineConfig e;
-      e.label = o.spec.label;
-      e.model = c.model;
-      e.gpu = c.gpu;
-      e.scheduler = o.spec.scheduler;
-      e.serve = o.spec.serve;
-      e.kv_impl = o.spec.kv_impl;
-      e.kv_factory = o.spec.kv_factory;
-      e.kv_budget_bytes = o.budget.kv_bytes;
-      e.sample_interval = c.sample_interval;
-      if (!o.spec.enforce_eager) e.graph_sizes = o.budget.capture_sizes;
-      if (o.spec.step_time != "roofline") e.step_profile = c.step_profile;
-      if (e.step_profile && c.graph_profile && !e.graph_sizes.empty())
-        e.step_profile = std::make_shared<const ProfiledStepTime>(c.step_profile->profile(),
-                                                                  c.graph_profile, e.graph_sizes);
-      if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
-      e.validate_sample = o.spec.validate_sample;
-      if (hooks.customize) hooks.customize(o.spec, e);
-      o.result = run_serving(e, c.request_sets[o.spec.requests].requests);
-    }
-  };
-  const size_t threads =
-      hooks.serial
-          ? 1
-          : std::min<size_t>(c.runs.size(), std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  parallel_for(c.runs.size(), hooks.serial ? 1 : 0, [&](size_t i) {
+    ServingRunResult& o = out.runs[i];
+    if (!o.budget_error.empty()) return;
+    EngineConfig e;
+    e.label = o.spec.label;
+    e.model = c.model;
+    e.gpu = c.gpu;
+    e.scheduler = o.spec.scheduler;
+    e.serve = o.spec.serve;
+    e.kv_impl = o.spec.kv_impl;
+    e.kv_factory = o.spec.kv_factory;
+    e.kv_budget_bytes = o.budget.kv_bytes;
+    e.sample_interval = c.sample_interval;
+    if (!o.spec.enforce_eager) e.graph_sizes = o.budget.capture_sizes;
+    if (o.spec.step_time != "roofline") e.step_profile = c.step_profile;
+    if (e.step_profile && c.graph_profile && !e.graph_sizes.empty())
+      e.step_profile = std::make_shared<const ProfiledStepTime>(c.step_profile->profile(),
+                                                                c.graph_profile, e.graph_sizes);
+    if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
+    e.validate_sample = o.spec.validate_sample;
+    if (hooks.customize) hooks.customize(o.spec, e);
+    o.result = run_serving(e, c.request_sets[o.spec.requests].requests);
+  });
   out.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return out;
