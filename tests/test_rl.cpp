@@ -257,6 +257,18 @@ TEST_CASE("RL timeline: multi-stage resume saves exactly the KV cache and graphs
   CHECK(multi.resume_weights_ms > 0);
   CHECK(multi.resume_rest_ms > 0);
   CHECK(all.resume_rest_ms == 0);
+  // The saver's time is the time of its backend calls: unmap and release to pause; create, map
+  // and set access to resume.
+  double pause = 0, resume = 0;
+  for (const auto& [k, ms] : multi.pause_split_ms) pause += ms;
+  for (const auto& [k, ms] : multi.resume_split_ms) resume += ms;
+  CHECK(pause == Approx(multi.pause_ms).epsilon(1e-9));
+  CHECK(resume == Approx(multi.resume_weights_ms + multi.resume_rest_ms).epsilon(1e-9));
+  CHECK(multi.pause_split_ms.count("unmap") == 1);
+  CHECK(multi.pause_split_ms.count("release_physical") == 1);
+  CHECK(multi.resume_split_ms.count("create_physical") == 1);
+  CHECK(multi.resume_split_ms.count("set_access") == 1);
+  CHECK(multi.pause_split_ms.count("copy") == 0);  // no CPU backup
   // While training, the engine holds nothing: the training peak is the trainer's alone.
   CHECK(multi.phase_peak.at("train") < multi.phase_peak.at("rollout"));
 }

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
@@ -150,6 +151,12 @@ RlRunSpec parse_run(const ConfigNode& n) {
   return r;
 }
 
+std::string json_map(const std::map<std::string, double>& m) {
+  std::string s = "{";
+  for (const auto& [k, v] : m) s += fmt::format("{}\"{}\": {:.4f}", s.size() > 1 ? ", " : "", k, v);
+  return s + "}";
+}
+
 std::string gib(uint64_t b) {
   return fmt::format("{:.1f}", static_cast<double>(b) / (1ull << 30));
 }
@@ -245,6 +252,33 @@ std::string format_rl_table(const RlConfig& c, const RlResults& res) {
         r.max_utilization < 0 ? std::string("-") : fmt::format("{:.2f}", r.max_utilization),
         r.graph_launches == 0 ? "-" : (r.graphs_valid ? "valid" : "BROKEN"), outcome);
   }
+  // Where the saver's time goes, by primitive.
+  std::vector<std::string> prims;
+  for (const RlRunResult& r : res.runs)
+    for (const auto* split : {&r.pause_split_ms, &r.resume_split_ms})
+      for (const auto& [k, ms] : *split)
+        if (std::find(prims.begin(), prims.end(), k) == prims.end()) prims.push_back(k);
+  if (!prims.empty()) {
+    out += "\npause / resume (both stages) by primitive, simulated ms per iteration:\n";
+    out += fmt::format("  {:<14} {:<22} {:<6}", "model", "run", "");
+    for (const std::string& k : prims)
+      out += fmt::format(" {:>{}}", k, std::max<size_t>(8, k.size()));
+    out += "\n";
+    for (const RlRunResult& r : res.runs) {
+      if (r.pause_split_ms.empty() && r.resume_split_ms.empty()) continue;
+      for (const auto& [what, split] :
+           {std::pair{"pause", &r.pause_split_ms}, std::pair{"resume", &r.resume_split_ms}}) {
+        out += fmt::format("  {:<14} {:<22} {:<6}", r.model, r.label, what);
+        for (const std::string& k : prims) {
+          auto it = split->find(k);
+          const size_t w = std::max<size_t>(8, k.size());
+          out += it == split->end() ? fmt::format(" {:>{}}", "-", w)
+                                    : fmt::format(" {:>{}.2f}", it->second, w);
+        }
+        out += "\n";
+      }
+    }
+  }
   out += fmt::format(
       "\npeak / rollout / train / sync: GiB of device memory (max over GPUs and iterations; "
       "separate runs use 2 GPUs per rank); pinned: host GiB; wake1/wake2: resume stages "
@@ -288,11 +322,13 @@ std::string write_rl_outputs(const RlConfig& c, const RlResults& res, const std:
           "\"resume_rest_ms\": {:.4f}, \"offload_ms\": {:.4f}, \"reload_ms\": {:.4f}, "
           "\"preemptions\": {}, \"rollout_tokens_per_s\": {:.2f}, \"max_utilization\": {:.2f}, "
           "\"graph_launches\": {}, "
-          "\"graphs_valid\": {}, \"graph_error\": \"{}\"}}{}\n",
+          "\"graphs_valid\": {}, \"graph_error\": \"{}\", \"pause_split_ms\": {}, "
+          "\"resume_split_ms\": {}}}{}\n",
           r.rollout_s, r.train_s, r.sync_s, r.iteration_s, r.pause_ms, r.resume_weights_ms,
           r.resume_rest_ms, r.offload_ms, r.reload_ms, r.preemptions, r.rollout_tokens_per_s,
           r.max_utilization, r.graph_launches, r.graphs_valid ? "true" : "false",
-          json_escape(r.graph_error), i + 1 < res.runs.size() ? "," : "");
+          json_escape(r.graph_error), json_map(r.pause_split_ms), json_map(r.resume_split_ms),
+          i + 1 < res.runs.size() ? "," : "");
     }
     f << "  ]\n}\n";
     if (!f) return "cannot write summary.json in " + dir;

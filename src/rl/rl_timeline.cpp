@@ -471,10 +471,19 @@ class Timeline {
                     double* measured) {
     if (!saver_ || tags.empty()) return 0;
     const SimTime t0 = clock_.now();
+    Backend& b = *rollout_gpu().backend;
+    std::array<SimTime, static_cast<size_t>(Primitive::kCount)> before{};
+    for (size_t k = 0; k < before.size(); ++k) before[k] = b.time_in(static_cast<Primitive>(k));
     const auto w0 = std::chrono::steady_clock::now();
     Result<SaverReport> r = pause ? saver_->pause(tags) : saver_->resume(tags);
     *measured +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+    // Where the simulated time went, per primitive.
+    auto& split = pause ? pause_split_ : resume_split_;
+    for (size_t k = 0; k < before.size(); ++k) {
+      const SimTime d = b.time_in(static_cast<Primitive>(k)) - before[k];
+      if (d > 0) split[to_string(static_cast<Primitive>(k))] += static_cast<double>(d) / 1e6;
+    }
     if (!r.ok()) fail(r.error(), what);
     std::string why;
     if (!saver_->check_invariants(&why)) throw RunFailure{what + ": saver invariant: " + why};
@@ -627,6 +636,8 @@ class Timeline {
     r_.resume_rest_ms = resume_rest_ms_ / n;
     r_.offload_ms = offload_ms_ / n;
     r_.reload_ms = reload_ms_ / n;
+    for (const auto& [k, ms] : pause_split_) r_.pause_split_ms[k] = ms / n;
+    for (const auto& [k, ms] : resume_split_) r_.resume_split_ms[k] = ms / n;
     r_.measured.pause_ms = measured_.pause_ms / n;
     r_.measured.resume_weights_ms = measured_.resume_weights_ms / n;
     r_.measured.resume_rest_ms = measured_.resume_rest_ms / n;
@@ -678,6 +689,7 @@ class Timeline {
          reload_ms_ = 0;
   uint64_t rollout_tokens_ = 0;
   RlMeasured measured_;
+  std::map<std::string, double> pause_split_, resume_split_;
   RlRunResult r_;
 };
 

@@ -139,7 +139,10 @@ struct RlRunResult {
   double pause_ms = 0;                               // release of the rollout memory (saver pause)
   double resume_weights_ms = 0, resume_rest_ms = 0;  // stage 1 and 2 (all-at-once: stage 1)
   double offload_ms = 0, reload_ms = 0;              // trainer state to and from host
-  uint64_t preemptions = 0;                          // rollout, summed over iterations
+  // pause_ms and the two resume stages together by primitive (create_physical, map, set_access,
+  // unmap, release_physical, host_malloc_pinned, copy over PCIe, ...), ms per iteration.
+  std::map<std::string, double> pause_split_ms, resume_split_ms;
+  uint64_t preemptions = 0;  // rollout, summed over iterations
   double rollout_tokens_per_s = 0;
   double max_utilization = -1;  // the search's answer; 0: none fits; -1: not searched
   uint64_t graph_launches = 0;  // launches of the captured decode graph after a resume
