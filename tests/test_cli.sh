@@ -408,6 +408,56 @@ run rl_sep --config "$RLCONF" --out "$TMP/out_rl_sep" --set 'runs=[{label: x, pl
 expect_rc rl_sep 2
 expect_in "$TMP/rl_sep.err" "needs no saver" "rl: a saver with separate GPUs is refused"
 
+# memsim sweep: a 2 x 2 grid in parallel, resume, invalid points, shards + merge, Slurm script.
+sed '/^grid:/,$d' "$ROOT/experiments/sweep_grid.yaml" > "$TMP/grid.yaml"
+SWEEP_AXES=(--sweep kv.block_size=8,128 --sweep requests.arrival.rate=5,60)
+MEMSIM_ROOT=$ROOT run sweep sweep --config "$TMP/grid.yaml" --out "$TMP/out_sweep" -j 2 \
+  "${SWEEP_AXES[@]}"
+expect_rc sweep 0
+expect_in "$TMP/sweep.out" "4 points (2 axes" "sweep: grid expanded"
+expect_in "$TMP/sweep.out" "4 done, 0 failed" "sweep: every point ran"
+SWCSV=$TMP/out_sweep/sweep_grid-sweep/sweep.csv
+check "sweep: sweep.csv has a row per point" test "$(wc -l < "$SWCSV")" -eq 5
+expect_re "$SWCSV" "^point,kv.block_size,requests.arrival.rate,label," "sweep: axes then fields"
+cp "$SWCSV" "$TMP/sweep_first.csv"
+MEMSIM_ROOT=$ROOT run sweep_again sweep --config "$TMP/grid.yaml" --out "$TMP/out_sweep" -j 2 \
+  "${SWEEP_AXES[@]}"
+expect_rc sweep_again 0
+expect_in "$TMP/sweep_again.out" "4 of 4 points already complete" "sweep: a rerun resumes"
+check "sweep: the rerun's sweep.csv is the same" cmp -s "$SWCSV" "$TMP/sweep_first.csv"
+MEMSIM_ROOT=$ROOT run sweep_bad sweep --config "$TMP/grid.yaml" --out "$TMP/out_sweep_bad" \
+  --sweep scheduler.max_num_seqs=0,16
+expect_rc sweep_bad 2
+expect_in "$TMP/sweep_bad.err" "point 0 (scheduler.max_num_seqs=0)" "sweep: invalid point named"
+expect_in "$TMP/sweep_bad.err" "nothing was run" "sweep: nothing runs when a point is invalid"
+check "sweep: no output for an invalid grid" test ! -e "$TMP/out_sweep_bad"
+for k in 0 1; do
+  MEMSIM_ROOT=$ROOT run sweep_shard$k sweep --config "$TMP/grid.yaml" --out "$TMP/out_shards" \
+    --shard $k/2 "${SWEEP_AXES[@]}"
+  expect_rc sweep_shard$k 0
+done
+expect_in "$TMP/sweep_shard1.out" "shard 1/2: 2 points" "sweep: a shard runs its points"
+run merge merge "$TMP/out_shards/sweep_grid-sweep"
+expect_rc merge 0
+check "sweep: merged shards equal the local sweep" \
+  cmp -s "$TMP/out_shards/sweep_grid-sweep/sweep.csv" "$SWCSV"
+(cd "$TMP" && SLURM_ARRAY_TASK_ID=3 SLURM_ARRAY_TASK_MIN=2 SLURM_ARRAY_TASK_COUNT=2 \
+  MEMSIM_ROOT=$ROOT "$MEMSIM" sweep --config "$TMP/grid.yaml" --out "$TMP/out_slurm_env" \
+  "${SWEEP_AXES[@]}" > "$TMP/slurm_env.out" 2>&1)
+expect_in "$TMP/slurm_env.out" "shard 1/2: 2 points" "sweep: the shard comes from a Slurm array"
+MEMSIM_ROOT=$ROOT run sweep_sbatch sweep --config "$TMP/grid.yaml" --out "$TMP/out_sbatch" \
+  --slurm --tasks 2 -j 1 "${SWEEP_AXES[@]}"
+expect_rc sweep_sbatch 0
+expect_in "$TMP/out_sbatch/sweep_grid-sweep/sweep.sbatch" "#SBATCH --array=0-1" \
+  "sweep: the Slurm script is an array"
+MEMSIM_ROOT=$ROOT run sweep_dry sweep --config "$ROOT/experiments/sweep_grid.yaml" --dry-run \
+  --out "$TMP/out_dry"
+expect_rc sweep_dry 0
+expect_in "$TMP/sweep_dry.out" "500 points (3 axes" "sweep: the 500-point grid validates"
+MEMSIM_ROOT=$ROOT run grid_base --config "$ROOT/experiments/sweep_grid.yaml" --out "$TMP/out_gb" \
+  --no-plots
+expect_rc grid_base 0
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

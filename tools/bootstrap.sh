@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ meson ninja-build pkg-config libyaml-cpp-dev libcli11-dev libeigen3-dev catch2
-          libfmt-dev python3 python3-matplotlib)
+          libfmt-dev nlohmann-json3-dev python3 python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

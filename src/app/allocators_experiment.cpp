@@ -34,7 +34,7 @@ AllocatorsConfig load_allocators_config(const std::string& path,
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys(
-      {"experiment", "gpu", "model", "workloads", "allocators", "seed", "min_capacity"});
+      {"experiment", "gpu", "model", "workloads", "allocators", "seed", "min_capacity", "grid"});
   AllocatorsConfig c;
   c.source = path;
   if (auto v = root.find("experiment")) c.experiment = v->as_string();

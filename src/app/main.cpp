@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -12,6 +13,7 @@
 #include "src/app/rl_experiment.h"
 #include "src/app/serving_writers.h"
 #include "src/app/shapes_experiment.h"
+#include "src/app/sweep.h"
 #include "src/app/writers.h"
 #include "src/serve/serving_experiment.h"
 // clang-format off
@@ -97,6 +99,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   auto* seed_opt = app.add_option("--seed", seed, "random seed (overrides the config's seed)");
   app.add_option("--set", overrides, "override a config key: --set key.path=value (repeatable)");
+  bool no_plots = false;
+  app.add_flag("--no-plots", no_plots, "write no plots (sweeps pass it to their points)");
 
   CLI::App* calibrate = app.add_subcommand(
       "calibrate", "measure the backend primitives on the GPU and write a calibrated GPU YAML");
@@ -168,14 +172,50 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sim", "cuda"}));
   replay->add_option("--export", rp.export_path,
                      "write torch_caching's replay as a snapshot pickle (for memory_viz)");
+  CLI::App* sweep = app.add_subcommand(
+      "sweep", "run a grid of points over an experiment's config keys, in parallel and resumable");
+  memsim::SweepOptions sw;
+  sweep->add_option("--config", sw.config, "experiment YAML (its grid: section names axes)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sweep->add_option("--sweep", sw.axes,
+                    "an axis: key.path=v1,v2,... (repeatable; the grid is the product)");
+  sweep->add_option("--set", sw.sets, "override a key for every point (repeatable)");
+  sweep->add_option("-j,--jobs", sw.jobs, "points run at once (default: one per core)");
+  sweep
+      ->add_option("--out", sw.out_dir, "results folder; the sweep goes to DIR/<experiment>-sweep/")
+      ->capture_default_str();
+  sweep->add_option("--shard", sw.shard,
+                    "run only points i with i % N == K (K/N; default from SLURM_ARRAY_TASK_ID "
+                    "and SLURM_ARRAY_TASK_COUNT inside a Slurm job array)");
+  sweep->add_flag("--slurm", sw.slurm, "write DIR/sweep.sbatch, a Slurm array job for the grid");
+  sweep->add_flag("--submit", sw.submit, "with --slurm: submit it with sbatch");
+  sweep->add_option("--tasks", sw.tasks, "with --slurm: array tasks (default min(points, 64))");
+  sweep->add_flag("--dry-run", sw.dry_run, "validate and list the points; run nothing");
+  bool sw_quiet = false;
+  sweep->add_flag("--no-progress", sw_quiet, "no progress bar or per-point lines");
+  sweep->add_flag("--plots", sw.plots, "let every point draw its plots (off: sweeps are faster)");
+  CLI::App* merge = app.add_subcommand(
+      "merge", "gather a sweep's points (e.g. the shards of a Slurm array) into DIR/sweep.csv");
+  std::string merge_dir;
+  merge->add_option("dir", merge_dir, "the sweep folder (DIR/<experiment>-sweep)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   try {
     app.parse(argc, argv);
-    if (!calibrate->parsed() && !replay->parsed() && config_opt->count() == 0)
+    if (!calibrate->parsed() && !replay->parsed() && !sweep->parsed() && !merge->parsed() &&
+        config_opt->count() == 0)
       throw CLI::RequiredError("--config");
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitConfigError;
   }
 
+  if (no_plots) setenv("MEMSIM_NO_PLOTS", "1", 1);
+  if (sweep->parsed()) {
+    sw.progress = !sw_quiet;
+    return memsim::run_sweep_command(sw, std::cout, std::cerr);
+  }
+  if (merge->parsed()) return memsim::run_merge_command(merge_dir, std::cout, std::cerr);
   if (replay->parsed()) {
     rp.min_capacity = !rp_no_min;
     rp.cuda = rp_backend == "cuda";

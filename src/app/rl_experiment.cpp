@@ -168,7 +168,7 @@ RlConfig load_rl_config(const std::string& path, const std::vector<std::string>&
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "models", "iterations", "allocator", "train", "rollout",
                     "weight_sync", "interconnect_gbps", "network_gbps", "runs", "seed",
-                    "max_utilization"});
+                    "max_utilization", "grid"});
   RlConfig c;
   c.source = path;
   if (auto v = root.find("experiment")) c.experiment = v->as_string();

@@ -210,6 +210,8 @@ std::string binary_source_root() {
 std::string run_plot_script(const std::string& config_source, const std::string& script_name,
                             const std::string& dir, const std::vector<std::string>& args,
                             const std::vector<std::string>& outputs) {
+  if (const char* off = std::getenv("MEMSIM_NO_PLOTS"); off != nullptr && *off != '\0')
+    return "plots skipped (--no-plots)";
   // The script sits in tools/ of the source tree: MEMSIM_ROOT, next to the experiment's folder,
   // the current folder, or beside the binary's build folder.
   std::vector<fs::path> candidates;

@@ -123,7 +123,7 @@ ServingConfig load_serving_config(const std::string& path,
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
-                    "sample_interval_ms", "seed"});
+                    "sample_interval_ms", "seed", "grid"});
   ServingConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_string();
