@@ -162,7 +162,8 @@ TEST_CASE("an unknown key far from every valid one lists the valid keys", "[conf
   expect_error(dir, "far.yaml", t, line_of(t, "zzz:"), "zzz",
                "unknown key 'zzz' (valid keys: experiment, gpu, model, max_num_seqs, "
                "capture_sizes, gemm_workspace, max_model_len, kv_block_size, seed, dynamic, "
-               "sweep, table, timeseries, strategies, graph_body, program, export_snapshots)");
+               "sweep, table, timeseries, strategies, graph_body, program, export_snapshots, "
+               "grid)");
 }
 
 // ------------------------------------------------------------------------------------------
