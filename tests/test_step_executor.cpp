@@ -3,6 +3,7 @@
 // samples, beams, preemption by recompute and by swap; validation leaves the simulation as it
 // was; a wrong table fails the run naming the request, sample and step.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 
 #include <map>
 #include <memory>
@@ -30,9 +31,16 @@ struct Load {
   Preemption preemption = Preemption::kRecompute;
 };
 
+// Requests per load: 120, or MEMSIM_STEP_EXECUTOR_REQUESTS (fewer under the sanitizers in CI:
+// the same loads and strategies, shorter runs).
+uint64_t request_count() {
+  const char* v = std::getenv("MEMSIM_STEP_EXECUTOR_REQUESTS");
+  return v != nullptr ? std::strtoull(v, nullptr, 10) : 120;
+}
+
 std::vector<RequestSpec> requests(const Load& l) {
   SyntheticRequestsConfig s;
-  s.count = 120;
+  s.count = request_count();
   s.seed = 11;
   s.arrival.rate = 40;
   s.prompt = {LengthDist::kLognormal, 0, 16, 2048, 500, 0.8};

@@ -19,6 +19,7 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "memsim"  # fixed SVG ids (not random ones)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
@@ -157,7 +158,9 @@ def plot_timeseries(runs, series, title, colors, out_stem):
 
 def save(fig, out_stem):
     for ext in ("png", "svg"):
-        fig.savefig(f"{out_stem}.{ext}", dpi=120)
+        # No date in the SVG: identical reruns give identical files.
+        fig.savefig(f"{out_stem}.{ext}", dpi=120,
+                    metadata={"Date": None} if ext == "svg" else None)
     plt.close(fig)
 
 

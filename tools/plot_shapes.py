@@ -12,6 +12,7 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "memsim"  # fixed SVG ids (not random ones)
 import matplotlib.pyplot as plt  # noqa: E402
 
 GIB = float(1 << 30)
@@ -53,7 +54,9 @@ def plot_variant(rows, summary, variant, out_stem):
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{summary['model']} on {summary['gpu']}: CUDA-graph memory ({variant})")
     for ext in ("png", "svg"):
-        fig.savefig(f"{out_stem}.{ext}", dpi=120)
+        # No date in the SVG: identical reruns give identical files.
+        fig.savefig(f"{out_stem}.{ext}", dpi=120,
+                    metadata={"Date": None} if ext == "svg" else None)
     plt.close(fig)
 
 

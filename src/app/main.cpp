@@ -61,7 +61,7 @@ int run_serving_main(const std::string& config_path, const std::vector<std::stri
     std::cerr << "memsim: " << err << "\n";
     return kExitRunFailure;
   }
-  std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv\n", dir);
+  std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv, timing.json\n", dir);
   std::cout << memsim::plot_serving(config, dir) << "\n";
 #if MEMSIM_HAVE_CUDA
   if (cuda) {

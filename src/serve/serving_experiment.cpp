@@ -160,8 +160,15 @@ ServingConfig load_serving_config(const std::string& path,
   std::optional<KvChoice> kv;
   if (auto k = root.find("kv")) kv = parse_kv(*k);
   std::optional<size_t> requests;
+  // `--seed N` (the override seed=N) is the experiment's seed: it also draws every synthetic
+  // request set, over its own requests.seed.
+  std::optional<uint64_t> cli_seed;
+  for (const std::string& o : overrides)
+    if (o.rfind("seed=", 0) == 0) cli_seed = root["seed"].as_uint();
   auto add_requests = [&](const ConfigNode& node) {
-    c.request_sets.push_back(build_request_set(load_requests_config(node)));
+    RequestsConfig rc = load_requests_config(node);
+    if (cli_seed && rc.source == RequestSource::kSynthetic) rc.synthetic.seed = *cli_seed;
+    c.request_sets.push_back(build_request_set(rc));
     return c.request_sets.size() - 1;
   };
   if (auto r = root.find("requests")) requests = add_requests(*r);
