@@ -133,6 +133,8 @@ class Reader {
     if (marks_.empty()) return fail("no MARK on the stack");
     const size_t m = marks_.back();
     marks_.pop_back();
+    // Items below the MARK were popped since (POP, SETITEM, ...): no well-formed pickle does it.
+    if (m > stack_.size()) return fail("MARK above the top of the stack (its items were popped)");
     return m;
   }
   Result<PickleDoc::Ref> top_container(PickleDoc::Type want, size_t below_top) {

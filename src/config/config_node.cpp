@@ -89,6 +89,8 @@ void ConfigNode::expect_keys(const std::vector<std::string>& allowed) const {
   if (!node_.IsMap()) fail("expected a map of keys");
   std::vector<std::string> seen;
   for (auto it = node_.begin(); it != node_.end(); ++it) {
+    if (!it->first.IsScalar())
+      child(it->first, path_).fail("a key must be a name, not a list or map");
     const std::string key = it->first.as<std::string>();
     if (std::find(seen.begin(), seen.end(), key) != seen.end())
       child(it->first, child_path(key)).fail(fmt::format("duplicate key '{}'", key));
@@ -136,7 +138,11 @@ std::vector<ConfigNode> ConfigNode::items() const {
 std::vector<std::string> ConfigNode::keys() const {
   if (!node_.IsMap()) fail("expected a map of keys");
   std::vector<std::string> out;
-  for (auto it = node_.begin(); it != node_.end(); ++it) out.push_back(it->first.as<std::string>());
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    if (!it->first.IsScalar())
+      child(it->first, path_).fail("a key must be a name, not a list or map");
+    out.push_back(it->first.as<std::string>());
+  }
   return out;
 }
 
