@@ -458,6 +458,19 @@ MEMSIM_ROOT=$ROOT run grid_base --config "$ROOT/experiments/sweep_grid.yaml" --o
   --no-plots
 expect_rc grid_base 0
 
+# Degenerate results: every run without KV memory still gets its table, JSON and plots that say
+# why there is nothing to draw; exit 0 (outcomes, not failures).
+sed 's/kv_budget: 2GiB, //' "$KVCONF" > "$TMP/kv_degenerate.yaml"
+run degenerate --config "$TMP/kv_degenerate.yaml" --out "$TMP/out_degenerate" \
+  --set engine.gpu_memory_utilization=0.05
+expect_rc degenerate 0
+expect_in "$TMP/degenerate.out" "no KV memory" "degenerate: the outcome is in the table"
+check "degenerate: summary.json written" test -s "$TMP/out_degenerate/"*/summary.json
+if /usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1; then
+  check "degenerate: no failing plot script" bash -c "! grep -q 'plots failed' '$TMP/degenerate.out'"
+  check "degenerate: a plot that says why" test -s "$(ls "$TMP"/out_degenerate/*/kv_summary.png)"
+fi
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

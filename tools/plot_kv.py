@@ -79,6 +79,18 @@ def run_label(r):
     return r["run"] if ok else f"{r['run']} ({r['outcome']})"
 
 
+def nothing_to_draw(out_stem, title, why):
+    """A figure that says why there is nothing to draw (every run failed, all figures zero)."""
+    fig, ax = plt.subplots(figsize=(8, 2.5))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"{title}: nothing to draw\n{why}", ha="center", va="center", wrap=True)
+    save(fig, out_stem)
+
+
+def outcomes(runs):
+    return "; ".join(f"{r.get('run', '?')}: {r.get('outcome', '?')}" for r in runs) or "no runs"
+
+
 def plot_summary(runs, title, colors, out_stem):
     panels = []
     for name, cols, scale, fmt in SUMMARY_PANELS:
@@ -86,7 +98,9 @@ def plot_summary(runs, title, colors, out_stem):
         if any(v for vs in values for v in vs if not math.isnan(v)):
             panels.append((name, cols, values, fmt))
     if not panels:
-        sys.exit("plot_kv: every summary figure is zero or missing")
+        nothing_to_draw(out_stem, title, "every summary figure is zero or missing ("
+                        + outcomes(runs) + ")")
+        return
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     height = 0.8 + 0.3 * len(runs) * max(len(p[1]) for p in panels)
@@ -118,6 +132,9 @@ def plot_summary(runs, title, colors, out_stem):
 
 
 def plot_timeseries(runs, series, title, colors, out_stem):
+    if not any(ts for ts, _v in series.values()):
+        nothing_to_draw(out_stem, title, "no run recorded a sample (" + outcomes(runs) + ")")
+        return
     fig, axes = plt.subplots(len(TIMESERIES_PANELS), 1, figsize=(12, 2.3 * len(TIMESERIES_PANELS)
                                                                  + 0.8),
                              sharex=True, squeeze=False, constrained_layout=True)

@@ -50,7 +50,18 @@ def main():
             models.append(run["model"])
         keys = sorted(k for k in series if k[0] == run["model"] and k[1] == run["label"])
         panels.setdefault(run["model"], []).extend((k, run) for k in keys)
-    cols = max((len(v) for v in panels.values()), default=1)
+    cols = max((len(v) for v in panels.values()), default=0)
+    if cols == 0:  # every run failed before its first sample: say so instead of drawing
+        why = "; ".join(f"{r['model']} {r['label']}: {r.get('error') or r.get('oom') or r['outcome']}"
+                        for r in summary["runs"]) or "no runs"
+        fig, ax = plt.subplots(figsize=(9, 2.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "nothing to draw: no run recorded memory\n" + why, ha="center",
+                va="center", wrap=True, fontsize=8)
+        out = os.path.join(dir_, "rl_timeline.png")
+        fig.savefig(out, dpi=110)
+        print(out)
+        return
     fig, axes = plt.subplots(len(models) or 1, cols, figsize=(3.6 * cols, 3.6 * max(1, len(models))),
                              squeeze=False, sharey=True)
     for i, model in enumerate(models):
