@@ -15,10 +15,7 @@
 #include "sim/workload/alloc_trace.h"
 #include "sim/workload/requests.h"
 #include "sim/workload/snapshot.h"
-#include "src/app/allocators_experiment.h"
-#include "src/app/rl_experiment.h"
-#include "src/app/shapes_experiment.h"
-#include "src/serve/serving_experiment.h"
+#include "src/app/sweep.h"
 
 namespace memsim::fuzz {
 
@@ -50,14 +47,7 @@ inline std::string config_target(std::string_view input) {
   }
   const std::string path = scratch_file(text, ".yaml");
   try {
-    if (is_allocators_config(path))
-      (void)load_allocators_config(path, overrides);
-    else if (is_rl_config(path))
-      (void)load_rl_config(path, overrides);
-    else if (is_serving_config(path))
-      (void)load_serving_config(path, overrides);
-    else
-      (void)load_shapes_config(path, overrides);
+    load_experiment_config(path, overrides);
   } catch (const ConfigError& e) {
     const std::string m = e.what();
     // "file:line: key: message", "file: message", "--set ...", or a referenced file's own error.

@@ -19,7 +19,6 @@
 
 namespace memsim {
 
-
 std::string Variant::name() const {
   return fmt::format("{}/{}/{}/{}", to_string(outputs), to_string(arrival), to_string(graphs),
                      to_string(inputs));
@@ -103,7 +102,8 @@ ShapesConfig load_shapes_config(const std::string& path,
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
                     "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
-                    "timeseries", "strategies", "graph_body", "program", "export_snapshots", "grid"});
+                    "timeseries", "strategies", "graph_body", "program", "export_snapshots",
+                    "grid"});
   ShapesConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_choice({"shapes"});

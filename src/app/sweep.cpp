@@ -137,6 +137,17 @@ std::vector<SweepPoint> expand_grid(const std::vector<SweepAxis>& axes) {
   return points;
 }
 
+void load_experiment_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (is_allocators_config(path))
+    (void)load_allocators_config(path, overrides);
+  else if (is_rl_config(path))
+    (void)load_rl_config(path, overrides);
+  else if (is_serving_config(path))
+    (void)load_serving_config(path, overrides);
+  else
+    (void)load_shapes_config(path, overrides);
+}
+
 namespace {
 
 std::vector<std::string> overrides_of(const SweepPoint& p, const std::vector<std::string>& sets) {
@@ -154,14 +165,7 @@ std::string describe(const SweepPoint& p) {
 // Loads the point's config with the experiment's typed loader: empty when valid.
 std::string validate(const std::string& path, const std::vector<std::string>& ov) {
   try {
-    if (is_allocators_config(path))
-      (void)load_allocators_config(path, ov);
-    else if (is_rl_config(path))
-      (void)load_rl_config(path, ov);
-    else if (is_serving_config(path))
-      (void)load_serving_config(path, ov);
-    else
-      (void)load_shapes_config(path, ov);
+    load_experiment_config(path, ov);
   } catch (const ConfigError& e) {
     return e.what();
   }

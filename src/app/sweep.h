@@ -35,6 +35,10 @@ std::vector<SweepAxis> parse_grid(const ConfigNode& root, const std::vector<std:
 // The product of the axes, the first axis varying slowest; point i is numbered i.
 std::vector<SweepPoint> expand_grid(const std::vector<SweepAxis>& axes);
 
+// Loads `path` with its experiment's typed loader (allocators, RL, serving or shapes, chosen as
+// main() chooses), discarding the result; throws ConfigError for any bad input.
+void load_experiment_config(const std::string& path, const std::vector<std::string>& overrides);
+
 struct SweepOptions {
   std::string config;
   std::vector<std::string> axes;  // --sweep
