@@ -53,8 +53,13 @@ TEST_CASE("tagged_regions on the GPU: 100 cycles, graphs stay valid, contents re
   const SimTime sim0 = b.time_in(Primitive::kUnmap) + b.time_in(Primitive::kReleasePhysical) +
                        b.time_in(Primitive::kCreatePhysical) + b.time_in(Primitive::kMap) +
                        b.time_in(Primitive::kSetAccess) + b.time_in(Primitive::kCopy);
-  for (int cycle = 1; cycle <= 100; ++cycle) {
+  // Under compute-sanitizer racecheck the tool takes 2 MiB of device memory for itself during
+  // the first pause, which shifts cudaMemGetInfo; with MEMSIM_SANITIZER set (tools/sanitize.sh)
+  // a cycle 0 runs first without the exact footprint checks, so they measure memsim alone.
+  const bool warm_up = std::getenv("MEMSIM_SANITIZER") != nullptr;
+  for (int cycle = warm_up ? 0 : 1; cycle <= 100; ++cycle) {
     INFO("cycle " << cycle);
+    const bool exact = cycle > 0;
     REQUIRE(b.fill(kv, kb, kStale, s).ok());  // overwritten by the graph after resume
     const uint64_t free_before = b.observe()->free_bytes;
     SimTime t0 = b.measured_time_in(Primitive::kUnmap) +
@@ -67,17 +72,17 @@ TEST_CASE("tagged_regions on the GPU: 100 cycles, graphs stay valid, contents re
                       b.measured_time_in(Primitive::kReleasePhysical) +
                       b.measured_time_in(Primitive::kCopy) - t0;
     // The physical memory came back to the device, exactly.
-    CHECK(b.observe()->free_bytes - free_before == wb + kb + ob);
+    if (exact) CHECK(b.observe()->free_bytes - free_before == wb + kb + ob);
     // Multi-stage: weights first (restored from the backup), then the rest.
     t0 = b.measured_time_in(Primitive::kCreatePhysical) + b.measured_time_in(Primitive::kMap) +
          b.measured_time_in(Primitive::kSetAccess) + b.measured_time_in(Primitive::kCopy);
     REQUIRE(saver.resume({"weights"}).ok());
-    CHECK(free_before + kb + ob == b.observe()->free_bytes);
+    if (exact) CHECK(free_before + kb + ob == b.observe()->free_bytes);
     REQUIRE(saver.resume({"kv_cache", "cuda_graph"}).ok());
     resume_measured +=
         b.measured_time_in(Primitive::kCreatePhysical) + b.measured_time_in(Primitive::kMap) +
         b.measured_time_in(Primitive::kSetAccess) + b.measured_time_in(Primitive::kCopy) - t0;
-    CHECK(b.observe()->free_bytes == free_before);
+    if (exact) CHECK(b.observe()->free_bytes == free_before);
     // The graph captured before any pause still runs on the same addresses.
     REQUIRE(b.launch(g, s).ok());
     CHECK(*b.count_mismatches(weights, wb, kWeights, s) == 0);  // restored byte for byte
