@@ -163,7 +163,7 @@ TEST_CASE("an unknown key far from every valid one lists the valid keys", "[conf
                "unknown key 'zzz' (valid keys: experiment, gpu, model, max_num_seqs, "
                "capture_sizes, gemm_workspace, max_model_len, kv_block_size, seed, dynamic, "
                "sweep, table, timeseries, strategies, graph_body, program, export_snapshots, "
-               "grid)");
+               "validation_rounds, grid)");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -471,7 +471,13 @@ TEST_CASE("an empty or non-map experiment file", "[config][errors]") {
   TempDir dir;
   SECTION("empty") {
     const std::string path = dir.write("empty.yaml", "");
-    CHECK(load_error(path) == path + ": expected a map of keys");
+    CHECK(load_error(path) ==
+          path + ": no YAML content (only comments or blank lines); expected a map of keys");
+  }
+  SECTION("only comments") {
+    const std::string path = dir.write("comments.yaml", "# a comment\n\n  # another\n");
+    CHECK(load_error(path) ==
+          path + ": no YAML content (only comments or blank lines); expected a map of keys");
   }
   SECTION("a list") {
     const std::string path = dir.write("list.yaml", "- a\n- b\n");

@@ -419,6 +419,15 @@ TEST_CASE("vmm_contiguous: page_size parameter") {
   REQUIRE(rig.kv->grow(1, kChat, 2049, 0).ok());
   rig.check();
   CHECK(rig.calls(P::kMap) == 2 * 72);
+  {
+    // A page of three granules (not a power of two) is reserved on granule boundaries.
+    Rig three("{impl: vmm_contiguous, page_size: 6MiB, physical: on_demand, reclaim: eager}",
+              qwen(10 * 3 * kGroup, 4));
+    CHECK(three.kv->stats().block_bytes == 3 * kGroup);
+    REQUIRE(three.kv->grow(1, kChat, 3073, 0).ok());
+    three.check();
+    CHECK(three.calls(P::kMap) == 2 * 72);
+  }
 
   SimClock clock;
   SimBackend b(kv_test_gpu(), clock);

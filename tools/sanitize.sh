@@ -56,6 +56,8 @@ no_gmn='strategies=[{impl: private_pools}, {impl: shared_pool, order: arrival}, 
 kv=(--config experiments/kv_strategies.yaml --backend cuda --no-plots --set requests.trace.limit=20)
 run shapes.memcheck 300 0 "$CS" --tool memcheck --leak-check full --error-exitcode 1 \
   "$bin/memsim" "${shapes[@]}" --set "$no_gmn" --out "$out/runs"
+run shapes.racecheck 300 0 "$CS" --tool racecheck --error-exitcode 1 "$bin/memsim" \
+  "${shapes[@]}" --set validation_rounds=3 --out "$out/runs"
 run shapes.synccheck 300 0 "$CS" --tool synccheck --error-exitcode 1 "$bin/memsim" \
   "${shapes[@]}" --out "$out/runs"
 run kv.memcheck 300 0 "$CS" --tool memcheck --leak-check full --error-exitcode 1 \

@@ -10,10 +10,11 @@ VaSpace::VaSpace(uint64_t base, uint64_t size) {
 }
 
 Result<uint64_t> VaSpace::alloc(uint64_t bytes, uint64_t align) {
-  if (bytes == 0 || align == 0 || (align & (align - 1)) != 0)
-    return make_error(
-        ErrorCode::kInvalidArgument,
-        "reserve of " + std::to_string(bytes) + " bytes with alignment " + std::to_string(align));
+  if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "reserve of 0 bytes");
+  if (align == 0 || (align & (align - 1)) != 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "reserve of " + std::to_string(bytes) + " bytes: alignment " +
+                          std::to_string(align) + " is not a power of two");
   for (auto it = holes_.begin(); it != holes_.end(); ++it) {
     const uint64_t start = it->first, size = it->second;
     const uint64_t aligned = (start + align - 1) & ~(align - 1);

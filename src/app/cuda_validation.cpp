@@ -149,7 +149,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   std::string calls_csv =
       "strategy,primitive,handles,bytes,nodes,mappings,measured_us\n";  // every priced real call
   bool all_ok = true;
-  const uint32_t rounds = 200;
+  const uint32_t rounds = c.validation_rounds;
   out << fmt::format("\nCUDA validation ({} variant, {} replay rounds per strategy):\n",
                      c.table.name(), rounds);
   // graph_body: executor: one model (weights, cuBLASLt plans) on a backend of its own, created

@@ -103,7 +103,7 @@ ShapesConfig load_shapes_config(const std::string& path,
   root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
                     "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
                     "timeseries", "strategies", "graph_body", "program", "export_snapshots",
-                    "grid"});
+                    "validation_rounds", "grid"});
   ShapesConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_choice({"shapes"});
@@ -209,6 +209,8 @@ ShapesConfig load_shapes_config(const std::string& path,
   }
   if (auto v = root.find("export_snapshots")) c.export_snapshots = v->as_bool();
   if (auto t = root.find("timeseries")) c.timeseries_all = t->as_choice({"table", "all"}) == "all";
+  if (auto v = root.find("validation_rounds"))
+    c.validation_rounds = static_cast<uint32_t>(v->as_uint_in(1, 100000));
   if (!c.snapshot_files.empty()) {
     for (const Variant& v : c.variants)
       if (v.graphs != GraphRunners::kFull)

@@ -59,9 +59,10 @@ struct ShapesConfig {
   bool export_snapshots = false;  // write OUT/shapes/snapshots/<strategy>.pickle (table slice)
   uint32_t executor_context = 0;  // contexts the executor's graphs serve (graph_context_for)
   DynamicArrival dynamic;
-  std::vector<Variant> variants;  // the sweep (cartesian product of the listed axes)
-  Variant table;                  // the slice printed as the default table
-  bool timeseries_all = false;    // timeseries.csv: every variant (all) or the table slice
+  std::vector<Variant> variants;     // the sweep (cartesian product of the listed axes)
+  Variant table;                     // the slice printed as the default table
+  uint32_t validation_rounds = 200;  // --backend cuda: replay rounds per strategy
+  bool timeseries_all = false;       // timeseries.csv: every variant (all) or the table slice
   std::vector<StrategySpec> strategies;
 };
 

@@ -77,6 +77,14 @@ void ConfigNode::fail(const std::string& message) const {
   throw ConfigError(fmt::format("{}: {}", where(), message));
 }
 
+void ConfigNode::require_map() const {
+  if (node_.IsMap()) return;
+  // A file of comments and blank lines parses to an empty document, which has no line.
+  if (path_.empty() && node_.IsNull())
+    fail("no YAML content (only comments or blank lines); expected a map of keys");
+  fail("expected a map of keys");
+}
+
 std::string ConfigNode::child_path(std::string_view key) const {
   return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
 }
@@ -86,7 +94,7 @@ void ConfigNode::expect_keys(std::initializer_list<std::string_view> allowed) co
 }
 
 void ConfigNode::expect_keys(const std::vector<std::string>& allowed) const {
-  if (!node_.IsMap()) fail("expected a map of keys");
+  require_map();
   std::vector<std::string> seen;
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     if (!it->first.IsScalar())
@@ -108,7 +116,7 @@ bool ConfigNode::has(std::string_view key) const {
 }
 
 std::optional<ConfigNode> ConfigNode::find(std::string_view key) const {
-  if (!node_.IsMap()) fail("expected a map of keys");
+  require_map();
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     if (it->first.Scalar() != key) continue;
     // The child's fallback line is its key's line (for empty values and --set nodes).
@@ -136,7 +144,7 @@ std::vector<ConfigNode> ConfigNode::items() const {
 }
 
 std::vector<std::string> ConfigNode::keys() const {
-  if (!node_.IsMap()) fail("expected a map of keys");
+  require_map();
   std::vector<std::string> out;
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     if (!it->first.IsScalar())

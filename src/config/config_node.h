@@ -70,6 +70,7 @@ class ConfigNode {
   const YAML::Node& raw() const { return node_; }
 
  private:
+  void require_map() const;  // fails unless this node is a map
   ConfigNode(YAML::Node node, std::shared_ptr<const std::string> file, std::string path,
              int parent_line, std::shared_ptr<std::vector<std::string>> overrides)
       : node_(std::move(node)),

@@ -86,8 +86,11 @@ Status VmmContiguous::init(Backend& backend, const KvInit& init) {
 
   std::vector<DevPtr> bases;
   bases.reserve(2ull * init.layers);
+  // Aligned to the largest power of two dividing the page (the page itself for the usual 2 MiB
+  // or 64-256 KiB pages): every page then starts on a granularity boundary, as cuMemMap needs.
+  const uint64_t align = page & (~page + 1);
   for (uint32_t b = 0; b < 2 * init.layers; ++b) {
-    auto va = backend.reserve_virtual(uint64_t{init.max_num_seqs} * stride, page);
+    auto va = backend.reserve_virtual(uint64_t{init.max_num_seqs} * stride, align);
     if (!va.ok()) {
       for (DevPtr p : bases) (void)backend.free_virtual(p);
       return va.error();
