@@ -521,6 +521,18 @@ TEST_CASE("a referenced model file that does not exist", "[config][errors]") {
     expect_error(dir, "g.yaml", t, line_of(t, "gpu:"), "gpu",
                  fmt::format("cannot find gpus config 'h201' (looked in {})", looked));
   }
+  SECTION("a name longer than the OS allows (found by fuzz_config)") {
+    ScopedEnv env("MEMSIM_ROOT", source_root());
+    const std::string name(300, 'x');
+    const std::string t =
+        replace_once(shapes_yaml(), "\nmodel: " + model_file(), "\nmodel: " + name);
+    const std::string looked = (fs::path(source_root()) / "configs" / "models" / (name + ".yaml"))
+                                   .lexically_normal()
+                                   .string();
+    expect_error(dir, "long.yaml", t, line_of(t, "model:"), "model",
+                 fmt::format("cannot find models config '{}' (looked in {}): File name too long",
+                             name, looked));
+  }
 }
 
 TEST_CASE("a model file's own errors name the model file", "[config][errors]") {

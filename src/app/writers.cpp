@@ -223,7 +223,7 @@ std::string run_plot_script(const std::string& config_source, const std::string&
     candidates.push_back(fs::path(root) / "tools" / script_name);
   fs::path script;
   for (const auto& p : candidates)
-    if (fs::is_regular_file(p)) {
+    if (std::error_code ec; fs::is_regular_file(p, ec)) {
       script = p;
       break;
     }

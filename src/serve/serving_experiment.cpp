@@ -133,7 +133,8 @@ ServingConfig load_serving_config(const std::string& path,
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
   // The measured step-time profile of (gpu, model), when one was calibrated.
   auto load_profile = [&](const std::string& path, const char* mode) -> std::optional<StepProfile> {
-    if (!std::filesystem::exists(path)) return std::nullopt;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return std::nullopt;
     const ConfigNode pnode = ConfigNode::load_file(path);
     StepProfile prof = load_step_profile(pnode);
     if (prof.model != c.model.name)
