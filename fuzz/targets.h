@@ -1,4 +1,4 @@
-// The fuzz targets' bodies, shared by the libFuzzer entry points (fuzz_*.cpp) and the regression
+// The fuzz targets' bodies, shared by the libFuzzer entry points (fuzz_main.cpp) and the regression
 // test that replays the kept crashers in every build (tests/test_fuzz_regressions.cpp). Each
 // returns an empty string when the input was handled as the contract says, else what went wrong;
 // an exception other than the documented one escapes (a finding too).

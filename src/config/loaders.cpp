@@ -153,17 +153,23 @@ std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
     candidates.push_back(base / ref);
     candidates.push_back(fs::path(ref));
   }
-  std::error_code why;  // a path the OS refuses (too long, no permission) is not found either
-  for (const fs::path& p : candidates) {
-    std::error_code ec;
-    if (fs::is_regular_file(p, ec)) return p.lexically_normal().string();
-    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory &&
-        !why)
-      why = ec;
-  }
+  std::string why;
+  if (auto found = first_regular_file(candidates, &why)) return found->lexically_normal().string();
   at.fail(fmt::format("cannot find {} config '{}' (looked in {}){}", kind, ref,
                       candidates.front().lexically_normal().string(),
-                      why ? ": " + why.message() : std::string()));
+                      why.empty() ? std::string() : ": " + why));
+}
+
+std::optional<fs::path> first_regular_file(const std::vector<fs::path>& candidates,
+                                           std::string* os_reason) {
+  for (const fs::path& p : candidates) {
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return p;
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory &&
+        os_reason->empty())
+      *os_reason = ec.message();
+  }
+  return std::nullopt;
 }
 
 }  // namespace memsim

@@ -1,7 +1,10 @@
 // Loaders from YAML into the engine's typed structs: GPU specs and model shapes.
 #pragma once
 
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/sim/cost_model.h"
 #include "sim/workload/model_shape.h"
@@ -28,6 +31,12 @@ GpuSpec load_gpu_spec(const ConfigNode& node);
 // files such as `memsim calibrate`, which measures no compute figures and carries them over).
 std::string format_compute_yaml(const ComputeSpec& c);
 ModelShape load_model_shape(const ConfigNode& node);
+
+// The first of `candidates` that is a regular file, or nullopt. Never throws: a path the OS
+// refuses (a name too long, no permission) counts as not found, and the first such refusal's
+// reason (not "does not exist") goes to `os_reason`, for the caller's error message.
+std::optional<std::filesystem::path> first_regular_file(
+    const std::vector<std::filesystem::path>& candidates, std::string* os_reason);
 
 // Resolves a config reference: a path relative to `base_file`'s folder, to the current folder,
 // or a bare name looked up as configs/<kind>/<name>.yaml under the source tree (MEMSIM_ROOT env

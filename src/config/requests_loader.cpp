@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "src/config/loaders.h"
+
 namespace memsim {
 namespace fs = std::filesystem;
 
@@ -200,19 +202,15 @@ std::string resolve_data_path(const ConfigNode& at, const std::string& ref) {
     if (const char* root = std::getenv("MEMSIM_ROOT")) candidates.push_back(fs::path(root) / given);
     candidates.push_back(base / ".." / given);
   }
+  std::string why;
+  if (auto found = first_regular_file(candidates, &why)) return found->lexically_normal().string();
   std::vector<std::string> looked;
-  std::error_code why;  // a path the OS refuses (too long, no permission) is not found either
   for (const fs::path& p : candidates) {
     const std::string name = p.lexically_normal().string();
-    std::error_code ec;
-    if (fs::is_regular_file(p, ec)) return name;
-    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory &&
-        !why)
-      why = ec;
     if (std::find(looked.begin(), looked.end(), name) == looked.end()) looked.push_back(name);
   }
   at.fail(fmt::format("cannot find file '{}' (looked in {}){}", ref, fmt::join(looked, ", "),
-                      why ? ": " + why.message() : std::string()));
+                      why.empty() ? std::string() : ": " + why));
 }
 
 }  // namespace memsim

@@ -6,6 +6,9 @@
 //   nvcc -O2 -arch=sm_90 -o repro tools/repro/graph_mem_nodes_memcheck.cu
 //   ./repro minimal [FIRST SECOND] [--no-prior] [--free-second]   (see minimal() below)
 //   ./repro hold|release [GRAPHS]     memsim's recorded program (below)
+//   ./repro file PATH hold|release    another program, one op per line: B (begin capture),
+//                                     A ID BYTES (alloc + fill), F ID (free), L (end + launch);
+//                                     a delta-debugging loop over this mode found the minimal one
 //   compute-sanitizer --tool memcheck ./repro minimal 3072 2048
 // The recorded program is what memsim's capture runner does for graph_mem_nodes (tiny Llama
 // shape, batch 1, piecewise graphs): hold keeps every graph's outputs live to the end
