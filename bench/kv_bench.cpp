@@ -27,6 +27,9 @@ std::string root() {
 int main(int argc, char** argv) {
   using namespace memsim;
   const uint64_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 100000;
+  std::vector<double> rates;  // optional: memsim-kv-bench COUNT RATE... runs only those loads
+  for (int i = 2; i < argc; ++i) rates.push_back(std::strtod(argv[i], nullptr));
+  if (rates.empty()) rates = {2.0, 5.0, 10.0, 20.0};
   const ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/llama-3.1-8b.yaml"));
   const GpuSpec gpu = load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/h200.yaml"));
@@ -49,7 +52,7 @@ int main(int argc, char** argv) {
   fmt::print("{:>8} {:>10} {:>10} {:>9} {:>9} {:>10} {:>12}\n", "req/s", "sim s", "wall s", "ratio",
              "steps", "mean seqs", "tok/s");
   const KvStrategyInfo* paged = find_kv_strategy("paged_block_pool");
-  for (double rate : {2.0, 5.0, 10.0, 20.0}) {
+  for (double rate : rates) {
     SyntheticRequestsConfig s;
     s.count = count;
     s.seed = 1;

@@ -113,6 +113,13 @@ inline KvLayout block_major_layout(DevPtr pool, const KvInit& init, uint32_t blo
 //   [0, content.size()); tokens grown for a step or a swap-in that never ran are past it). With
 //   prefix caching, its full blocks of those tokens stay cached (evictable) under `content`'s
 //   tokens; blocks past it hold no KV and must not be cached by the release.
+// - Private content (TokenContent::private_from): a strategy may defer work for the tokens past
+//   the hint (paged_block_pool defers hashing the blocks that reach past it: no lookup can hit
+//   them), but the hint never changes a result: lookups, tables and stats are exactly what they
+//   would be without it. publish(seq, content) says the hint is gone for good (`content`, with
+//   kShared, covers the sequence's tokens; its owner will look it up again): the strategy does
+//   the deferred work now. The engine publishes every sequence of a group it preempts, before
+//   releasing it; a release with the hint still set ends the private content's life.
 // - layout() describes the pool from init to shutdown (fixed addresses); seq_table(seq) gives a
 //   live sequence's table (block ids covering seq_capacity, or {slot}). Two live sequences
 //   reach the same row only for positions where they share KV (a cached prefix, blocks shared
@@ -140,6 +147,8 @@ class KvCacheManager {
                       uint32_t prefix_tokens) = 0;
   virtual Status fork(SeqId parent, SeqId child) = 0;
   virtual void release(SeqId seq, const TokenContent& content) = 0;
+  // The sequence's content is no longer private (see the contract); default: nothing deferred.
+  virtual void publish(SeqId /*seq*/, const TokenContent& /*content*/) {}
 
   // Tokens the sequence holds (0 if not live) and device bytes of the blocks it references.
   virtual uint32_t seq_tokens(SeqId seq) const = 0;

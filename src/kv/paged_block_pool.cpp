@@ -102,7 +102,7 @@ void PagedBlockPool::queue_push_back(uint32_t b) {
   tail_ = b;
   blk.in_queue = true;
   ++queued_;
-  if (blk.hash) ++cached_;
+  if (holds_cache(blk)) ++cached_;
 }
 
 void PagedBlockPool::queue_remove(uint32_t b) {
@@ -118,7 +118,7 @@ void PagedBlockPool::queue_remove(uint32_t b) {
   blk.prev = blk.next = kNone;
   blk.in_queue = false;
   --queued_;
-  if (blk.hash) --cached_;
+  if (holds_cache(blk)) --cached_;
 }
 
 uint32_t PagedBlockPool::queue_pop_front() {
@@ -130,9 +130,10 @@ uint32_t PagedBlockPool::queue_pop_front() {
 uint32_t PagedBlockPool::allocate_unit() {
   const uint32_t u = queue_pop_front();
   Block& blk = blocks_[u];
-  if (blk.hash) {  // evict the LRU cached block (vLLM _maybe_evict_cached_block)
-    cache_.erase(blk.hash, u);
+  if (holds_cache(blk)) {  // evict the LRU cached block (vLLM _maybe_evict_cached_block)
+    if (blk.hash) cache_.erase(blk.hash, u);
     blk.hash = 0;
+    blk.pending = false;
     ++evicted_;
   }
   blk.ref = 1;
@@ -156,7 +157,7 @@ void PagedBlockPool::drop_ref(uint32_t b) {
   if (--blk.ref > 0) return;
   --used_;
   stored_ -= blk.filled;
-  if (!blk.hash) blk.filled = 0;  // a cached block keeps its (full) contents for reuse
+  if (!holds_cache(blk)) blk.filled = 0;  // a cached block keeps its (full) contents for reuse
   queue_push_back(b);
 }
 
@@ -175,15 +176,32 @@ Status PagedBlockPool::copy_unit(uint32_t dst, uint32_t src) {
 void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content) {
   if (!config_.prefix_caching) return;
   const uint32_t full = s.tokens / block_size();
-  while (s.hashed < full) {
+  // Blocks ending at or before the private part are hashed now (a shared content's all are,
+  // pending ones included); the rest wait, pending, until the content is published. Only with
+  // copy-on-write: a copying fork puts private content into the child's own blocks, and a
+  // published child could then look up the parent's blocks after the parent's release.
+  const bool defer = config_.copy_on_write && content.private_from() != TokenContent::kShared;
+  const uint32_t shared = defer ? std::min(full, content.private_from() / block_size()) : full;
+  while (s.hashed < shared) {
     const uint32_t b = s.hashed;
     const uint64_t h = content.chained_hash(s.hashed ? s.last_hash : kRootHash, b * block_size(),
                                             (b + 1) * block_size());
     Block& blk = blocks_[s.blocks[b]];
-    // A block whose content is already cached elsewhere stays a private duplicate.
-    if (!blk.hash && cache_.insert(h, s.blocks[b])) blk.hash = h;
+    if (b >= s.marked) {
+      // A block whose content is already cached elsewhere stays a private duplicate.
+      if (!blk.hash && cache_.insert(h, s.blocks[b])) blk.hash = h;
+    } else if (blk.pending) {
+      // Deferred when it filled; its insert cannot fail, as no other block can hold private
+      // content. (A block below `marked` that is neither was a duplicate then: a fork's copy.)
+      if (cache_.insert(h, s.blocks[b])) blk.hash = h;
+      blk.pending = false;
+    }
     s.last_hash = h;
     ++s.hashed;
+  }
+  for (s.marked = std::max(s.marked, s.hashed); s.marked < full; ++s.marked) {
+    Block& blk = blocks_[s.blocks[s.marked]];
+    if (!blk.hash) blk.pending = true;
   }
 }
 
@@ -234,7 +252,7 @@ Status PagedBlockPool::grow(SeqId seq, const TokenContent& content, uint32_t num
     Seq s;
     for (uint32_t u : hits) add_ref(u);  // touch before allocating so hits are never evicted
     s.blocks = std::move(hits);
-    s.hashed = static_cast<uint32_t>(s.blocks.size());
+    s.hashed = s.marked = static_cast<uint32_t>(s.blocks.size());
     s.last_hash = h;
     for (uint64_t i = 0; i < need; ++i) s.blocks.push_back(allocate_unit());
     for (size_t b = s.hashed; b < s.blocks.size(); ++b)
@@ -309,6 +327,14 @@ void PagedBlockPool::release(SeqId seq, const TokenContent& content) {
   const auto& blocks = it->second.blocks;
   for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) drop_ref(*b);
   seqs_.erase(it);
+}
+
+void PagedBlockPool::publish(SeqId seq, const TokenContent& content) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second.hashed == it->second.marked) return;
+  TokenContent shared = content;  // covers the sequence's tokens (the contract)
+  shared.set_private_from(TokenContent::kShared);
+  cache_full_blocks(it->second, shared);
 }
 
 uint32_t PagedBlockPool::seq_tokens(SeqId seq) const {
@@ -396,9 +422,11 @@ bool PagedBlockPool::check_invariants(std::string* why) const {
     if (b.ref) {
       ++used;
       stored += b.filled;
-    } else if (b.hash) {
+    } else if (holds_cache(b)) {
       ++cached;
     }
+    if (b.pending && (b.hash || b.filled != block_size()))
+      return fail(fmt::format("pending block {} is registered or not full", u));
     if (b.hash) {
       if (cache_.find(b.hash) != u)
         return fail(fmt::format("block {} hash not registered to it", u));

@@ -1,6 +1,8 @@
 // paged_block_pool: vLLM-style paged KV cache — fixed-size blocks, per-sequence block tables,
 // lazy allocation, an LRU free-block queue, prefix caching by chained block hashes, reference
-// counts and copy-on-write of a shared partial block.
+// counts and copy-on-write of a shared partial block. With copy-on-write, blocks of private
+// content (no lookup can reach them) are cached without being hashed; their hashes are
+// computed if the content is published.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +42,7 @@ class PagedBlockPool final : public KvCacheManager {
               uint32_t prefix_tokens) override;
   Status fork(SeqId parent, SeqId child) override;
   void release(SeqId seq, const TokenContent& content) override;
+  void publish(SeqId seq, const TokenContent& content) override;
   uint32_t seq_tokens(SeqId seq) const override;
   uint64_t seq_bytes(SeqId seq) const override;
   uint32_t seq_capacity(SeqId seq) const override;
@@ -57,8 +60,12 @@ class PagedBlockPool final : public KvCacheManager {
   static constexpr uint32_t kNone = UINT32_MAX;
   struct Block {
     uint32_t ref = 0;
-    uint32_t filled = 0;    // tokens written
-    uint64_t hash = 0;      // chained hash while registered in the prefix cache (0 = none)
+    uint32_t filled = 0;  // tokens written
+    uint64_t hash = 0;    // chained hash while registered in the prefix cache (0 = none)
+    // Full block of private content whose hash is deferred: exactly what a registered block
+    // would be (cached when free, evicted when reused) except that it is not in the index,
+    // which no lookup could reach. Hashed and registered if its sequence is published.
+    bool pending = false;
     uint32_t prev = kNone;  // free-queue links (valid while ref == 0)
     uint32_t next = kNone;
     bool in_queue = false;
@@ -67,6 +74,7 @@ class PagedBlockPool final : public KvCacheManager {
     std::vector<uint32_t> blocks;  // logical -> unit id
     uint32_t tokens = 0;
     uint32_t hashed = 0;     // leading full blocks already hashed (registered or duplicate)
+    uint32_t marked = 0;     // leading full blocks hashed or pending (>= hashed)
     uint64_t last_hash = 0;  // chained hash of block hashed-1
   };
 
@@ -74,11 +82,14 @@ class PagedBlockPool final : public KvCacheManager {
   void queue_push_back(uint32_t b);
   void queue_remove(uint32_t b);
   uint32_t queue_pop_front();
-  uint32_t allocate_unit();   // pops the LRU head, evicting its cached hash
+  uint32_t allocate_unit();   // pops the LRU head, evicting its cached (or pending) hash
   void add_ref(uint32_t b);   // touch: leaves the free queue on 0 -> 1
   void drop_ref(uint32_t b);  // back to the queue tail on 1 -> 0
   void set_filled(uint32_t b, uint32_t filled);
+  // Registers the sequence's full blocks under their chained hashes; blocks reaching past
+  // content.private_from() become pending instead.
   void cache_full_blocks(Seq& s, const TokenContent& content);
+  static bool holds_cache(const Block& b) { return b.hash || b.pending; }
   Status copy_unit(uint32_t dst, uint32_t src);
   uint32_t units_for(uint32_t tokens) const { return (tokens + block_size() - 1) / block_size(); }
   uint32_t block_size() const { return config_.block_size; }
@@ -92,7 +103,7 @@ class PagedBlockPool final : public KvCacheManager {
   std::vector<Block> blocks_;
   uint32_t head_ = kNone, tail_ = kNone;
   uint64_t queued_ = 0;      // units in the free queue (free + cached)
-  uint64_t cached_ = 0;      // of those, units with a registered hash
+  uint64_t cached_ = 0;      // of those, units with a registered (or pending) hash
   uint64_t used_ = 0;        // units with ref > 0 (including the null block)
   uint64_t stored_ = 0;      // sum of filled over used units
   uint64_t cow_copies_ = 0;  // in units

@@ -49,6 +49,7 @@ TokenContent TokenContent::slice(uint32_t begin, uint32_t end) const {
   assert(begin >= begin_ && begin <= end && end <= size());
   TokenContent out;
   out.begin_ = begin;
+  out.private_from_ = private_from_;
   if (begin == end) return out;
   for (size_t i = run_at(begin); i < runs_.size(); ++i) {
     out.runs_.push_back({runs_[i].stream, std::min(runs_[i].end, end)});

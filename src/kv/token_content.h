@@ -21,7 +21,10 @@ class TokenContent {
   struct Run {
     uint64_t stream;
     uint32_t end;  // the run covers [previous run's end (or begin()), end)
+    friend bool operator==(const Run&, const Run&) = default;
   };
+
+  static constexpr uint32_t kShared = UINT32_MAX;  // private_from() of a fully shared content
 
   TokenContent() = default;
   TokenContent(uint64_t stream, uint32_t count) { append(stream, count); }
@@ -38,19 +41,30 @@ class TokenContent {
   // Drops positions >= end (a preempted sequence forgets nothing it will regenerate the same).
   void truncate(uint32_t end);
 
+  // A hint for prefix caches, not part of the tokens (equality ignores it; slice and truncate
+  // keep it): positions >= private_from() come from streams that no other sequence's lookup
+  // will ever be matched against, unless the owner marks the content shared again (a preempted
+  // request is looked up once more when it is readmitted). A paged pool defers hashing blocks
+  // that reach past it (KvCacheManager::publish). kShared: no private part (the default).
+  uint32_t private_from() const { return private_from_; }
+  void set_private_from(uint32_t pos) { private_from_ = pos; }
+
   // Hash of tokens [begin, end) chained on `parent` (vLLM's hash_block_tokens(parent, tokens)).
   uint64_t chained_hash(uint64_t parent, uint32_t begin, uint32_t end) const;
   // Number of positions p in [begin, end) from `begin` on where both contents hold the same
   // token, stopping at the first difference. Both must cover [begin, end). O(runs).
   uint32_t match_length(const TokenContent& other, uint32_t begin, uint32_t end) const;
 
-  friend bool operator==(const TokenContent&, const TokenContent&) = default;
+  friend bool operator==(const TokenContent& a, const TokenContent& b) {
+    return a.begin_ == b.begin_ && a.runs_ == b.runs_;
+  }
 
  private:
   size_t run_at(uint32_t pos) const;  // index of the run holding pos
   uint32_t run_begin(size_t i) const { return i == 0 ? begin_ : runs_[i - 1].end; }
 
   uint32_t begin_ = 0;
+  uint32_t private_from_ = kShared;
   std::vector<Run> runs_;
 };
 

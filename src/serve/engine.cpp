@@ -124,6 +124,10 @@ void Engine::build_groups() {
     if (q.prefix_group >= 0) s.content.append(prefix_stream(q.prefix_group), q.prefix_tokens);
     s.content.append(prompt_stream(q.id), q.prompt_tokens - s.content.size());
     s.content.append(output_stream(q.id, 0), G.spec.output_tokens);
+    // Only requests of its prefix group share tokens with it, and only the prefix; forks and
+    // beams inherit the hint through slice().
+    if (c_.defer_private_hashes)
+      s.content.set_private_from(q.prefix_group >= 0 ? q.prefix_tokens : 0);
     G.seqs.push_back(std::move(s));
   }
 }
@@ -321,32 +325,51 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
   if (st.running.empty() || !st.swapped.empty() || st.running_seqs > o.max_num_batched_tokens ||
       (!st.waiting.empty() && st.running_seqs < o.max_num_seqs))
     return 0;
-  uint64_t kmax = UINT64_MAX;
-  for (uint32_t g : st.running) {
-    const Group& G = groups_[g];
+  uint64_t kmax = UINT64_MAX, kv_read = 0;
+  // Newest first: a group still in prefill is usually the last one admitted, so a step that
+  // cannot take the fast path is found at once (this check runs before every step).
+  for (auto it = st.running.rbegin(); it != st.running.rend(); ++it) {
+    const Group& G = groups_[*it];
     if (G.outputs == 0 || G.computed + 1 != G.num_tokens() || G.spec.beam_width > 1 ||
         (G.width > 1 && G.live() < G.width))
       return 0;
+    for (const Sequence& s : G.seqs)
+      if (s.fork_from >= 0) return 0;
     kmax = std::min<uint64_t>(kmax, G.spec.output_tokens - G.outputs);
+    kv_read += uint64_t{G.computed + 1} * G.live();
   }
   if (kmax < 2) return 0;
+  const uint64_t seqs = st.running_seqs;
+  auto step_shape = [&](uint64_t k) {
+    StepShape shape;
+    shape.num_seqs = static_cast<uint32_t>(seqs);
+    shape.new_tokens = seqs;
+    shape.kv_read_tokens = kv_read + k * seqs;
+    shape.attn_pairs = double(shape.kv_read_tokens);
+    shape.decode_seqs = shape.num_seqs;
+    shape.decode_kv_tokens = shape.kv_read_tokens;
+    return shape;
+  };
+  // Steps needed to pass stop_at if none were longer than the first (steps grow with the KV
+  // they read): only sequences crossing their capacity within them are queued. Should a later
+  // step be shorter after all, the run ends at the cap and the next call goes on (a run may
+  // end after any step: it equals its steps taken one by one).
+  uint64_t kcap = kmax;
+  if (const SimTime first = model_.step_time(step_shape(0)); first > 0 && stop_at > clock_.now())
+    kcap = std::min<uint64_t>(kmax, (stop_at - clock_.now() + first - 1) / first);
   // (step, position in running, sequence): the next grow each sequence needs.
   using Crossing = std::tuple<uint64_t, uint32_t, uint32_t>;
   std::priority_queue<Crossing, std::vector<Crossing>, std::greater<>> due;
-  uint64_t kv_read = 0;
   for (uint32_t i = 0; i < st.running.size(); ++i) {
     const Group& G = groups_[st.running[i]];
     for (uint32_t q = 0; q < G.live(); ++q) {
       const Sequence& s = G.seqs[q];
-      if (s.fork_from >= 0) return 0;
-      if (s.capacity - G.computed < kmax) due.emplace(s.capacity - G.computed, i, q);
+      if (s.capacity - G.computed < kcap) due.emplace(s.capacity - G.computed, i, q);
     }
-    kv_read += uint64_t{G.computed + 1} * G.live();
   }
-  const uint64_t seqs = st.running_seqs;
   uint64_t k = 0;
   bool blocked = false;
-  for (; k < kmax && !blocked; ++k) {
+  for (; k < kcap && !blocked; ++k) {
     while (!due.empty() && std::get<0>(due.top()) == k) {
       const auto [j, i, q] = due.top();
       Group& G = groups_[st.running[i]];
@@ -364,17 +387,10 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
       due.pop();
       s.kv_tokens = s.synced = target;
       s.capacity = kv_->seq_capacity(s.id);
-      if (s.capacity - G.computed < kmax) due.emplace(s.capacity - G.computed, i, q);
+      if (s.capacity - G.computed < kcap) due.emplace(s.capacity - G.computed, i, q);
     }
     if (blocked) break;
-    StepShape shape;
-    shape.num_seqs = static_cast<uint32_t>(seqs);
-    shape.new_tokens = seqs;
-    shape.kv_read_tokens = kv_read + k * seqs;
-    shape.attn_pairs = double(shape.kv_read_tokens);
-    shape.decode_seqs = shape.num_seqs;
-    shape.decode_kv_tokens = shape.kv_read_tokens;
-    const SimTime step = model_.step_time(shape);
+    const SimTime step = model_.step_time(step_shape(k));
     clock_.advance(step);
     running_integral_ += double(seqs) * double(step);
     if (clock_.now() >= stop_at) {

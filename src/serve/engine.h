@@ -42,6 +42,11 @@ struct EngineConfig {
   // step-by-step reference path, which tests compare against. An executor needs every step, so
   // it turns this off.
   bool fast_decode = true;
+  // Mark each sequence's own tokens (its prompt past any shared prefix, and its outputs) as
+  // private content, so the paged pool defers hashing their blocks until a preemption
+  // publishes them (same results, far fewer hash-table operations); off = every full block is
+  // hashed as it fills, the reference path tests compare against.
+  bool defer_private_hashes = true;
   // The backend the KV strategy allocates through (null: a SimBackend of `gpu`); it runs on the
   // engine's clock. The CUDA serving path passes a CudaBackend.
   std::function<Result<std::unique_ptr<Backend>>(const GpuSpec&, SimClock&)> backend;

@@ -124,6 +124,12 @@ void ServeState::preempt(uint32_t g) {
   running_seqs -= G.live();
   ++G.preemptions;
   ++counters_.preemptions;
+  // Its KV will be looked up (recompute) or recomputed beside cached copies (swap-in): its
+  // content is no longer private.
+  for (Sequence& s : G.seqs) {
+    s.content.set_private_from(TokenContent::kShared);
+    if (s.fork_from < 0) kv_.publish(s.id, s.content);
+  }
   // vLLM V0 swaps a multi-sequence group whatever the mode: recomputing would lose its samples.
   if (options_.preemption == Preemption::kSwap || G.live() > 1) {
     uint64_t bytes = 0;
