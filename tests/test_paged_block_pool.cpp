@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "src/kv/paged_block_pool.h"
+#include "src/kv/slot_map.h"
 #include "tests/kv_test_util.h"
 
 namespace memsim::test {
@@ -223,6 +224,29 @@ TEST_CASE("growth is all-or-nothing; per-layer blocks count every layer") {
   REQUIRE(layered.kv->grow(1, a, 17, 0).ok());
   CHECK(layered.kv->stats().used_blocks == 4);
   CHECK(layered.kv->stats().block_bytes == 16 * 512);
+}
+
+TEST_CASE("SlotMap: any ids, growth past the first table, erase and slot reuse") {
+  SlotMap<std::vector<uint32_t>> m;
+  CHECK(m.find(7) == nullptr);
+  for (uint32_t i = 0; i < 1000; ++i) m.insert(i * 2654435761u, {i});  // spread over uint32
+  CHECK(m.size() == 1000);
+  for (uint32_t i = 0; i < 1000; i += 2) m.erase(i * 2654435761u);
+  m.erase(12345);  // absent: nothing happens
+  CHECK(m.size() == 500);
+  for (uint32_t i = 0; i < 1000; ++i) {
+    const std::vector<uint32_t>* v = m.find(i * 2654435761u);
+    REQUIRE((v != nullptr) == (i % 2 == 1));
+    if (v) CHECK(*v == std::vector<uint32_t>{i});
+  }
+  m.insert(UINT32_MAX, {1, 2});  // reuses a freed slot
+  CHECK(*m.find(UINT32_MAX) == std::vector<uint32_t>{1, 2});
+  uint64_t seen = 0;
+  CHECK(m.all([&](uint32_t, const std::vector<uint32_t>&) { return ++seen < 10; }) == false);
+  CHECK(seen == 10);
+  m.clear();
+  CHECK(m.size() == 0);
+  CHECK(m.find(UINT32_MAX) == nullptr);
 }
 
 TEST_CASE("config: block sizes are vLLM's") {

@@ -1,6 +1,6 @@
 // HashIndex: an open-addressing (linear probing, backward-shift deletion) map from a 64-bit
-// content hash to a 32-bit block id, sized once for a fixed pool: the prefix cache's lookup
-// structure, O(1) without a heap allocation per entry.
+// content hash to a 32-bit block id, sized once for a fixed pool (rehash() grows it): the prefix
+// cache's lookup structure and SlotMap's index, O(1) without a heap allocation per entry.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,15 @@ class HashIndex {
     size_ = 0;
   }
   uint64_t size() const { return size_; }
+  uint64_t capacity() const { return slots_.size() / 2; }  // entries within the load factor
+
+  // Room for `capacity` entries, keeping the present ones.
+  void rehash(uint64_t capacity) {
+    std::vector<Slot> old = std::move(slots_);
+    reset(capacity);
+    for (const Slot& s : old)
+      if (s.value != kNone) insert(s.key, s.value);
+  }
 
   uint32_t find(uint64_t key) const {
     for (uint64_t i = home(key);; i = (i + 1) & mask_) {

@@ -66,6 +66,7 @@ Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
   MEMSIM_ASSIGN_OR_RETURN(pool_, backend.device_malloc(units * unit_bytes_, "kv_cache"));
   backend_ = &backend;
   blocks_.assign(units, Block{});
+  hashes_.assign(units, 0);
   cache_.reset(units);
   head_ = tail_ = kNone;
   queued_ = cached_ = used_ = stored_ = cow_copies_ = evicted_ = 0;
@@ -86,6 +87,7 @@ Status PagedBlockPool::shutdown() {
   backend_ = nullptr;
   pool_ = 0;
   blocks_.clear();
+  hashes_.clear();
   head_ = tail_ = kNone;
   queued_ = cached_ = used_ = stored_ = 0;
   return s;
@@ -131,9 +133,8 @@ uint32_t PagedBlockPool::allocate_unit() {
   const uint32_t u = queue_pop_front();
   Block& blk = blocks_[u];
   if (holds_cache(blk)) {  // evict the LRU cached block (vLLM _maybe_evict_cached_block)
-    if (blk.hash) cache_.erase(blk.hash, u);
-    blk.hash = 0;
-    blk.pending = false;
+    if (blk.cached == Cached::kRegistered) cache_.erase(hashes_[u], u);
+    blk.cached = Cached::kNo;
     ++evicted_;
   }
   blk.ref = 1;
@@ -164,7 +165,7 @@ void PagedBlockPool::drop_ref(uint32_t b) {
 void PagedBlockPool::set_filled(uint32_t b, uint32_t filled) {
   Block& blk = blocks_[b];
   if (blk.ref > 0) stored_ = stored_ - blk.filled + filled;
-  blk.filled = filled;
+  blk.filled = static_cast<uint16_t>(filled);
 }
 
 Status PagedBlockPool::copy_unit(uint32_t dst, uint32_t src) {
@@ -186,22 +187,23 @@ void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content) {
     const uint32_t b = s.hashed;
     const uint64_t h = content.chained_hash(s.hashed ? s.last_hash : kRootHash, b * block_size(),
                                             (b + 1) * block_size());
-    Block& blk = blocks_[s.blocks[b]];
-    if (b >= s.marked) {
-      // A block whose content is already cached elsewhere stays a private duplicate.
-      if (!blk.hash && cache_.insert(h, s.blocks[b])) blk.hash = h;
-    } else if (blk.pending) {
-      // Deferred when it filled; its insert cannot fail, as no other block can hold private
-      // content. (A block below `marked` that is neither was a duplicate then: a fork's copy.)
-      if (cache_.insert(h, s.blocks[b])) blk.hash = h;
-      blk.pending = false;
+    const uint32_t u = s.blocks[b];
+    Block& blk = blocks_[u];
+    // A block whose content is already cached elsewhere stays a private duplicate. A pending
+    // one was deferred when it filled; its insert cannot fail, as no other block can hold
+    // private content. (A block below `marked` that is neither was a duplicate then: a fork's
+    // copy.)
+    const bool undecided = b >= s.marked && blk.cached == Cached::kNo;
+    if (undecided || blk.cached == Cached::kPending) {
+      blk.cached = cache_.insert(h, u) ? Cached::kRegistered : Cached::kNo;
+      if (blk.cached == Cached::kRegistered) hashes_[u] = h;
     }
     s.last_hash = h;
     ++s.hashed;
   }
   for (s.marked = std::max(s.marked, s.hashed); s.marked < full; ++s.marked) {
     Block& blk = blocks_[s.blocks[s.marked]];
-    if (!blk.hash) blk.pending = true;
+    if (blk.cached == Cached::kNo) blk.cached = Cached::kPending;
   }
 }
 
@@ -225,8 +227,8 @@ Status PagedBlockPool::grow(SeqId seq, const TokenContent& content, uint32_t num
         ErrorCode::kInvalidArgument,
         fmt::format("paged_block_pool: grow to {} tokens (content {}, max_model_len {})",
                     num_tokens, content.size(), init_.max_model_len));
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) {
+  Seq* live = seqs_.find(seq);
+  if (!live) {
     if (prefix_tokens % block_size() || prefix_tokens > num_tokens ||
         (prefix_tokens && !config_.prefix_caching))
       return make_error(ErrorCode::kInvalidArgument,
@@ -259,10 +261,10 @@ Status PagedBlockPool::grow(SeqId seq, const TokenContent& content, uint32_t num
       set_filled(s.blocks[b], std::min<uint32_t>(block_size(), num_tokens - b * block_size()));
     s.tokens = num_tokens;
     cache_full_blocks(s, content);
-    seqs_.emplace(seq, std::move(s));
+    seqs_.insert(seq, std::move(s));
     return {};
   }
-  Seq& s = it->second;
+  Seq& s = *live;
   if (prefix_tokens)
     return make_error(ErrorCode::kInvalidArgument, "paged_block_pool: prefix for a live sequence");
   if (num_tokens < s.tokens)
@@ -297,11 +299,11 @@ Status PagedBlockPool::grow(SeqId seq, const TokenContent& content, uint32_t num
 }
 
 Status PagedBlockPool::fork(SeqId parent, SeqId child) {
-  auto p = seqs_.find(parent);
-  if (p == seqs_.end() || seqs_.count(child))
+  const Seq* p = seqs_.find(parent);
+  if (!p || seqs_.contains(child))
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("paged_block_pool: fork {} -> {}", parent, child));
-  Seq c = p->second;
+  Seq c = *p;
   if (config_.copy_on_write) {
     for (uint32_t u : c.blocks) add_ref(u);
   } else {  // no sharing: the child gets its own copy of every block now
@@ -315,42 +317,41 @@ Status PagedBlockPool::fork(SeqId parent, SeqId child) {
       MEMSIM_TRY(copy_unit(u, src));
     }
   }
-  seqs_.emplace(child, std::move(c));
+  seqs_.insert(child, std::move(c));
   return {};
 }
 
 void PagedBlockPool::release(SeqId seq, const TokenContent& content) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return;
-  cache_full_blocks(it->second, content);
+  Seq* s = seqs_.find(seq);
+  if (!s) return;
+  cache_full_blocks(*s, content);
   // vLLM frees a request's blocks tail first, so its last blocks are evicted first.
-  const auto& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) drop_ref(*b);
-  seqs_.erase(it);
+  for (auto b = s->blocks.rbegin(); b != s->blocks.rend(); ++b) drop_ref(*b);
+  seqs_.erase(seq);
 }
 
 void PagedBlockPool::publish(SeqId seq, const TokenContent& content) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second.hashed == it->second.marked) return;
+  Seq* s = seqs_.find(seq);
+  if (!s || s->hashed == s->marked) return;
   TokenContent shared = content;  // covers the sequence's tokens (the contract)
   shared.set_private_from(TokenContent::kShared);
-  cache_full_blocks(it->second, shared);
+  cache_full_blocks(*s, shared);
 }
 
 uint32_t PagedBlockPool::seq_tokens(SeqId seq) const {
-  auto it = seqs_.find(seq);
-  return it == seqs_.end() ? 0 : it->second.tokens;
+  const Seq* s = seqs_.find(seq);
+  return s ? s->tokens : 0;
 }
 
 uint64_t PagedBlockPool::seq_bytes(SeqId seq) const {
-  auto it = seqs_.find(seq);
-  return it == seqs_.end() ? 0 : it->second.blocks.size() * unit_bytes_;
+  const Seq* s = seqs_.find(seq);
+  return s ? s->blocks.size() * unit_bytes_ : 0;
 }
 
 uint32_t PagedBlockPool::seq_capacity(SeqId seq) const {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return 0;
-  const Seq& s = it->second;
+  const Seq* live = seqs_.find(seq);
+  if (!live) return 0;
+  const Seq& s = *live;
   // A shared partial last block must be copied before it is written.
   if (s.tokens % block_size() && blocks_[s.blocks.back()].ref > 1) return s.tokens;
   return static_cast<uint32_t>(
@@ -362,11 +363,10 @@ uint64_t PagedBlockPool::free_token_capacity() const {
 }
 
 std::vector<uint32_t> PagedBlockPool::block_table(SeqId seq) const {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return {};
+  const Seq* s = seqs_.find(seq);
+  if (!s) return {};
   std::vector<uint32_t> out;
-  for (uint32_t u : it->second.blocks)
-    out.push_back(static_cast<uint32_t>(u * physical_per_unit()));
+  for (uint32_t u : s->blocks) out.push_back(static_cast<uint32_t>(u * physical_per_unit()));
   return out;
 }
 
@@ -398,7 +398,7 @@ bool PagedBlockPool::check_invariants(std::string* why) const {
   const size_t n = blocks_.size();
   std::vector<uint32_t> refs(n, 0);
   if (config_.null_block && n) refs[0] = 1;
-  for (const auto& [id, s] : seqs_) {
+  const bool seqs_ok = seqs_.all([&](SeqId id, const Seq& s) {
     if (s.blocks.size() != units_for(s.tokens))
       return fail(fmt::format("seq {} has {} blocks for {} tokens", id, s.blocks.size(), s.tokens));
     for (size_t b = 0; b < s.blocks.size(); ++b) {
@@ -411,7 +411,9 @@ bool PagedBlockPool::check_invariants(std::string* why) const {
         return fail(fmt::format("block {} holds {} tokens, seq {} expects {}", u, blocks_[u].filled,
                                 id, want));
     }
-  }
+    return true;
+  });
+  if (!seqs_ok) return false;
   uint64_t used = 0, cached = 0, stored = 0;
   for (uint32_t u = 0; u < n; ++u) {
     const Block& b = blocks_[u];
@@ -425,19 +427,16 @@ bool PagedBlockPool::check_invariants(std::string* why) const {
     } else if (holds_cache(b)) {
       ++cached;
     }
-    if (b.pending && (b.hash || b.filled != block_size()))
-      return fail(fmt::format("pending block {} is registered or not full", u));
-    if (b.hash) {
-      if (cache_.find(b.hash) != u)
-        return fail(fmt::format("block {} hash not registered to it", u));
-      if (b.filled != block_size()) return fail(fmt::format("cached block {} is not full", u));
-    }
+    if (holds_cache(b) && b.filled != block_size())
+      return fail(fmt::format("cached block {} is not full", u));
+    if (b.cached == Cached::kRegistered && cache_.find(hashes_[u]) != u)
+      return fail(fmt::format("block {} hash not registered to it", u));
   }
   bool entries_ok = true;
   uint64_t entries = 0;
   cache_.for_each([&](uint64_t h, uint32_t u) {
     ++entries;
-    if (u >= n || blocks_[u].hash != h) entries_ok = false;
+    if (u >= n || blocks_[u].cached != Cached::kRegistered || hashes_[u] != h) entries_ok = false;
   });
   if (!entries_ok || entries != cache_.size()) return fail("a prefix-cache entry is stale");
   uint64_t walked = 0;
@@ -463,8 +462,7 @@ KvLayout PagedBlockPool::layout() const {
 
 void PagedBlockPool::seq_table(SeqId seq, std::vector<int32_t>* out) const {
   out->clear();
-  if (auto it = seqs_.find(seq); it != seqs_.end())
-    out->assign(it->second.blocks.begin(), it->second.blocks.end());
+  if (const Seq* s = seqs_.find(seq)) out->assign(s->blocks.begin(), s->blocks.end());
 }
 
 }  // namespace memsim

@@ -7,12 +7,12 @@
 
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "src/config/config_node.h"
 #include "src/kv/hash_index.h"
 #include "src/kv/kv_cache_manager.h"
+#include "src/kv/slot_map.h"
 
 namespace memsim {
 
@@ -58,18 +58,20 @@ class PagedBlockPool final : public KvCacheManager {
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
-  struct Block {
+  // A free block's reusable contents: none, registered in the prefix cache under its hash, or
+  // pending: a full block of private content whose hash is deferred, exactly what a registered
+  // block would be (cached when free, evicted when reused) except that it is not in the index,
+  // which no lookup could reach; hashed and registered if its sequence is published.
+  enum class Cached : uint8_t { kNo, kRegistered, kPending };
+  struct Block {  // 16 bytes: the free queue walks these
     uint32_t ref = 0;
-    uint32_t filled = 0;  // tokens written
-    uint64_t hash = 0;    // chained hash while registered in the prefix cache (0 = none)
-    // Full block of private content whose hash is deferred: exactly what a registered block
-    // would be (cached when free, evicted when reused) except that it is not in the index,
-    // which no lookup could reach. Hashed and registered if its sequence is published.
-    bool pending = false;
     uint32_t prev = kNone;  // free-queue links (valid while ref == 0)
     uint32_t next = kNone;
+    uint16_t filled = 0;  // tokens written (block_size <= 256)
+    Cached cached = Cached::kNo;
     bool in_queue = false;
   };
+  static_assert(sizeof(Block) == 16);
   struct Seq {
     std::vector<uint32_t> blocks;  // logical -> unit id
     uint32_t tokens = 0;
@@ -89,7 +91,7 @@ class PagedBlockPool final : public KvCacheManager {
   // Registers the sequence's full blocks under their chained hashes; blocks reaching past
   // content.private_from() become pending instead.
   void cache_full_blocks(Seq& s, const TokenContent& content);
-  static bool holds_cache(const Block& b) { return b.hash || b.pending; }
+  static bool holds_cache(const Block& b) { return b.cached != Cached::kNo; }
   Status copy_unit(uint32_t dst, uint32_t src);
   uint32_t units_for(uint32_t tokens) const { return (tokens + block_size() - 1) / block_size(); }
   uint32_t block_size() const { return config_.block_size; }
@@ -101,6 +103,7 @@ class PagedBlockPool final : public KvCacheManager {
   DevPtr pool_ = 0;
   uint64_t unit_bytes_ = 0;  // device bytes of one unit (one block, or one block per layer)
   std::vector<Block> blocks_;
+  std::vector<uint64_t> hashes_;  // chained hash of each kRegistered block
   uint32_t head_ = kNone, tail_ = kNone;
   uint64_t queued_ = 0;      // units in the free queue (free + cached)
   uint64_t cached_ = 0;      // of those, units with a registered (or pending) hash
@@ -109,7 +112,7 @@ class PagedBlockPool final : public KvCacheManager {
   uint64_t cow_copies_ = 0;  // in units
   uint64_t evicted_ = 0;     // in units
   HashIndex cache_;          // hash -> unit
-  std::unordered_map<SeqId, Seq> seqs_;
+  SlotMap<Seq> seqs_;
 };
 
 }  // namespace memsim
