@@ -1,5 +1,6 @@
 // Writers: tables for people, JSON/CSV for tools, plots through tools/plot_shapes.py.
 #include "src/app/writers.h"
+#include "src/config/loaders.h"
 
 #include <fmt/format.h>
 #include <cstdio>
@@ -221,12 +222,8 @@ std::string run_plot_script(const std::string& config_source, const std::string&
   candidates.push_back(fs::path("tools") / script_name);
   if (const std::string root = binary_source_root(); !root.empty())
     candidates.push_back(fs::path(root) / "tools" / script_name);
-  fs::path script;
-  for (const auto& p : candidates)
-    if (std::error_code ec; fs::is_regular_file(p, ec)) {
-      script = p;
-      break;
-    }
+  std::string os_reason;  // plots are optional: a missing script only skips them
+  const fs::path script = first_regular_file(candidates, &os_reason).value_or(fs::path());
   if (script.empty()) return fmt::format("plots skipped: tools/{} not found", script_name);
   // The first python3 that has matplotlib (PATH's, then the system one).
   for (const char* py : {"python3", "/usr/bin/python3"}) {

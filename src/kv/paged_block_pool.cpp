@@ -174,14 +174,15 @@ Status PagedBlockPool::copy_unit(uint32_t dst, uint32_t src) {
                         StreamId{});
 }
 
-void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content) {
+void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content, bool publish) {
   if (!config_.prefix_caching) return;
   const uint32_t full = s.tokens / block_size();
   // Blocks ending at or before the private part are hashed now (a shared content's all are,
   // pending ones included); the rest wait, pending, until the content is published. Only with
   // copy-on-write: a copying fork puts private content into the child's own blocks, and a
   // published child could then look up the parent's blocks after the parent's release.
-  const bool defer = config_.copy_on_write && content.private_from() != TokenContent::kShared;
+  const bool defer =
+      !publish && config_.copy_on_write && content.private_from() != TokenContent::kShared;
   const uint32_t shared = defer ? std::min(full, content.private_from() / block_size()) : full;
   while (s.hashed < shared) {
     const uint32_t b = s.hashed;
@@ -333,9 +334,7 @@ void PagedBlockPool::release(SeqId seq, const TokenContent& content) {
 void PagedBlockPool::publish(SeqId seq, const TokenContent& content) {
   Seq* s = seqs_.find(seq);
   if (!s || s->hashed == s->marked) return;
-  TokenContent shared = content;  // covers the sequence's tokens (the contract)
-  shared.set_private_from(TokenContent::kShared);
-  cache_full_blocks(*s, shared);
+  cache_full_blocks(*s, content, true);  // `content` covers the sequence's tokens (the contract)
 }
 
 uint32_t PagedBlockPool::seq_tokens(SeqId seq) const {

@@ -88,9 +88,9 @@ class PagedBlockPool final : public KvCacheManager {
   void add_ref(uint32_t b);   // touch: leaves the free queue on 0 -> 1
   void drop_ref(uint32_t b);  // back to the queue tail on 1 -> 0
   void set_filled(uint32_t b, uint32_t filled);
-  // Registers the sequence's full blocks under their chained hashes; blocks reaching past
-  // content.private_from() become pending instead.
-  void cache_full_blocks(Seq& s, const TokenContent& content);
+  // Registers the sequence's full blocks under their chained hashes; unless `publish`, blocks
+  // reaching past content.private_from() become pending instead.
+  void cache_full_blocks(Seq& s, const TokenContent& content, bool publish = false);
   static bool holds_cache(const Block& b) { return b.cached != Cached::kNo; }
   Status copy_unit(uint32_t dst, uint32_t src);
   uint32_t units_for(uint32_t tokens) const { return (tokens + block_size() - 1) / block_size(); }

@@ -326,10 +326,8 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
       (!st.waiting.empty() && st.running_seqs < o.max_num_seqs))
     return 0;
   uint64_t kmax = UINT64_MAX, kv_read = 0;
-  // Newest first: a group still in prefill is usually the last one admitted, so a step that
-  // cannot take the fast path is found at once (this check runs before every step).
-  for (auto it = st.running.rbegin(); it != st.running.rend(); ++it) {
-    const Group& G = groups_[*it];
+  for (uint32_t g : st.running) {
+    const Group& G = groups_[g];
     if (G.outputs == 0 || G.computed + 1 != G.num_tokens() || G.spec.beam_width > 1 ||
         (G.width > 1 && G.live() < G.width))
       return 0;
@@ -354,8 +352,9 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
   // they read): only sequences crossing their capacity within them are queued. Should a later
   // step be shorter after all, the run ends at the cap and the next call goes on (a run may
   // end after any step: it equals its steps taken one by one).
+  const SimTime first = model_.step_time(step_shape(0));
   uint64_t kcap = kmax;
-  if (const SimTime first = model_.step_time(step_shape(0)); first > 0 && stop_at > clock_.now())
+  if (first > 0 && stop_at > clock_.now())
     kcap = std::min<uint64_t>(kmax, (stop_at - clock_.now() + first - 1) / first);
   // (step, position in running, sequence): the next grow each sequence needs.
   using Crossing = std::tuple<uint64_t, uint32_t, uint32_t>;
@@ -390,7 +389,7 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
       if (s.capacity - G.computed < kcap) due.emplace(s.capacity - G.computed, i, q);
     }
     if (blocked) break;
-    const SimTime step = model_.step_time(step_shape(k));
+    const SimTime step = k == 0 ? first : model_.step_time(step_shape(k));
     clock_.advance(step);
     running_integral_ += double(seqs) * double(step);
     if (clock_.now() >= stop_at) {
