@@ -17,16 +17,33 @@ struct DecodeParams {
   detail::KvParams<T> kv;
   const int32_t* num_seqs;  // optional: live batch size
   uint32_t num_splits;
-  float* partial_o;    // [max_batch, splits, q_heads, D]
-  float* partial_lse;  // [max_batch, splits, q_heads] (log2 domain)
+  const int32_t* work;  // optional: a work list (DecodeWork's words), `capacity` rows
+  uint32_t capacity;
+  float* partial_o;    // [max_batch, splits, q_heads, D], with a work list [capacity, q_heads, D]
+  float* partial_lse;  // [max_batch, splits, q_heads] (log2 domain), or [capacity, q_heads]
+};
+
+// A work list's view of chunk rows: item i covers chunk item_chunk[i] of sequence item_seq[i].
+struct WorkView {
+  const int32_t* w;
+  uint32_t capacity;
+  __device__ uint32_t num_items() const { return static_cast<uint32_t>(w[0]); }
+  __device__ uint32_t chunk_tokens() const { return static_cast<uint32_t>(w[1]) * kDecodeTile; }
+  __device__ uint32_t seq(uint32_t i) const { return static_cast<uint32_t>(w[2 + i]); }
+  __device__ uint32_t chunk(uint32_t i) const { return static_cast<uint32_t>(w[2 + capacity + i]); }
+  __device__ uint32_t first(uint32_t s) const {
+    return static_cast<uint32_t>(w[2 + 2 * capacity + s]);
+  }
 };
 
 template <typename T, int D>
 using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
 
-// Grid (split, kv_head, sequence), 128 threads: the four warps take 16 tokens each of every
-// 64-token KV tile for the group's query rows, then merge their softmax states in shared memory.
-// Three CTAs per SM (shared memory allows one at head_dim 256).
+// Grid (split, kv_head, sequence), or (1, kv_head, work item) with a work list; 128 threads: the
+// four warps take 16 tokens each of every 64-token KV tile for the group's query rows, then
+// merge their softmax states in shared memory. Three CTAs per SM (shared memory allows one at
+// head_dim 256). A CTA writes its output row directly when its sequence has one split (one
+// chunk), else a partial output at row `part` for the combine.
 template <typename T, int D, bool PAGED>
 __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T> p) {
@@ -34,13 +51,32 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float ml[4][16][2];
   T* smem = reinterpret_cast<T*>(smem_raw);
-  const uint32_t split = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
-  if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
+  const uint32_t h = blockIdx.y;
+  uint32_t seq, kv_len, b, e, part;
+  bool direct;
+  if (p.work) {
+    const WorkView wv{p.work, p.capacity};
+    const uint32_t item = blockIdx.z;
+    if (item >= wv.num_items()) return;
+    seq = wv.seq(item);
+    if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
+    kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
+    const uint32_t c = wv.chunk_tokens();
+    b = wv.chunk(item) * c;
+    if (b > 0 && b >= kv_len) return;  // past the end: only when kv_lens differ from the plan's
+    e = min(kv_len, b + c);
+    direct = kv_len <= c;
+    part = item;
+  } else {
+    const uint32_t split = blockIdx.x;
+    seq = blockIdx.z;
+    if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
+    kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
+    split_range(kv_len, TL::kBN, p.num_splits, split, &b, &e);
+    direct = p.num_splits == 1;
+    part = seq * p.num_splits + split;
+  }
   const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5;
-
-  const uint32_t kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
-  uint32_t b, e;
-  split_range(kv_len, TL::kBN, p.num_splits, split, &b, &e);
 
   const int64_t q_base = (static_cast<int64_t>(seq) * p.kv.q_heads + h * p.kv.group) * D;
   detail::issue_q<TL>(
@@ -94,14 +130,14 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const uint32_t qh = h * p.kv.group + row;
-    if (p.num_splits == 1) {
+    if (direct) {
       uint2 out;
       out.x = detail::Elem<T>::pack(acc.x * inv, acc.y * inv);
       out.y = detail::Elem<T>::pack(acc.z * inv, acc.w * inv);
       *reinterpret_cast<uint2*>(p.kv.o + (static_cast<int64_t>(seq) * p.kv.q_heads + qh) * D +
                                 4 * c4) = out;
     } else {
-      const int64_t idx = (static_cast<int64_t>(seq) * p.num_splits + split) * p.kv.q_heads + qh;
+      const int64_t idx = static_cast<int64_t>(part) * p.kv.q_heads + qh;
       *reinterpret_cast<float4*>(p.partial_o + idx * D + 4 * c4) =
           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
       if (c4 == 0) p.partial_lse[idx] = l > 0.f ? m + __log2f(l) : -INFINITY;
@@ -115,7 +151,10 @@ struct CombineParams {
   const float* partial_lse;
   T* o;
   const int32_t* num_seqs;
-  uint32_t q_heads, num_splits;
+  uint32_t q_heads, num_splits;  // with a work list: the most chunks of one sequence
+  const int32_t* work;           // optional: the decode's work list (`capacity` rows)
+  const int32_t* kv_lens;        // with a work list: a sequence's chunks = its tiles / chunk
+  uint32_t capacity;
 };
 
 constexpr int kCombineThreads = 128;
@@ -132,10 +171,19 @@ __global__ void __launch_bounds__(kCombineThreads)
   const uint32_t qh = blockIdx.x, seq = blockIdx.y;
   if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t first = static_cast<int64_t>(seq) * p.num_splits * p.q_heads + qh;
+  uint32_t splits = p.num_splits, row0 = seq * p.num_splits;
+  if (p.work) {  // a sequence of one chunk (or none: past the live batch) wrote its output
+    const WorkView wv{p.work, p.capacity};
+    const uint32_t c = wv.chunk_tokens(), len = static_cast<uint32_t>(p.kv_lens[seq]);
+    if (seq > 0 && wv.first(seq) == 0) return;  // not in the list
+    splits = (len + c - 1) / c;
+    if (splits <= 1) return;
+    row0 = wv.first(seq);
+  }
+  const int64_t first = static_cast<int64_t>(row0) * p.q_heads + qh;
 
   float m = -INFINITY;
-  for (uint32_t s = tid; s < p.num_splits; s += kCombineThreads) {
+  for (uint32_t s = tid; s < splits; s += kCombineThreads) {
     w[s] = p.partial_lse[first + static_cast<int64_t>(s) * p.q_heads];
     m = fmaxf(m, w[s]);
   }
@@ -145,7 +193,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   m = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
   __syncthreads();
   float den = 0.f;
-  for (uint32_t s = tid; s < p.num_splits; s += kCombineThreads) {
+  for (uint32_t s = tid; s < splits; s += kCombineThreads) {
     const float x = m == -INFINITY || w[s] == -INFINITY ? 0.f : exp2f(w[s] - m);
     w[s] = x;
     den += x;
@@ -160,7 +208,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int c4 = tid % kChunks, grp = tid / kChunks;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-  for (uint32_t s = grp; s < p.num_splits; s += kGroups) {
+  for (uint32_t s = grp; s < splits; s += kGroups) {
     const float x = w[s];
     if (x == 0.f) continue;
     const float4 v = *reinterpret_cast<const float4*>(
@@ -204,13 +252,19 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
   p.kv = detail::make_kv_params<T>(shape, a.q, a.o, a.cache, a.seqs, a.scale);
   p.num_seqs = a.seqs.num_seqs;
   p.num_splits = plan.num_splits;
+  p.work = plan.work_capacity ? a.work : nullptr;
+  p.capacity = plan.work_capacity;
+  const uint64_t rows =
+      plan.work_capacity ? plan.work_capacity : uint64_t{plan.max_batch} * plan.num_splits;
   p.partial_o = reinterpret_cast<float*>(a.workspace);
-  p.partial_lse = p.partial_o + uint64_t{plan.max_batch} * plan.num_splits * shape.q_heads * D;
-  const dim3 grid(plan.num_splits, shape.kv_heads, plan.max_batch);
+  p.partial_lse = p.partial_o + rows * shape.q_heads * D;
+  const dim3 grid = plan.work_capacity ? dim3(1, shape.kv_heads, plan.work_capacity)
+                                       : dim3(plan.num_splits, shape.kv_heads, plan.max_batch);
   kernel<<<grid, TL::kThreads, TL::kSmemBytes, stream>>>(p);
   if (plan.num_splits > 1) {
     CombineParams<T> c{p.partial_o, p.partial_lse, p.kv.o,
-                       p.num_seqs,  shape.q_heads, plan.num_splits};
+                       p.num_seqs,  shape.q_heads, plan.num_splits,
+                       p.work,      p.kv.kv_lens,  plan.work_capacity};
     constexpr auto combine = DecodeCombineKernel<T, D>;
     const size_t smem = combine_smem(plan.num_splits, D);
     if (smem > 48 * 1024) {
@@ -230,7 +284,8 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
                          const DecodeArgs& args, cudaStream_t stream) {
   if (plan.max_batch == 0) return cudaSuccess;
   if (plan.num_splits == 0 || plan.kv_tile != kDecodeTile || plan.max_batch > 65535 ||
-      (plan.num_splits > 1 && args.workspace == 0))
+      plan.work_capacity > 65535 || (plan.num_splits > 1 && args.workspace == 0) ||
+      (plan.work_capacity > 0 && args.work == nullptr))
     return cudaErrorInvalidValue;
   if (!detail::tables_match(args.cache, args.seqs)) return cudaErrorInvalidValue;
   return detail::dispatch(shape, args.cache.addressing, [&]<typename T, int D, bool PAGED>() {

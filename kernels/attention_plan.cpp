@@ -84,6 +84,114 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
   return p;
 }
 
+namespace {
+
+uint64_t partial_bytes(const AttentionShape& shape, uint64_t rows) {
+  return rows * shape.q_heads * (uint64_t{shape.head_dim} + 1) * sizeof(float);
+}
+
+uint32_t tiles_of(int64_t kv_len) {
+  return static_cast<uint32_t>((std::max<int64_t>(kv_len, 0) + kDecodeTile - 1) / kDecodeTile);
+}
+
+}  // namespace
+
+uint64_t decode_work_words(uint32_t capacity, uint32_t max_batch) {
+  return 2 + 2 * uint64_t{capacity} + max_batch;
+}
+
+DecodePlan plan_decode_graph(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
+                             const DeviceLimits& device) {
+  DecodePlan p;
+  p.max_batch = max_batch;
+  if (max_batch == 0) return p;
+  // The uniform batch's rows, or one wave at two CTAs per SM (plan_decode's under-one-wave
+  // fill), as FlashInfer pads a graph's decode grid to a wave: rows past the live count are CTAs
+  // that exit at once, but they still take SM slots at launch (measured on the H200: a capture
+  // padded to max_batch + a full wave of 3 CTAs per SM ran uniform steps up to 7% slower).
+  const uint64_t uniform =
+      uint64_t{max_batch} * plan_decode(shape, max_batch, max_kv_len, device).num_splits;
+  const uint64_t per_sm = std::min(2u, std::max(1u, device.decode_ctas_per_sm));
+  const uint64_t wave =
+      (device.num_sms * per_sm + shape.kv_heads - 1) / std::max(1u, shape.kv_heads);
+  p.work_capacity = static_cast<uint32_t>(std::max(uniform, wave));
+  p.num_splits = std::clamp((tiles_of(max_kv_len) + 1) / 2, 1u, p.work_capacity);
+  if (p.num_splits > 1) p.workspace_bytes = partial_bytes(shape, p.work_capacity);
+  return p;
+}
+
+DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32_t>& kv_lens,
+                            const DeviceLimits& device, const DecodePlan* fixed) {
+  const auto batch = static_cast<uint32_t>(kv_lens.size());
+  if (fixed && batch > fixed->max_batch) return {};
+  uint32_t max_len = 0, max_tiles = 0;
+  uint64_t sum = 0;
+  for (const int32_t len : kv_lens) {
+    max_len = std::max(max_len, static_cast<uint32_t>(std::max(len, 0)));
+    sum += static_cast<uint32_t>(std::max(len, 0));
+  }
+  max_tiles = tiles_of(max_len);
+  // Rows and the most chunks of one sequence at a chunk of c tiles (every sequence one row at
+  // least, an empty one too: it writes zeros).
+  auto count = [&](uint32_t c, uint32_t* most) {
+    uint64_t n = 0;
+    *most = 1;
+    for (const int32_t len : kv_lens) {
+      const uint32_t k = std::max(1u, (tiles_of(len) + c - 1) / c);
+      n += k;
+      *most = std::max(*most, k);
+    }
+    return n;
+  };
+  const uint32_t splits = plan_decode(shape, batch, max_len, device, 0, sum).num_splits;
+  uint32_t chunk = std::max(1u, (max_tiles + splits - 1) / splits);
+  uint32_t most = 1;
+  uint64_t items = count(chunk, &most);
+  if (fixed && (items > fixed->work_capacity || most > fixed->num_splits)) {
+    // The shortest chunk that fits (rows and chunks fall as the chunk grows; at max_tiles every
+    // sequence is one row, and the capacity holds max_batch rows).
+    uint32_t lo = chunk + 1, hi = std::max(1u, max_tiles);
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      uint32_t m = 1;
+      if (count(mid, &m) <= fixed->work_capacity && m <= fixed->num_splits)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    chunk = std::max(lo, 1u);
+    items = count(chunk, &most);
+  }
+  DecodeWork w;
+  w.chunk_tiles = chunk;
+  w.num_items = static_cast<uint32_t>(items);
+  if (fixed) {
+    w.plan = *fixed;
+  } else {
+    w.plan.max_batch = batch;
+    w.plan.num_splits = most;
+    w.plan.work_capacity = w.num_items;
+    if (most > 1) w.plan.workspace_bytes = partial_bytes(shape, w.num_items);
+  }
+  const uint32_t cap = w.plan.work_capacity;
+  w.words.assign(decode_work_words(cap, w.plan.max_batch), 0);
+  w.words[0] = static_cast<int32_t>(w.num_items);
+  w.words[1] = static_cast<int32_t>(chunk);
+  int32_t* item_seq = w.words.data() + 2;
+  int32_t* item_chunk = item_seq + cap;
+  int32_t* seq_first = item_chunk + cap;
+  uint32_t at = 0;
+  for (uint32_t s = 0; s < batch; ++s) {  // items <= cap: at max_tiles one a sequence
+    seq_first[s] = static_cast<int32_t>(at);
+    const uint32_t k = std::max(1u, (tiles_of(kv_lens[s]) + chunk - 1) / chunk);
+    for (uint32_t j = 0; j < k; ++j, ++at) {
+      item_seq[at] = static_cast<int32_t>(s);
+      item_chunk[at] = static_cast<int32_t>(j);
+    }
+  }
+  return w;
+}
+
 void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split, uint32_t* begin,
                         uint32_t* end) {
   split_range(kv_len, plan.kv_tile, plan.num_splits, split, begin, end);

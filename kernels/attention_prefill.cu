@@ -128,6 +128,7 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
     d.cache = a.cache;
     d.seqs = a.seqs;
     d.workspace = a.workspace;
+    d.work = a.work;
     d.scale = a.scale;
     return paged_decode(shape, a.dplan, d, stream);
   }

@@ -71,6 +71,9 @@ struct DecodePlan {
   uint32_t num_splits = 1;       // KV split across CTAs (flash-decoding); 1 = no combine pass
   uint32_t kv_tile = 64;         // tokens per KV tile; splits are whole tiles
   uint64_t workspace_bytes = 0;  // partial outputs + log-sum-exp when num_splits > 1
+  // > 0: the grid rows are the chunks of a work list (DecodeArgs::work, plan_decode_work), at
+  // most this many, and num_splits bounds one sequence's chunks (the combine's shared memory).
+  uint32_t work_capacity = 0;
 };
 
 // Splits the KV dimension (flash-decoding) when max_batch x kv_heads CTAs leave CTA slots
@@ -85,6 +88,41 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
                        const DeviceLimits& device, uint32_t force_splits = 0,
                        uint64_t sum_kv_len = 0);
 
+// ---- decode work lists: balanced splits, re-planned before every step -------------------------
+//
+// FlashInfer's balanced decode scheduling: every sequence's KV is cut into chunks of one length
+// (chunk_tiles whole KV tiles), one CTA row a chunk, so a long sequence among short ones is split
+// and the short ones are not, and no empty split is launched. A sequence of one chunk writes its
+// output directly; the chunks of a longer one write partial outputs that the combine merges. The
+// list is device data: a captured CUDA graph launches work_capacity rows (the rows past the live
+// count exit at once) and its split is re-planned before every replay, as FlashInfer plans into
+// fixed buffers. Device layout (int32 words, decode_work_words):
+//   [num_items, chunk_tiles, item_seq[capacity], item_chunk[capacity], seq_first[max_batch]]
+// items in sequence order; seq_first[s] = the first item of sequence s.
+struct DecodeWork {
+  DecodePlan plan;  // the launch (work_capacity > 0)
+  uint32_t chunk_tiles = 0, num_items = 0;
+  std::vector<int32_t> words;  // upload to device memory for the launch
+};
+
+uint64_t decode_work_words(uint32_t capacity, uint32_t max_batch);
+
+// The launch a captured decode step of `max_batch` sequences of up to `max_kv_len` tokens fixes:
+// work_capacity = max(max_batch x the uniform split of plan_decode, one wave of two CTAs per SM
+// / kv_heads), num_splits = the most chunks of at least two tiles one sequence can have (within
+// the capacity), and the workspace for them. Every later plan of that graph must fit it.
+DecodePlan plan_decode_graph(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
+                             const DeviceLimits& device);
+
+// The work list of a batch with these KV lengths. The chunk length takes plan_decode's split of
+// the longest sequence, balanced by the batch's sum (a uniform batch is cut exactly as
+// plan_decode's split_range cuts it). `fixed` (a plan_decode_graph launch): the list fits its
+// capacity and combine bound, longer chunks where needed (FlashInfer's binary search); its
+// words are then sized for it (and empty when the batch exceeds its max_batch). Null: an eager
+// launch of exactly the list's rows.
+DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32_t>& kv_lens,
+                            const DeviceLimits& device, const DecodePlan* fixed = nullptr);
+
 // KV range [begin, end) of split `split` for a sequence of kv_len tokens: splits are contiguous,
 // tile-aligned and cover [0, kv_len); late splits may be empty. (The kernels use the same rule.)
 void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split, uint32_t* begin,
@@ -95,8 +133,9 @@ struct DecodeArgs {
   uint64_t o = 0;  // [max_batch, q_heads, head_dim]
   KvLayerView cache;
   SeqTables seqs;
-  uint64_t workspace = 0;  // plan.workspace_bytes of device memory (unused when 1 split)
-  float scale = 0;         // softmax scale (0 = 1/sqrt(head_dim))
+  uint64_t workspace = 0;         // plan.workspace_bytes of device memory (unused when 1 split)
+  const int32_t* work = nullptr;  // device copy of DecodeWork::words when plan.work_capacity > 0
+  float scale = 0;                // softmax scale (0 = 1/sqrt(head_dim))
 };
 
 // ---- prefill: a chunk of new tokens per sequence, causal over its cached prefix and itself ------
@@ -130,8 +169,9 @@ struct PrefillArgs {
 
 // ---- one layer of a step: decode or prefill -----------------------------------------------------
 
-// What an executor launches per layer: decode when every sequence has one query token (dplan and
-// workspace as for DecodeArgs), else prefill (qo_indptr, work, num_tiles as for PrefillArgs).
+// What an executor launches per layer: decode when every sequence has one query token (dplan,
+// workspace and work as for DecodeArgs), else prefill (qo_indptr, work, num_tiles as for
+// PrefillArgs).
 struct LayerAttentionArgs {
   bool decode = true;
   uint64_t q = 0, o = 0;

@@ -201,6 +201,10 @@ void reference_row(const Batch& b, uint32_t s, uint32_t kh, const float* q, uint
                    double scale, double* out) {
   const uint32_t D = b.shape.head_dim;
   const uint64_t row = b.shape.row_elems();
+  if (limit == 0) {  // no KV: the kernels write zeros
+    std::fill(out, out + b.shape.head_dim, 0.0);
+    return;
+  }
   std::vector<double> w(limit);
   double mx = -INFINITY;
   for (uint32_t pos = 0; pos < limit; ++pos) {
@@ -252,15 +256,19 @@ struct DecodeOut {
   std::vector<uint16_t> paged, contig;
 };
 
-// Runs decode both ways with `splits` (0 = planner's choice) and returns the outputs.
+// Runs decode both ways with `splits` (0 = planner's choice), or over plan_decode_work's list
+// when `work_list`, and returns the outputs.
 DecodeOut run_decode(const Batch& b, const std::vector<uint16_t>& q, uint32_t splits,
-                     uint32_t* used_splits = nullptr) {
+                     uint32_t* used_splits = nullptr, bool work_list = false) {
   const AttentionShape& sh = b.shape;
   const uint32_t n = static_cast<uint32_t>(b.kv_lens.size());
-  const DecodePlan plan = plan_decode(sh, n, b.max_len, device_limits(), splits);
+  DecodeWork w;
+  if (work_list) w = plan_decode_work(sh, b.kv_lens, device_limits());
+  const DecodePlan plan =
+      work_list ? w.plan : plan_decode(sh, n, b.max_len, device_limits(), splits);
   if (used_splits) *used_splits = plan.num_splits;
   DevBuf<uint16_t> dq(q), pk(b.paged_k), pv(b.paged_v), ck(b.contig_k), cv(b.contig_v);
-  DevBuf<int32_t> lens(b.kv_lens), tables(b.tables), slots(b.slots);
+  DevBuf<int32_t> lens(b.kv_lens), tables(b.tables), slots(b.slots), work(w.words);
   DevBuf<uint8_t> ws(plan.workspace_bytes);
   const size_t out_n = uint64_t{n} * sh.q_heads * sh.head_dim;
   DevBuf<uint16_t> o1(std::vector<uint16_t>(out_n, 0x7fc0)),
@@ -272,6 +280,7 @@ DecodeOut run_decode(const Batch& b, const std::vector<uint16_t>& q, uint32_t sp
   a.seqs.bt_stride = std::max(1u, b.max_blocks);
   a.seqs.slots = slots.p;
   a.workspace = ws.addr();
+  a.work = work_list ? work.p : nullptr;
   a.o = o1.addr();
   a.cache = {pk.addr(), pv.addr(), b.block_stride, b.page, KvAddressing::kPaged};
   CUDA_OK(paged_decode(sh, plan, a, nullptr));
@@ -294,21 +303,23 @@ std::vector<double> reference_decode(const Batch& b, const std::vector<float>& q
   return ref;
 }
 
-void check_decode_case(KvDtype dt, uint32_t D, uint32_t q_heads, uint32_t kv_heads, uint32_t page,
-                       std::vector<int32_t> lens, uint32_t splits, std::mt19937& rng) {
+uint32_t check_decode_case(KvDtype dt, uint32_t D, uint32_t q_heads, uint32_t kv_heads,
+                           uint32_t page, std::vector<int32_t> lens, uint32_t splits,
+                           std::mt19937& rng, bool work_list = false) {
   const AttentionShape sh{q_heads, kv_heads, D, dt};
   CAPTURE(to_string(dt), D, q_heads, kv_heads, page, splits, lens.size(), lens[0]);
   const Batch b = make_batch(sh, page, lens, rng);
   std::vector<float> qf;
   const auto q = random_half(dt, lens.size() * q_heads * D, rng, &qf);
-  uint32_t used = 0;
-  const DecodeOut out = run_decode(b, q, splits, &used);
-  CAPTURE(used);
+  uint32_t used = 0;  // splits, or the most chunks of a sequence
+  const DecodeOut out = run_decode(b, q, splits, &used, work_list);
+  CAPTURE(used, work_list);
   CHECK(out.paged == out.contig);  // same data, same split: bit-identical
   const Err e = compare(dt, out.paged, reference_decode(b, qf));
   CAPTURE(e.rel, e.max_abs);
   CHECK(e.rel < rel_bound(dt));
   CHECK(e.max_abs < abs_bound(dt));
+  return used;
 }
 
 TEST_CASE("decode matches a float64 reference, paged and contiguous bit-identical") {
@@ -331,6 +342,27 @@ TEST_CASE("decode split-K agrees with one split and covers every split count") {
   CHECK(p.num_splits > 1);
 }
 
+// paged_decode captured into a CUDA graph on a stream of its own (destroyed with it).
+struct CapturedDecode {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CapturedDecode(const AttentionShape& sh, const DecodePlan& plan, const DecodeArgs& a) {
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    REQUIRE(paged_decode(sh, plan, a, stream) == cudaSuccess);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  ~CapturedDecode() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  CapturedDecode(const CapturedDecode&) = delete;
+  CapturedDecode& operator=(const CapturedDecode&) = delete;
+};
+
 TEST_CASE("decode in a CUDA graph reads batch size, lengths and tables from device memory") {
   std::mt19937 rng(5);
   const AttentionShape sh{16, 4, 128, KvDtype::kBf16};
@@ -349,14 +381,9 @@ TEST_CASE("decode in a CUDA graph reads batch size, lengths and tables from devi
   a.cache = {pk.addr(), pv.addr(), big.block_stride, 16, KvAddressing::kPaged};
   a.seqs = {lens.p, tables.p, big.max_blocks, nullptr, num.p};
   a.workspace = ws.addr();
-  cudaStream_t st;
-  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  REQUIRE(paged_decode(sh, plan, a, st) == cudaSuccess);
-  CUDA_OK(cudaStreamEndCapture(st, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedDecode g(sh, plan, a);
+  const cudaStream_t st = g.stream;
+  const cudaGraphExec_t exec = g.exec;
 
   // Replay 1: all 8 sequences.
   CUDA_OK(cudaGraphLaunch(exec, st));
@@ -393,9 +420,93 @@ TEST_CASE("decode in a CUDA graph reads batch size, lengths and tables from devi
   CAPTURE(e2.rel, e2.max_abs);
   CHECK(e2.rel < rel_bound(sh.dtype));
   CHECK(std::all_of(got.begin() + live, got.end(), [](uint16_t x) { return x == 0x7fc0; }));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
+}
+
+TEST_CASE("decode over a work list: uniform batches as the split grid, ragged ones balanced") {
+  std::mt19937 rng(13);
+  // Uniform: the same chunks as split_range's splits, so bit-identical to the split grid.
+  for (const auto& [n, len] : std::vector<std::pair<uint32_t, int32_t>>{
+           {1, 4000}, {1, 100}, {3, 2048}, {20, 700}, {40, 1500}}) {
+    CAPTURE(n, len);
+    const AttentionShape sh{32, 8, 128, KvDtype::kBf16};
+    const Batch b = make_batch(sh, 16, std::vector<int32_t>(n, len), rng);
+    const auto q = random_half(sh.dtype, n * sh.q_heads * 128, rng);
+    uint32_t grid_splits = 0, chunks = 0;
+    const DecodeOut grid = run_decode(b, q, 0, &grid_splits);
+    const DecodeOut list = run_decode(b, q, 0, &chunks, true);
+    CAPTURE(grid_splits, chunks);
+    CHECK(list.paged == grid.paged);
+    CHECK(list.contig == grid.contig);
+  }
+  // Ragged: one long sequence among short ones is split, the short ones are not; an empty one
+  // writes zeros.
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16})
+    for (const std::vector<int32_t>& lens : std::vector<std::vector<int32_t>>{
+             {8000, 100, 300, 64, 65, 1, 900}, {5000, 0, 17}, {3000, 2999, 40, 4100}})
+      CHECK(check_decode_case(dt, 128, 32, 8, 16, lens, 0, rng, true) > 1);
+}
+
+TEST_CASE("decode in a CUDA graph re-plans its work list before every replay") {
+  // A capture of 8 sequences at up to 512 tokens (plan_decode_graph's launch), replayed over
+  // ragged batches whose lists need other chunk lengths, padded as the executor pads (length 1).
+  std::mt19937 rng(17);
+  const AttentionShape sh{32, 8, 128, KvDtype::kBf16};
+  const uint32_t cap = 8, ctx = 512;
+  const DeviceLimits lim = device_limits();
+  const DecodePlan launch = plan_decode_graph(sh, cap, ctx, lim);
+  REQUIRE(launch.num_splits > 1);
+  const std::vector<int32_t> full(cap, int32_t(ctx));
+  Batch tmpl = make_batch(sh, 16, full, rng, 0);
+  DevBuf<uint16_t> pk(tmpl.paged_k), pv(tmpl.paged_v);
+  DevBuf<int32_t> lens(full), tables(tmpl.tables);
+  DevBuf<int32_t> work(plan_decode_work(sh, full, lim, &launch).words);
+  const auto q = random_half(sh.dtype, cap * sh.q_heads * 128, rng);
+  DevBuf<uint16_t> dq(q), out(std::vector<uint16_t>(q.size(), 0x7fc0));
+  DevBuf<uint8_t> ws(launch.workspace_bytes);
+  DecodeArgs a;
+  a.q = dq.addr();
+  a.o = out.addr();
+  a.cache = {pk.addr(), pv.addr(), tmpl.block_stride, 16, KvAddressing::kPaged};
+  a.seqs = {lens.p, tables.p, tmpl.max_blocks, nullptr, nullptr};
+  a.workspace = ws.addr();
+  a.work = work.p;
+  const CapturedDecode g(sh, launch, a);
+  const cudaStream_t st = g.stream;
+  const cudaGraphExec_t exec = g.exec;
+  std::vector<uint32_t> chunk_tiles;
+  for (const std::vector<int32_t>& live : std::vector<std::vector<int32_t>>{
+           {512, 512, 512, 512, 512, 512, 512, 512}, {500, 3, 40}, {511}, {70, 200, 9, 300, 64}}) {
+    CAPTURE(live.size(), live[0]);
+    std::vector<int32_t> padded = live;
+    padded.resize(cap, 1);
+    Batch b = make_batch(sh, 16, padded, rng, 0);
+    REQUIRE(b.block_stride == tmpl.block_stride);
+    REQUIRE(b.paged_k.size() <= tmpl.paged_k.size());
+    std::vector<int32_t> t(tmpl.tables.size(), -1);
+    for (uint32_t s = 0; s < cap; ++s)
+      for (uint32_t i = 0; i < b.max_blocks; ++i)
+        t[s * tmpl.max_blocks + i] = b.tables[s * b.max_blocks + i];
+    CUDA_OK(cudaMemcpy(pk.p, b.paged_k.data(), b.paged_k.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(pv.p, b.paged_v.data(), b.paged_v.size() * 2, cudaMemcpyHostToDevice));
+    const DecodeWork w = plan_decode_work(sh, padded, lim, &launch);
+    REQUIRE(w.words.size() == work.n);
+    chunk_tiles.push_back(w.chunk_tiles);
+    lens.upload(padded);
+    tables.upload(t);
+    work.upload(w.words);
+    out.upload(std::vector<uint16_t>(q.size(), 0x7fc0));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    std::vector<float> qf(q.size());
+    for (size_t i = 0; i < q.size(); ++i) qf[i] = from_half(sh.dtype, q[i]);
+    const Err e = compare(sh.dtype, out.download(), reference_decode(b, qf));
+    CAPTURE(w.chunk_tiles, w.num_items, e.rel, e.max_abs);
+    CHECK(e.rel < rel_bound(sh.dtype));
+    CHECK(e.max_abs < abs_bound(sh.dtype));
+  }
+  // The replays ran different chunk lengths through the one captured launch.
+  CHECK(*std::min_element(chunk_tiles.begin(), chunk_tiles.end()) <
+        *std::max_element(chunk_tiles.begin(), chunk_tiles.end()));
 }
 
 void check_prefill_case(KvDtype dt, uint32_t D, uint32_t q_heads, uint32_t kv_heads, uint32_t page,
@@ -601,6 +712,15 @@ TEST_CASE("launchers reject bad arguments without launching") {
   CHECK(paged_decode(bad, plan, DecodeArgs{}, nullptr) == cudaErrorInvalidValue);
   const AttentionShape ok_shape{8, 8, 96, KvDtype::kBf16};  // head_dim 96 unsupported
   CHECK(paged_decode(ok_shape, plan, DecodeArgs{}, nullptr) == cudaErrorInvalidValue);
+  DecodePlan listed;  // a work-list launch without its list (tables otherwise in place)
+  listed.max_batch = 1;
+  listed.work_capacity = 4;
+  DevBuf<int32_t> table(std::vector<int32_t>{0});
+  DecodeArgs no_list;
+  no_list.cache.block_size = 16;
+  no_list.seqs.block_tables = table.p;
+  CHECK(paged_decode({8, 8, 128, KvDtype::kBf16}, listed, no_list, nullptr) ==
+        cudaErrorInvalidValue);
   BlockCopyArgs c;
   c.num_pairs = 1;
   c.block_bytes = 24;  // not a multiple of 16

@@ -98,6 +98,141 @@ TEST_CASE("decode splits of a ragged batch follow the longest sequence's share o
   CHECK(plan_decode(kLlama8B, 256, 32768, kH200, 0, 32768 + 255 * 64).num_splits == 3);
 }
 
+// Checks a work list's words against its lengths: every sequence's [0, len) is cut into chunks
+// of chunk_tiles tiles, one item each, in sequence order (one item for an empty sequence).
+void check_work(const DecodeWork& w, const std::vector<int32_t>& lens) {
+  const uint32_t cap = w.plan.work_capacity;
+  REQUIRE(cap >= w.num_items);
+  REQUIRE(w.words.size() == decode_work_words(cap, w.plan.max_batch));
+  REQUIRE(w.words[0] == static_cast<int32_t>(w.num_items));
+  REQUIRE(w.words[1] == static_cast<int32_t>(w.chunk_tiles));
+  const int32_t* seq = w.words.data() + 2;
+  const int32_t* chunk = seq + cap;
+  const int32_t* first = chunk + cap;
+  const int64_t c = int64_t{w.chunk_tiles} * kDecodeTile;
+  uint32_t at = 0, most = 1;
+  for (uint32_t s = 0; s < lens.size(); ++s) {
+    REQUIRE(first[s] == static_cast<int32_t>(at));
+    const uint32_t n = std::max<uint32_t>(1, static_cast<uint32_t>((lens[s] + c - 1) / c));
+    most = std::max(most, n);
+    for (uint32_t j = 0; j < n; ++j, ++at) {
+      REQUIRE(seq[at] == static_cast<int32_t>(s));
+      REQUIRE(chunk[at] == static_cast<int32_t>(j));
+    }
+  }
+  REQUIRE(at == w.num_items);
+  REQUIRE(most <= w.plan.num_splits);
+}
+
+TEST_CASE("decode work lists cut a uniform batch as the split plan does") {
+  for (uint32_t b : {1u, 8u, 32u, 64u, 100u, 256u})
+    for (uint32_t len : {1u, 100u, 256u, 4096u, 8192u, 32768u}) {
+      const DecodePlan p = plan_decode(kLlama8B, b, len, kH200);
+      const DecodeWork w = plan_decode_work(kLlama8B, std::vector<int32_t>(b, int32_t(len)), kH200);
+      check_work(w, std::vector<int32_t>(b, int32_t(len)));
+      // Same ranges as split_range's non-empty splits, no empty split launched.
+      uint32_t nonempty = 0;
+      for (uint32_t s = 0; s < p.num_splits; ++s) {
+        uint32_t lo, hi;
+        decode_split_range(p, len, s, &lo, &hi);
+        if (hi > lo || s == 0) {
+          ++nonempty;
+          CHECK(lo == s * w.chunk_tiles * kDecodeTile);
+          CHECK(hi == std::min(len, (s + 1) * w.chunk_tiles * kDecodeTile));
+        }
+      }
+      CHECK(w.num_items == b * nonempty);
+      CHECK(w.plan.num_splits == nonempty);
+      CHECK(w.plan.work_capacity == w.num_items);
+      CHECK(w.plan.workspace_bytes == (nonempty > 1 ? uint64_t{w.num_items} * 32 * 129 * 4 : 0));
+    }
+}
+
+TEST_CASE("decode work lists split the long sequences of a ragged batch, not the short ones") {
+  // One 8,000-token sequence among 19 of 1,000 (27,000 in all): 27 CTAs of the longest's work,
+  // 264 / 27 = 9 splits of it, so chunks of ceil(125 / 9) = 14 tiles: 9 items for it, 2 for each
+  // short one (16 tiles), 47 rows where split_range's grid launches 9 x 20 = 180.
+  std::vector<int32_t> lens(20, 1000);
+  lens[7] = 8000;
+  CHECK(plan_decode(kLlama8B, 20, 8000, kH200, 0, 27000).num_splits == 9);
+  const DecodeWork w = plan_decode_work(kLlama8B, lens, kH200);
+  check_work(w, lens);
+  CHECK(w.chunk_tiles == 14);
+  CHECK(w.num_items == 9 + 19 * 2);
+  CHECK(w.plan.num_splits == 9);
+  CHECK(w.plan.max_batch == 20);
+  CHECK(w.plan.workspace_bytes == 47ull * 32 * 129 * 4);
+  // Empty sequences take one item (it writes zeros); an empty batch none.
+  const DecodeWork z = plan_decode_work(kLlama8B, {0, 64, 0}, kH200);
+  check_work(z, {0, 64, 0});
+  CHECK(z.num_items == 3);
+  CHECK(plan_decode_work(kLlama8B, {}, kH200).num_items == 0);
+}
+
+TEST_CASE("a graph's decode launch holds every later plan of its batch, re-planned to fit") {
+  // 256 at 32K: unsplit when uniform (2,048 CTAs): 256 rows, a sequence's chunks bounded by
+  // 512 tiles in chunks of two at least.
+  DecodePlan g = plan_decode_graph(kLlama8B, 256, 32768, kH200);
+  CHECK(g.work_capacity == 256);
+  CHECK(g.num_splits == 256);
+  CHECK(g.workspace_bytes == 256ull * 32 * 129 * 4);
+  CHECK(g.max_batch == 256);
+  // One sequence: the uniform plan's 33 splits fill the wave of 2 x 132 / 8 = 33 rows.
+  g = plan_decode_graph(kLlama8B, 1, 32768, kH200);
+  CHECK(g.work_capacity == 33);
+  CHECK(g.num_splits == 33);
+  // 24 at 16K, unsplit when uniform: padded to the wave's 33 rows, room to split a long one.
+  CHECK(plan_decode_graph(kLlama8B, 24, 16384, kH200).work_capacity == 33);
+  // 64 at 32K split 3 ways uniform: 192 rows.
+  CHECK(plan_decode_graph(kLlama8B, 64, 32768, kH200).work_capacity == 192);
+  // Short captures: one tile, no split, no workspace.
+  g = plan_decode_graph(kLlama8B, 4, 64, kH200);
+  CHECK(g.num_splits == 1);
+  CHECK(g.workspace_bytes == 0);
+
+  std::mt19937 rng(7);
+  uint32_t refitted = 0;
+  for (uint32_t graph : {1u, 2u, 8u, 24u, 40u, 64u, 128u, 256u})
+    for (uint32_t ctx : {512u, 4096u, 16384u}) {
+      const DecodePlan launch = plan_decode_graph(kLlama8B, graph, ctx, kH200);
+      // The uniform template at ctx plans exactly as an eager step.
+      const std::vector<int32_t> full(graph, int32_t(ctx));
+      const DecodeWork t = plan_decode_work(kLlama8B, full, kH200, &launch);
+      check_work(t, full);
+      CHECK(t.chunk_tiles == plan_decode_work(kLlama8B, full, kH200).chunk_tiles);
+      for (int trial = 0; trial < 200; ++trial) {
+        const uint32_t b = 1 + rng() % graph;
+        std::vector<int32_t> lens(b);
+        for (int32_t& l : lens)
+          l = rng() % 4 ? int32_t(1 + rng() % (ctx / 8)) : int32_t(1 + rng() % ctx);
+        const DecodeWork eager = plan_decode_work(kLlama8B, lens, kH200);
+        const DecodeWork w = plan_decode_work(kLlama8B, lens, kH200, &launch);
+        check_work(w, lens);
+        CHECK(w.plan.work_capacity == launch.work_capacity);
+        CHECK(w.words.size() == decode_work_words(launch.work_capacity, graph));
+        CHECK(w.chunk_tiles >= eager.chunk_tiles);
+        if (w.chunk_tiles > eager.chunk_tiles) {  // the shortest chunk that fits
+          ++refitted;
+          uint32_t most = 1;
+          uint64_t n = 0;
+          const uint32_t shorter = (w.chunk_tiles - 1) * kDecodeTile;
+          for (int32_t l : lens) {
+            const uint32_t k = std::max<uint32_t>(1, (l + shorter - 1) / shorter);
+            n += k;
+            most = std::max(most, k);
+          }
+          CHECK((n > launch.work_capacity || most > launch.num_splits));
+        } else {
+          CHECK(w.num_items == eager.num_items);
+        }
+      }
+    }
+  CHECK(refitted > 0);  // some eager plans did not fit their graph's launch
+  // A batch beyond the launch's gets no list.
+  const DecodePlan small = plan_decode_graph(kLlama8B, 2, 4096, kH200);
+  CHECK(plan_decode_work(kLlama8B, {64, 64, 64}, kH200, &small).words.empty());
+}
+
 TEST_CASE("decode split ranges tile [0, kv_len) exactly, in order, tile-aligned") {
   for (uint32_t splits : {1u, 2u, 3u, 7u, 50u, 64u}) {
     DecodePlan p = plan_decode(kLlama8B, 1, 1u << 16, kH200, splits);

@@ -13,12 +13,12 @@ uint64_t align16(uint64_t v) {
 
 }  // namespace
 
-uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride) {
+uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride, uint64_t work_words) {
   const uint64_t b = batch;
   // ids, positions (int32), slot_mapping (int64), indptr (one entry: no prefill), kv_lens,
-  // tables, last rows (int32).
+  // tables, last rows (int32); no prefill work; the decode work list (int32).
   return align16(b * 4) + align16(b * 4) + align16(b * 8) + align16(4) + align16(b * 4) +
-         align16(b * bt_stride * 4) + align16(b * 4);
+         align16(b * bt_stride * 4) + align16(b * 4) + align16(work_words * 4);
 }
 
 ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
@@ -36,7 +36,9 @@ ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
 
   ShapeProgram out;
   out.batch = batch;
-  out.inputs = {{"step_metadata", executor_metadata_bytes(batch, bt_stride), TensorRole::kInput}};
+  const uint64_t words = o.decode_work_words ? o.decode_work_words(batch) : 0;
+  out.inputs = {
+      {"step_metadata", executor_metadata_bytes(batch, bt_stride, words), TensorRole::kInput}};
   GraphProgram g;
   g.name = "b" + std::to_string(batch) + ".full";
   auto alloc = [&](std::string name, uint64_t bytes) {

@@ -21,15 +21,19 @@ inline uint32_t graph_context_for(uint32_t max_context) {
 struct ExecutorProgramOptions {
   uint32_t max_context = 32768;  // contexts the graphs are captured for (sizes the block tables)
   uint32_t kv_block_size = 16;
-  // Bytes of the decode kernel's split workspace for a batch (its plan at max_context);
-  // null or 0: no workspace.
+  // Bytes of the decode kernel's split workspace for a batch (its graph launch at max_context,
+  // kernels::plan_decode_graph); null or 0: no workspace.
   std::function<uint64_t(uint32_t batch)> decode_workspace;
+  // int32 words of the decode work list in the metadata for a batch (kernels::decode_work_words
+  // of that launch); null or 0: none.
+  std::function<uint64_t(uint32_t batch)> decode_work_words;
 };
 
 // ModelStep's decode step of `batch` sequences, one full graph "b<B>.full":
 //   input   step_metadata     the packed step metadata ModelStep uploads before each replay:
 //                             [ids | positions | slot_mapping | indptr | kv_lens | block tables |
-//                             last rows], each section 16-byte aligned (executor_metadata_bytes)
+//                             last rows | (no prefill work) | decode work list], each section
+//                             16-byte aligned (executor_metadata_bytes)
 //   attn_workspace            split-KV partial outputs (when the plan splits)
 //   residual                  [b, hidden]        embedding output, then the running residual
 //   layer 0: input_norm       [b, hidden]        (later layers normalize the previous down
@@ -44,7 +48,7 @@ ShapeProgram make_executor_decode_program(const ModelShape& model, uint32_t batc
                                           const ExecutorProgramOptions& options);
 
 // Bytes of the packed metadata of a decode step of `batch` sequences whose block tables are
-// `bt_stride` entries long.
-uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride);
+// `bt_stride` entries long, with a decode work list of `work_words` int32 words.
+uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride, uint64_t work_words = 0);
 
 }  // namespace memsim

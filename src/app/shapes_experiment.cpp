@@ -280,7 +280,11 @@ CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCach
     // against the device and its own plan's workspace against this one, op by op.
     const kernels::DeviceLimits limits{c.gpu.compute.sms, c.gpu.compute.decode_ctas_per_sm};
     o.decode_workspace = [shape, ctx, limits](uint32_t b) {
-      return kernels::plan_decode(shape, b, ctx, limits).workspace_bytes;
+      return kernels::plan_decode_graph(shape, b, ctx, limits).workspace_bytes;
+    };
+    o.decode_work_words = [shape, ctx, limits](uint32_t b) {
+      return kernels::decode_work_words(
+          kernels::plan_decode_graph(shape, b, ctx, limits).work_capacity, b);
     };
     r.program_for = [m = c.model, o](uint32_t b) { return make_executor_decode_program(m, b, o); };
     r.gemm_workspace_bytes = 0;

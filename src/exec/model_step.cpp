@@ -76,16 +76,17 @@ struct ModelStep::Impl {
   }
   Status free(DevPtr p) { return !p ? Status{} : ext ? ext->free(p) : alloc.free(p); }
   // A step's metadata, packed for one upload: [ids | positions | slot_mapping | indptr | kv_lens |
-  // tables | last_rows | prefill work], each section 16-byte aligned (at[] its offsets). The
-  // sequences are reordered decodes first (order[i] = the caller's index of packed sequence i):
-  // the first D run the decode kernel, the rest the prefill kernel (indptr and work are theirs,
-  // from their first query row), as vLLM orders a FlashInfer batch.
+  // tables | last_rows | prefill work | decode work], each section 16-byte aligned (at[] its
+  // offsets). The sequences are reordered decodes first (order[i] = the caller's index of packed
+  // sequence i): the first D run the decode kernel (its work list planned over them), the rest the
+  // prefill kernel (indptr and prefill work are theirs, from their first query row), as vLLM
+  // orders a FlashInfer batch.
   struct Packed {
     std::vector<uint8_t> bytes;
-    uint64_t at[8] = {};
+    uint64_t at[9] = {};
     uint32_t T = 0, S = 0, D = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
     bool decode = true;  // D == S
-    DecodePlan dplan;    // of the D decodes
+    DecodePlan dplan;    // of the D decodes (a work list)
     std::vector<uint32_t> order;
   };
   // A decode step of `batch` sequences captured as a CUDA graph over one KV layout: fixed
@@ -97,8 +98,9 @@ struct ModelStep::Impl {
     DevPtr meta = 0, host_in = 0, host_out = 0;
     cudaGraphExec_t exec = nullptr;
   };
+  // `fixed`: a captured graph's decode launch the step's work list must fit (null: eager).
   Status pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs, uint32_t min_bt_stride,
-              Packed* out);
+              Packed* out, const DecodePlan* fixed = nullptr);
   // Enqueues the step from the embedding to the next tokens' copy into host_next (pinned);
   // allocates and frees its activations. Captured as it is by capture_decode.
   Status forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next, bool logits);
@@ -215,7 +217,7 @@ Status ModelStep::Impl::init() {
 }
 
 Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs,
-                             uint32_t min_bt_stride, Packed* out) {
+                             uint32_t min_bt_stride, Packed* out, const DecodePlan* fixed) {
   const uint32_t S = static_cast<uint32_t>(seqs.size());
   if (S == 0) return make_error(ErrorCode::kInvalidArgument, "a step needs a sequence");
   if (S > cfg.max_seqs)
@@ -229,8 +231,7 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
   // ---- host metadata -----------------------------------------------------------------------
   std::vector<int32_t> ids, positions, indptr{0}, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
   std::vector<int64_t> slot_mapping;
-  uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0, max_kv_decode = 0;
-  uint64_t sum_kv_decode = 0;
+  uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0;
   std::vector<uint32_t> order;  // decodes first, each kind in the caller's order
   for (int pass = 0; pass < 2; ++pass)
     for (uint32_t i = 0; i < S; ++i)
@@ -248,11 +249,7 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
     } else if (s.table.size() != 1 || len > kv.block_tokens) {
       return make_error(ErrorCode::kInvalidArgument, "contiguous layouts take one slot a sequence");
     }
-    if (s.tokens.size() == 1) {
-      ++D;
-      max_kv_decode = std::max(max_kv_decode, len);
-      sum_kv_decode += len;
-    }
+    if (s.tokens.size() == 1) ++D;
     max_kv = std::max(max_kv, len);
   }
   for (const uint32_t i : order) {
@@ -289,12 +286,19 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
   if (T > cfg.max_tokens)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("step of {} tokens exceeds max_tokens {}", T, cfg.max_tokens));
-  DecodePlan dplan;
+  DecodeWork dwork;
   PrefillPlan pplan;
-  if (D) dplan = plan_decode(shape, D, max_kv_decode, limits, 0, sum_kv_decode);
+  if (D) {
+    dwork = plan_decode_work(shape, std::vector<int32_t>(kv_lens.begin(), kv_lens.begin() + D),
+                             limits, fixed);
+    if (dwork.words.empty())
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("{} decodes exceed the graph's batch", D));
+  }
   if (D < S) pplan = plan_prefill(shape, q_lens, pre_kv_lens);
 
-  // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | work].
+  // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | prefill
+  // work | decode work].
   struct Section {
     const void* data;
     uint64_t bytes;
@@ -307,7 +311,8 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
                               {kv_lens.data(), kv_lens.size() * 4},
                               {tables.data(), tables.size() * 4},
                               {last_rows.data(), last_rows.size() * 4},
-                              {pplan.work.data(), pplan.work.size() * 4}};
+                              {pplan.work.data(), pplan.work.size() * 4},
+                              {dwork.words.data(), dwork.words.size() * 4}};
   uint64_t meta_bytes = 0;
   for (Section& x : sec) {
     x.at = meta_bytes;
@@ -325,7 +330,7 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
   p.max_kv = max_kv;
   p.D = D;
   p.decode = D == S;
-  p.dplan = dplan;
+  p.dplan = dwork.plan;
   p.order = std::move(order);
   p.num_tiles = pplan.num_tiles;
   return {};
@@ -344,6 +349,7 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
   const auto* d_tables = reinterpret_cast<const int32_t*>(dev(5));
   const auto* d_last = reinterpret_cast<const int32_t*>(dev(6));
   const auto* d_work = reinterpret_cast<const int32_t*>(dev(7));
+  const auto* d_dwork = reinterpret_cast<const int32_t*>(dev(8));
   SeqTables st;  // the decodes' (sequences [0, D)); st_pre: the prefill chunks' ([D, S))
   st.kv_lens = d_kv_lens;
   if (kv.paged) {
@@ -438,6 +444,7 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta
       a.seqs = st;
       a.dplan = dplan;
       a.workspace = workspace;
+      a.work = d_dwork;
       MEMSIM_STEP_CU(layer_attention(shape, a, stream));
     }
     if (D < S) {  // rows [D, T)
@@ -634,7 +641,8 @@ Result<ModelStep::Impl::Template*> ModelStep::Impl::decode_template(const KvLayo
   }
   Template t;
   t.max_context = max_context;
-  MEMSIM_TRY(pack(kv, tmpl, blocks, &t.layout));
+  const DecodePlan launch = plan_decode_graph(shape, batch, max_context, limits);
+  MEMSIM_TRY(pack(kv, tmpl, blocks, &t.layout, &launch));
   for (uint32_t i = 0; i < t.layout.T; ++i) {
     const int64_t skip = -1;
     std::memcpy(t.layout.bytes.data() + t.layout.at[2] + i * 8, &skip, 8);
@@ -655,13 +663,18 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
     padded.resize(g.batch, StepSeqInput{{seqs[0].table[0]}, 0, {0}});
     in = &padded;
   }
+  // The split is re-planned for these lengths within the captured launch.
   Packed p;
-  MEMSIM_TRY(pack(kv, *in, g.layout.bt_stride, &p));
+  MEMSIM_TRY(pack(kv, *in, g.layout.bt_stride, &p, &g.layout.dplan));
   if (p.bt_stride != g.layout.bt_stride || p.max_kv > g.max_context)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("decode step of context {} exceeds the graph of batch {} "
                                   "(captured for {})",
                                   p.max_kv, g.batch, g.max_context));
+  if (p.bytes.size() != g.layout.bytes.size() ||
+      !std::equal(std::begin(p.at), std::end(p.at), std::begin(g.layout.at)))
+    return make_error(ErrorCode::kInvalidState,
+                      "decode replay: metadata layout differs from the capture's");
   for (uint32_t t = real; t < p.T; ++t) {
     const int64_t skip = -1;
     std::memcpy(p.bytes.data() + p.at[2] + t * 8, &skip, 8);
@@ -719,6 +732,10 @@ Result<std::vector<uint8_t>> ModelStep::decode_template(const KvLayout& kv, uint
     std::memcpy(bytes.data() + t->layout.at[1] + i * 4, &pos, 4);
     std::memcpy(bytes.data() + t->layout.at[4] + i * 4, &len, 4);
   }
+  // The decode work [8] re-planned for these lengths within the captured launch.
+  const DecodeWork w = plan_decode_work(impl_->shape, std::vector<int32_t>(batch, len),
+                                        impl_->limits, &t->layout.dplan);
+  std::memcpy(bytes.data() + t->layout.at[8], w.words.data(), w.words.size() * 4);
   return bytes;
 }
 

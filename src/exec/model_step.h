@@ -93,15 +93,18 @@ class ModelStep {
   // as a CUDA graph, as vLLM captures its decode batch sizes: a later run() of a decode step of
   // B sequences over the same layout replays the smallest captured batch >= B, padded as vLLM
   // pads (the padding rows read one KV token and write none; their tokens are dropped). The
-  // metadata is uploaded into the graph's fixed buffer first; tables, lengths and positions are
-  // read on the device. The warm-up before the capture writes no KV (slot -1) and reads block 0.
+  // metadata is uploaded into the graph's fixed buffer first; tables, lengths, positions and the
+  // decode attention's work list (re-planned for each replay's lengths within the launch the
+  // capture fixed: kernels::plan_decode_graph) are read on the device. The warm-up before the
+  // capture writes no KV (slot -1) and reads block 0.
   Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
 
   // The template decode step of capture_decode (`batch` sequences at max_context tokens reading
   // block 0, writing no KV) as packed metadata, for a caller that captures the step into its own
   // graph: upload these bytes to a device buffer, then enqueue_decode reads them there.
-  // `context` (1..max_context; 0 = max_context) sets the lengths the metadata carries: the plan
-  // and the table stride stay max_context's, so a capture reads the same kernels either way.
+  // `context` (1..max_context; 0 = max_context) sets the lengths the metadata carries (and the
+  // decode work list planned for them): the launch and the table stride stay max_context's, so a
+  // capture records the same kernels either way.
   Result<std::vector<uint8_t>> decode_template(const KvLayout& kv, uint32_t batch,
                                                uint32_t max_context, uint32_t context = 0);
   // Enqueues that step on `stream` (a cudaStream_t; capturable), its metadata read at `meta`,
