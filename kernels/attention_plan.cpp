@@ -124,13 +124,13 @@ DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32
                             const DeviceLimits& device, const DecodePlan* fixed) {
   const auto batch = static_cast<uint32_t>(kv_lens.size());
   if (fixed && batch > fixed->max_batch) return {};
-  uint32_t max_len = 0, max_tiles = 0;
+  uint32_t max_len = 0;
   uint64_t sum = 0;
   for (const int32_t len : kv_lens) {
     max_len = std::max(max_len, static_cast<uint32_t>(std::max(len, 0)));
     sum += static_cast<uint32_t>(std::max(len, 0));
   }
-  max_tiles = tiles_of(max_len);
+  const uint32_t max_tiles = tiles_of(max_len);
   // Rows and the most chunks of one sequence at a chunk of c tiles (every sequence one row at
   // least, an empty one too: it writes zeros).
   auto count = [&](uint32_t c, uint32_t* most) {
@@ -159,7 +159,7 @@ DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32
       else
         lo = mid + 1;
     }
-    chunk = std::max(lo, 1u);
+    chunk = lo;
     items = count(chunk, &most);
   }
   DecodeWork w;
