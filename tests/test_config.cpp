@@ -40,6 +40,10 @@ TEST_CASE("the shipped experiment loads with bare gpu/model names", "[config]") 
   CHECK(c.gpu.capacity == 146591680ull * 1024ull);  // calibrated: cudaMemGetInfo total
   CHECK(c.gpu.granularity == 2097152ull);
   CHECK(c.gpu.va_space == 128ull * 1099511627776ull);
+  // Fitted in context: the knee of the mappings term, and first calls after a launch.
+  CHECK(c.gpu.va_mappings_knee == 4096);
+  CHECK(c.gpu.cost(Primitive::kDeviceMalloc).first_after_launch_us > 0);
+  CHECK(c.gpu.cost(Primitive::kLaunch).first_after_launch_us == 0);
   CHECK(c.model.name == "llama-3.1-8b");
   CHECK(c.model.layers == 32u);
   CHECK(c.model.heads == 32u);
@@ -588,6 +592,10 @@ TEST_CASE("a gpu file's own errors name the gpu file", "[config][errors]") {
   SECTION("va_space below capacity") {
     check(replace_once(gpu, "\nva_space: 128TiB", "\nva_space: 1GiB"), "va_space:", "va_space",
           "must be at least the capacity");
+  }
+  SECTION("a knee out of range") {
+    check(replace_once(gpu, "\nva_mappings_knee: 4096.0", "\nva_mappings_knee: 0"),
+          "va_mappings_knee:", "va_mappings_knee", "0 is out of range [0.001, 1000000000]");
   }
   SECTION("a typo'd primitive") {
     check(replace_once(gpu, "\n  map: {", "\n  mapp: {"), "  mapp:", "costs.mapp",

@@ -5,13 +5,18 @@
 
 namespace memsim {
 
-SimTime GpuSpec::price(Primitive p, uint64_t handles, uint64_t bytes, uint64_t mappings) const {
+double GpuSpec::mappings_feature(uint64_t mappings) const {
+  return std::log2(1.0 + static_cast<double>(mappings) / va_mappings_knee);
+}
+
+SimTime GpuSpec::price(Primitive p, uint64_t handles, uint64_t bytes, uint64_t mappings,
+                       bool first_after_launch) const {
   const CostTerm& c = cost(p);
   const double granules =
       granularity ? static_cast<double>((bytes + granularity - 1) / granularity) : 0.0;
   double us = c.per_call_us + c.per_handle_us * static_cast<double>(handles) +
-              c.per_granule_us * granules +
-              c.per_log2_mappings_us * std::log2(1.0 + static_cast<double>(mappings));
+              c.per_granule_us * granules + c.per_log2_mappings_us * mappings_feature(mappings) +
+              (first_after_launch ? c.first_after_launch_us : 0.0);
   if (c.bytes_per_us > 0) us += static_cast<double>(bytes) / c.bytes_per_us;
   return static_cast<SimTime>(std::llround(us * 1000.0));
 }

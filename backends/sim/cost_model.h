@@ -10,18 +10,28 @@
 namespace memsim {
 
 // Cost of one call: per_call + per_handle x handles touched + per_granule x granules
-// + bytes / bandwidth + per_log2_mappings x log2(1 + VA mappings live in the process at the
-// call). All figures in microseconds (bandwidth in bytes per microsecond). The last term is the
-// driver's VA state. On H200 (vmm_alias, 2 MiB handles), as live mappings grew from none to
-// 15,000, reserve_virtual went from 28 to ~50 us, map from 2.1 to 3.3 us and set_access from 38
-// to 43 us, most of it within the first 3,000 mappings: it grows like a tree's depth, not like
-// the count. Fitted in context (memsim calibrate --in-context); 0 where it does not show.
+// + bytes / bandwidth + per_log2_mappings x log2(1 + m / va_mappings_knee), m the VA mappings
+// live in the process at the call, + first_after_launch when the call is the first of its
+// primitive since the last graph launch. All figures in microseconds (bandwidth in bytes per
+// microsecond). Fitted in context (memsim calibrate --in-context); 0 where a term does not show.
+//
+// The mappings term is the driver's VA state. On H200 (vmm_alias, 2 MiB handles) reserve_virtual
+// took 12 us with up to 256 mappings live, 21 us at 1-2K, 34 us at 8K and 41 us at 16K;
+// end_capture 550, 710, 960 and 1090 us: flat over the first few hundred mappings, then growing
+// like a tree's depth, not like the count; the knee (1,024 on the H200) is fitted with the terms.
+//
+// The first-after-launch term: after a graph launch, the first call of each primitive ran 2-3x
+// its later calls in every strategy run on the H200 and the H100 (device_malloc 130 against
+// 60 us, set_access 75 against 27 us, map 4 against 1.4 us, device_free 200 against 65 us): the
+// driver's path for it runs cold after the launch. Calls made while their stream captures (graph
+// nodes, priced at end_capture) neither pay it nor warm the path.
 struct CostTerm {
   double per_call_us = 0;
   double per_handle_us = 0;
   double per_granule_us = 0;
-  double bytes_per_us = 0;          // 0 = no per-byte term
-  double per_log2_mappings_us = 0;  // per log2(1 + live VA mappings)
+  double bytes_per_us = 0;           // 0 = no per-byte term
+  double per_log2_mappings_us = 0;   // per log2(1 + live VA mappings / va_mappings_knee)
+  double first_after_launch_us = 0;  // the first call of this primitive since a graph launch
 };
 
 // Compute side of a GPU, for the roofline step-time model (sim/workload/step_time.h) and KV
@@ -51,6 +61,8 @@ struct GpuSpec {
   uint64_t capacity = 0;     // device memory in bytes
   uint64_t granularity = 0;  // VMM allocation granularity
   uint64_t va_space = 0;     // bytes of virtual address space the backend may reserve
+  // Live VA mappings at which a per_log2_mappings term reaches one unit (1: log2(1 + mappings)).
+  double va_mappings_knee = 1;
   // Extra per-node costs of graphs: a captured node and instantiating one (charged at
   // end_capture), and uploading one at the graph's first launch (memory nodes excepted: their
   // cost is the mapping below). Measured on H200 and H100 (shapes runs, 331-node graphs): a
@@ -70,8 +82,11 @@ struct GpuSpec {
   const CostTerm& cost(Primitive p) const { return costs[static_cast<size_t>(p)]; }
   CostTerm& cost(Primitive p) { return costs[static_cast<size_t>(p)]; }
   // Nanoseconds for one call of `p` touching `handles` handles and `bytes` bytes, made while
-  // `mappings` VA mappings are live.
-  SimTime price(Primitive p, uint64_t handles, uint64_t bytes, uint64_t mappings = 0) const;
+  // `mappings` VA mappings are live; `first_after_launch`: the first call of `p` since a launch.
+  SimTime price(Primitive p, uint64_t handles, uint64_t bytes, uint64_t mappings = 0,
+                bool first_after_launch = false) const;
+  // The mappings feature: log2(1 + mappings / va_mappings_knee).
+  double mappings_feature(uint64_t mappings) const;
   // Microseconds end_capture adds to its cost term for a graph of `nodes` nodes.
   double end_capture_extra_us(uint64_t nodes) const;
   // Microseconds a launch adds to its cost term: nodes uploaded (first launch), graph-memory

@@ -91,6 +91,7 @@ class SimBackend final : public Backend {
     uint64_t handles = 0, bytes = 0, nodes = 0;
     uint64_t mappings = 0;  // VA mappings live when the call was made
     bool priced = true;     // false: made while its stream captured (a node, priced at end_capture)
+    bool first_after_launch = false;  // the first priced call of `p` since the last launch
   };
   const CallFeatures& last_call() const { return last_call_; }
 
@@ -154,6 +155,9 @@ class SimBackend final : public Backend {
   uint64_t virtual_reserved_ = 0;
   uint64_t virtual_mapped_ = 0;
   uint64_t mappings_ = 0;  // live (map calls not yet unmapped)
+  // Bit i: primitive i was called (priced) since the last launch.
+  uint32_t warm_since_launch_ = 0;
+  static_assert(static_cast<size_t>(Primitive::kCount) <= 32);
   uint64_t pinned_ = 0;
   std::array<SimTime, static_cast<size_t>(Primitive::kCount)> time_{};
   std::array<uint64_t, static_cast<size_t>(Primitive::kCount)> calls_{};

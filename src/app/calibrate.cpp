@@ -608,7 +608,8 @@ std::string term_str(const CostTerm& t) {
       {"per_handle_us", t.per_handle_us},
       {"per_granule_us", t.per_granule_us},
       {"bytes_per_us", t.bytes_per_us},
-      {"per_log2_mappings_us", t.per_log2_mappings_us}};
+      {"per_log2_mappings_us", t.per_log2_mappings_us},
+      {"first_after_launch_us", t.first_after_launch_us}};
   for (const auto& [k, v] : fields)
     if (v != 0) kv.push_back(fmt::format("{}: {}", k, num(v)));
   return kv.empty() ? "per_call_us: 0.0" : fmt::format("{}", fmt::join(kv, ", "));
@@ -663,13 +664,19 @@ std::string format_gpu_yaml(const Calibration& c, const std::vector<std::string>
   for (const std::string& h : header) comment(o, h);
   if (!c.rows.empty())
     o << "# Cost of one call = per_call_us + per_handle_us x handles + per_granule_us x (bytes /\n"
-         "#   granularity) + bytes / bytes_per_us (copy: 2 x bytes). Comments: measured medians.\n";
+         "#   granularity) + bytes / bytes_per_us (copy: 2 x bytes) + per_log2_mappings_us x\n"
+         "#   log2(1 + live VA mappings / va_mappings_knee) + first_after_launch_us (the first "
+         "call\n"
+         "#   of its primitive since a graph launch). Comments: what was measured.\n";
   for (const std::string& f : c.failures) comment(o, "FAILED, base values kept: " + f);
   for (const std::string& f : c.findings) comment(o, "finding: " + f);
   o << "name: " << s.name << "\n";
   o << "capacity: " << bytes_str(s.capacity) << "\n";
   o << "granularity: " << bytes_str(s.granularity) << "\n";
   o << "va_space: " << bytes_str(s.va_space) << "\n";
+  if (s.va_mappings_knee != 1)
+    o << "va_mappings_knee: " << num(s.va_mappings_knee)
+      << "    # per_log2_mappings terms: log2(1 + live VA mappings / knee)\n";
   o << "graphs:\n";
   for (const auto& [k, v] : graph_terms(s)) o << "  " << k << ": " << num(v) << "\n";
   if (s.graph_mem_chunk)  // probed with memsim-graphmem-probe, carried over from the base spec

@@ -44,11 +44,13 @@ int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostre
     out << fmt::format("\n{} against {}:\n{:<26} {:<18} {:>7} {:>11} {:>11} {:>7}\n", path,
                        o.gpu_path, "run", "primitive", "calls", "measured", "model", "ratio");
     int counted = 0, within = 0;
+    std::vector<double> ratios;
     for (const InContextClass& k : compare_classes(*samples, *base, *base)) {
       const double r = k.base_us > 0 ? k.measured_us / k.base_us : 0;
       const bool many = k.calls > 10, in = r >= 0.75 && r <= 1.25;
       counted += many;
       within += many && in;
+      if (many) ratios.push_back(r);
       out << fmt::format("{:<26} {:<18} {:>7} {:>9.2f}us {:>9.2f}us {:>7.2f}{}\n", k.run,
                          to_string(k.p), k.calls, k.measured_us, k.base_us, r,
                          !many ? ""
@@ -57,6 +59,7 @@ int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostre
     }
     out << fmt::format("{}: {} of {} (run, primitive) classes of more than 10 calls within 25%\n",
                        path, within, counted);
+    out << common_factor_line(ratios);
     all_counted += counted;
     all_within += within;
   }

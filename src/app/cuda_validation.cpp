@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "kernels/attention.h"
+#include "src/app/in_context_fit.h"
 #include "src/app/writers.h"
 #include "src/exec/graph_body.h"
 
@@ -311,6 +312,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   out << "\nsimulated vs measured time per call (us), ratio = measured / simulated; within = "
          "inside 25% (classes of more than 10 calls):\n";
   int counted = 0, within = 0;
+  std::vector<double> ratios;  // of the classes counted
   for (const Row& r : rows) {
     if (r.metric.rfind("us_per_call.", 0) != 0) continue;
     const double ratio = r.simulated > 0 ? r.measured / r.simulated : 0.0;
@@ -318,6 +320,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     const bool in = ratio >= 0.75 && ratio <= 1.25;
     counted += many;
     within += many && in;
+    if (many) ratios.push_back(ratio);
     out << fmt::format(
         "  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  {:<6} ({})\n",
         r.strategy, r.metric.substr(12), r.simulated, r.measured, ratio,
@@ -328,6 +331,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   }
   out << fmt::format("{} of {} primitive classes of more than 10 calls within 25%\n", within,
                      counted);
+  out << common_factor_line(ratios);
   out << fmt::format("wrote {}/validation.csv, calls.csv\n", dir);
   return all_ok ? 0 : 1;
 }

@@ -10,14 +10,16 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace memsim {
 namespace {
 
 using P = Primitive;
-// per call, per handle, per granule, per byte, per node, per log2(1 + live mappings)
-constexpr size_t kCols = 6;
+// per call, per handle, per granule, per byte, per node, per log2(1 + live mappings / knee),
+// first of its primitive since a launch
+constexpr size_t kCols = 7;
 
 std::array<double, kCols> features(const GpuSpec& g, const CallSample& s) {
   const double granules =
@@ -27,8 +29,12 @@ std::array<double, kCols> features(const GpuSpec& g, const CallSample& s) {
           granules,
           double(s.bytes),
           double(s.nodes),
-          std::log2(1.0 + double(s.mappings))};
+          g.mappings_feature(s.mappings),
+          s.first_after_launch ? 1.0 : 0.0};
 }
+
+// The knees tried for the mappings term (va_mappings_knee): 1 is log2(1 + mappings).
+constexpr double kKnees[] = {1, 4, 16, 64, 256, 1024, 4096, 16384};
 
 bool has_nodes(P p) {
   return p == P::kEndCapture || p == P::kLaunch;
@@ -74,6 +80,9 @@ Result<std::vector<CallSample>> read_call_samples(const std::string& path) {
   std::map<std::string, P> names;
   for (size_t i = 0; i < size_t(P::kCount); ++i) names[to_string(P(i))] = P(i);
   std::vector<CallSample> out;
+  // Per run: bit i set when primitive i was called since the run's last launch (the file lists
+  // every priced call of a run in order, launches included).
+  std::map<std::string, uint32_t, std::less<>> warm;
   std::string line;
   for (uint64_t n = 1; std::getline(in, line); ++n) {
     if (n == 1) {
@@ -125,6 +134,10 @@ Result<std::vector<CallSample>> read_call_samples(const std::string& path) {
           "handles, bytes, nodes, mappings must be whole numbers and measured_us a "
           "non-negative number");
     }
+    uint32_t& w = warm[s.run];
+    const uint32_t bit = 1u << size_t(s.p);
+    s.first_after_launch = s.p != P::kLaunch && (w & bit) == 0;
+    w = s.p == P::kLaunch ? 0 : w | bit;
     out.push_back(std::move(s));
   }
   return out;
@@ -132,50 +145,73 @@ Result<std::vector<CallSample>> read_call_samples(const std::string& path) {
 
 double price_sample_us(const GpuSpec& g, const CallSample& s) {
   if (s.p == P::kLaunch)  // priced on the nodes it uploads and the graph memory it maps
-    return double(g.price(s.p, 0, 0, s.mappings)) / 1000.0 +
+    return double(g.price(s.p, 0, 0, s.mappings, s.first_after_launch)) / 1000.0 +
            g.launch_extra_us(s.nodes, g.granularity ? s.bytes / g.granularity : 0, 0);
-  double us = double(g.price(s.p, s.handles, s.bytes, s.mappings)) / 1000.0;
+  double us = double(g.price(s.p, s.handles, s.bytes, s.mappings, s.first_after_launch)) / 1000.0;
   if (s.p == P::kEndCapture) us += g.end_capture_extra_us(s.nodes);
   return us;
 }
 
-InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpec& base,
-                            uint64_t min_samples) {
-  InContextFit fit;
+namespace {
+
+// The fit of every primitive with at least `min_samples` samples at one knee of the mappings
+// term, and its score: the sum over primitives of the share of their variance left unexplained.
+struct KneeFit {
+  GpuSpec spec;
+  std::vector<std::string> notes;
+  double score = 0;
+};
+
+KneeFit fit_at_knee(const std::map<P, std::vector<const CallSample*>>& by_p, const GpuSpec& base,
+                    double knee, uint64_t min_samples) {
+  KneeFit fit;
   fit.spec = base;
-  std::map<P, std::vector<const CallSample*>> by_p;
-  for (const CallSample& s : samples) by_p[s.p].push_back(&s);
-  for (auto& [p, all] : by_p) {
-    if (all.size() < std::max<uint64_t>(min_samples, 1)) continue;
+  fit.spec.va_mappings_knee = knee;
+  for (const auto& [p, v] : by_p) {
+    if (v.size() < std::max<uint64_t>(min_samples, 1)) continue;
     // Fills and copies keep their synchronized terms: in context they return once enqueued, and
     // the model prices their bandwidth (swaps, copy-on-write) as a synchronized call.
     if (p == P::kFill || p == P::kCopy) continue;
-    const std::vector<const CallSample*>& v = all;
     const CostTerm& t = base.cost(p);
-    // A launch: per call (a replay), per node uploaded and per granule of graph memory mapped
-    // (first launches); other primitives: the terms the base prices them with.
-    const bool launch = p == P::kLaunch;
-    const std::array<bool, kCols> active = {launch || t.per_call_us > 0,
-                                            !launch && t.per_handle_us > 0,
-                                            launch || t.per_granule_us > 0,
-                                            !launch && t.bytes_per_us > 0,
-                                            has_nodes(p),
-                                            true};
     Eigen::MatrixXd a(Eigen::Index(v.size()), Eigen::Index(kCols));
     Eigen::VectorXd y(Eigen::Index(v.size()));
+    size_t first = 0;
     for (size_t i = 0; i < v.size(); ++i) {
       const CallSample& s = *v[i];
-      const auto f = features(base, s);
+      const auto f = features(fit.spec, s);
       for (size_t j = 0; j < kCols; ++j) a(Eigen::Index(i), Eigen::Index(j)) = f[j];
       y(Eigen::Index(i)) = s.measured_us;
+      first += s.first_after_launch;
+    }
+    // A launch: per call (a replay), per node uploaded and per granule of graph memory mapped
+    // (first launches). Other primitives: the terms the base prices them with, and a per-call
+    // term unless one of those is the same for every call (set_access of one handle at a time:
+    // per call under another name, kept as the base names it). Every primitive: the mappings
+    // term, and the first-after-launch term where both kinds of call were measured (when every
+    // call is a first, as begin_capture's are in a shapes run, it is the per-call term).
+    const bool launch = p == P::kLaunch;
+    std::array<bool, kCols> active = {true,
+                                      !launch && t.per_handle_us > 0,
+                                      launch || t.per_granule_us > 0,
+                                      !launch && t.bytes_per_us > 0,
+                                      has_nodes(p),
+                                      true,
+                                      first > 0 && first < v.size()};
+    for (size_t j = 1; j <= 3 && !launch; ++j) {
+      const auto col = a.col(Eigen::Index(j));
+      if (active[j] && col.minCoeff() == col.maxCoeff() && col.maxCoeff() > 0)
+        active[0] = t.per_call_us > 0;
     }
     const Eigen::VectorXd c = nnls(a, y, active);
+    const double sst = (y.array() - y.mean()).square().sum();
+    if (sst > 0) fit.score += (y - a * c).squaredNorm() / sst;
     CostTerm& out = fit.spec.cost(p);
     out.per_call_us = c(0);
     out.per_handle_us = c(1);
     out.per_granule_us = launch ? t.per_granule_us : c(2);
     out.bytes_per_us = c(3) > 0 ? 1.0 / c(3) : 0.0;
     out.per_log2_mappings_us = c(5);
+    out.first_after_launch_us = c(6);
     if (launch && a.col(2).cwiseAbs().maxCoeff() > 0) fit.spec.graph_mem_map_per_granule_us = c(2);
     if (p == P::kEndCapture) {  // capture and instantiate keep the base's split of a node
       const double sum = base.capture_per_node_us + base.instantiate_per_node_us;
@@ -185,13 +221,37 @@ InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpe
     }
     if (launch) fit.spec.upload_per_node_us = c(4);
     fit.notes.push_back(fmt::format(
-        "{}: {} calls: per_call {:.3f} us, per_handle {:.3f} us, "
-        "per_granule {:.4f} us, per_log2_mappings {:.4f} us, {}{}",
-        to_string(p), v.size(), c(0), c(1), c(2), c(5),
+        "{}: {} calls ({} first after a launch): per_call {:.3f} us, per_handle {:.3f} us, "
+        "per_granule {:.4f} us, per_log2_mappings {:.4f} us, first_after_launch {:.3f} us, {}{}",
+        to_string(p), v.size(), first, c(0), c(1), c(2), c(5), c(6),
         c(3) > 0 ? fmt::format("{:.0f} B/us", 1.0 / c(3)) : "no per-byte term",
         has_nodes(p) ? fmt::format(", per node{} {:.3f} us", launch ? " uploaded" : "", c(4))
                      : ""));
   }
+  return fit;
+}
+
+}  // namespace
+
+InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpec& base,
+                            uint64_t min_samples) {
+  std::map<P, std::vector<const CallSample*>> by_p;
+  for (const CallSample& s : samples) by_p[s.p].push_back(&s);
+  // The knee of the mappings term: the one whose fit leaves the least variance unexplained.
+  std::optional<KneeFit> best;
+  std::vector<std::string> tried;
+  for (const double knee : kKnees) {
+    KneeFit k = fit_at_knee(by_p, base, knee, min_samples);
+    tried.push_back(fmt::format("{:g}: {:.4f}", knee, k.score));
+    if (!best || k.score < best->score - 1e-12) best = std::move(k);
+  }
+  InContextFit fit;
+  fit.spec = best->spec;
+  fit.notes = std::move(best->notes);
+  fit.notes.push_back(fmt::format(
+      "va_mappings_knee {:g}: of the knees tried, the least variance left unexplained (sum over "
+      "primitives of residual / total sum of squares; {})",
+      fit.spec.va_mappings_knee, fmt::join(tried, ", ")));
   fit.classes = compare_classes(samples, base, fit.spec);
   return fit;
 }
@@ -219,6 +279,24 @@ std::vector<InContextClass> compare_classes(const std::vector<CallSample>& sampl
     k.fitted_us /= double(k.calls);
   }
   return classes;
+}
+
+std::string common_factor_line(const std::vector<double>& ratios) {
+  double log_sum = 0;
+  size_t n = 0;
+  for (const double r : ratios)
+    if (r > 0) {
+      log_sum += std::log(r);
+      ++n;
+    }
+  if (n == 0) return "";
+  const double g = std::exp(log_sum / double(n));
+  size_t in = 0;
+  for (const double r : ratios) in += r / g >= 0.75 && r / g <= 1.25;
+  return fmt::format(
+      "run-wide factor (geometric mean of the ratios): {:.2f}; with it divided out, {} of {} "
+      "within 25%\n",
+      g, in, ratios.size());
 }
 
 }  // namespace memsim

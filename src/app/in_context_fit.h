@@ -18,6 +18,9 @@ struct CallSample {
   Primitive p = Primitive::kCount;
   uint64_t handles = 0, bytes = 0, nodes = 0;
   uint64_t mappings = 0;  // VA mappings live at the call
+  // The first call of its primitive in its run since the run's last launch (derived from the
+  // order of calls.csv, which lists every priced call of a run in order).
+  bool first_after_launch = false;
   double measured_us = 0;
 };
 
@@ -46,13 +49,14 @@ struct InContextFit {
 
 // For each primitive with at least `min_samples` samples, a non-negative least-squares fit of
 // the terms `base` prices it with (per call, per handle, per granule, per byte; per node for
-// end_capture; per call, per node uploaded and per granule mapped for launch), and per log2 of
-// the live VA mappings for every primitive (zero where the calls show no such cost), to the calls
-// as measured: with a per-call term the fitted total equals the measured total, slow tails included
-// (launches that wait for a full launch queue, first calls that load driver state), which is what a
-// run's simulated time adds up. Other primitives keep their base terms, and so do fill and copy
-// (measured in context they return once enqueued; the model prices them synchronized, bandwidth
-// included).
+// end_capture; per call, per node uploaded and per granule mapped for launch), per log2(1 + live
+// VA mappings / knee) and per first call since a launch for every primitive (zero where the calls
+// show no such cost), to the calls as measured: with a per-call term the fitted total equals the
+// measured total, slow tails included (launches that wait for a full launch queue, first calls
+// that load driver state), which is what a run's simulated time adds up. The knee
+// (va_mappings_knee) is the one of 1, 4, ..., 16384 whose fit leaves the least variance
+// unexplained. Other primitives keep their base terms, and so do fill and copy (measured in
+// context they return once enqueued; the model prices them synchronized, bandwidth included).
 InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpec& base,
                             uint64_t min_samples = 10);
 
@@ -60,5 +64,12 @@ InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpe
 // measured, under `base` and under `fitted`.
 std::vector<InContextClass> compare_classes(const std::vector<CallSample>& samples,
                                             const GpuSpec& base, const GpuSpec& fitted);
+
+// A per-call table's summary of run-wide drift, for `ratios` (measured / modelled, one per class
+// counted): their geometric mean, and how many are within 25% once it is divided out. A host
+// busy with other work slows every call of a run alike (H200 runs back to back on one machine:
+// geometric means 0.98 to 1.28), which no per-call model can price; the second count is the
+// model's shape without it. One line, newline-terminated; empty when `ratios` is.
+std::string common_factor_line(const std::vector<double>& ratios);
 
 }  // namespace memsim

@@ -11,14 +11,15 @@ namespace fs = std::filesystem;
 namespace {
 
 CostTerm load_cost_term(const ConfigNode& n) {
-  n.expect_keys(
-      {"per_call_us", "per_handle_us", "per_granule_us", "bytes_per_us", "per_log2_mappings_us"});
+  n.expect_keys({"per_call_us", "per_handle_us", "per_granule_us", "bytes_per_us",
+                 "per_log2_mappings_us", "first_after_launch_us"});
   CostTerm t;
   if (auto v = n.find("per_call_us")) t.per_call_us = v->as_double_in(0, 1e9);
   if (auto v = n.find("per_handle_us")) t.per_handle_us = v->as_double_in(0, 1e9);
   if (auto v = n.find("per_granule_us")) t.per_granule_us = v->as_double_in(0, 1e9);
   if (auto v = n.find("bytes_per_us")) t.bytes_per_us = v->as_double_in(0, 1e15);
   if (auto v = n.find("per_log2_mappings_us")) t.per_log2_mappings_us = v->as_double_in(0, 1e9);
+  if (auto v = n.find("first_after_launch_us")) t.first_after_launch_us = v->as_double_in(0, 1e9);
   return t;
 }
 
@@ -65,7 +66,8 @@ std::string format_compute_yaml(const ComputeSpec& c) {
 }
 
 GpuSpec load_gpu_spec(const ConfigNode& node) {
-  node.expect_keys({"name", "capacity", "granularity", "va_space", "graphs", "costs", "compute"});
+  node.expect_keys({"name", "capacity", "granularity", "va_space", "va_mappings_knee", "graphs",
+                    "costs", "compute"});
   GpuSpec g;
   g.name = node["name"].as_string();
   g.capacity = node["capacity"].as_bytes();
@@ -75,6 +77,7 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
   if (g.capacity < g.granularity) node["capacity"].fail("must be at least one granule");
   g.va_space = node["va_space"].as_bytes();
   if (g.va_space < g.capacity) node["va_space"].fail("must be at least the capacity");
+  if (auto v = node.find("va_mappings_knee")) g.va_mappings_knee = v->as_double_in(1e-3, 1e9);
   const ConfigNode graphs = node["graphs"];
   graphs.expect_keys({"capture_per_node_us", "instantiate_per_node_us", "upload_per_node_us",
                       "mem_map_per_granule_us", "mem_remap_per_granule_us", "mem_chunk"});

@@ -144,6 +144,7 @@ StepShape Engine::shape_of(const StepPlan& plan) {
     if (sg.new_tokens == 1) {
       s.decode_seqs += G.live();
       s.decode_kv_tokens += uint64_t{G.computed + 1} * G.live();
+      if (G.live()) s.decode_max_kv = std::max(s.decode_max_kv, G.computed + 1);
     }
   }
   return s;
@@ -326,6 +327,7 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
       (!st.waiting.empty() && st.running_seqs < o.max_num_seqs))
     return 0;
   uint64_t kmax = UINT64_MAX, kv_read = 0;
+  uint32_t max_kv = 0;
   for (uint32_t g : st.running) {
     const Group& G = groups_[g];
     if (G.outputs == 0 || G.computed + 1 != G.num_tokens() || G.spec.beam_width > 1 ||
@@ -335,6 +337,7 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
       if (s.fork_from >= 0) return 0;
     kmax = std::min<uint64_t>(kmax, G.spec.output_tokens - G.outputs);
     kv_read += uint64_t{G.computed + 1} * G.live();
+    max_kv = std::max(max_kv, G.computed + 1);
   }
   if (kmax < 2) return 0;
   const uint64_t seqs = st.running_seqs;
@@ -346,6 +349,7 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
     shape.attn_pairs = double(shape.kv_read_tokens);
     shape.decode_seqs = shape.num_seqs;
     shape.decode_kv_tokens = shape.kv_read_tokens;
+    shape.decode_max_kv = max_kv + static_cast<uint32_t>(k);
     return shape;
   };
   // Steps needed to pass stop_at if none were longer than the first (steps grow with the KV
