@@ -34,6 +34,8 @@ struct WorkView {
   __device__ uint32_t first(uint32_t s) const {
     return static_cast<uint32_t>(w[2 + 2 * capacity + s]);
   }
+  // Sequences past the list's batch (a captured launch's padding) have first = -1.
+  __device__ bool listed(uint32_t s) const { return w[2 + 2 * capacity + s] >= 0; }
 };
 
 template <typename T, int D>
@@ -175,7 +177,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   if (p.work) {  // a sequence of one chunk (or none: past the live batch) wrote its output
     const WorkView wv{p.work, p.capacity};
     const uint32_t c = wv.chunk_tokens(), len = static_cast<uint32_t>(p.kv_lens[seq]);
-    if (seq > 0 && wv.first(seq) == 0) return;  // not in the list
+    if (!wv.listed(seq)) return;
     splits = (len + c - 1) / c;
     if (splits <= 1) return;
     row0 = wv.first(seq);

@@ -180,8 +180,17 @@ DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32
   int32_t* item_seq = w.words.data() + 2;
   int32_t* item_chunk = item_seq + cap;
   int32_t* seq_first = item_chunk + cap;
+  // Longest sequences first: the grid dispatches rows in order, so the full-length chunks start
+  // in the first wave and short rows fill in behind them (longest-processing-time-first). A
+  // uniform batch keeps its order (a stable sort), so its list is the split plan's.
+  std::vector<uint32_t> order(batch);
+  for (uint32_t s = 0; s < batch; ++s) order[s] = s;
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+    return tiles_of(kv_lens[x]) > tiles_of(kv_lens[y]);
+  });
+  std::fill(seq_first, seq_first + w.plan.max_batch, -1);  // past the batch: not listed
   uint32_t at = 0;
-  for (uint32_t s = 0; s < batch; ++s) {  // items <= cap: at max_tiles one a sequence
+  for (const uint32_t s : order) {  // items <= cap: at max_tiles one a sequence
     seq_first[s] = static_cast<int32_t>(at);
     const uint32_t k = std::max(1u, (tiles_of(kv_lens[s]) + chunk - 1) / chunk);
     for (uint32_t j = 0; j < k; ++j, ++at) {

@@ -98,7 +98,8 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
 // count exit at once) and its split is re-planned before every replay, as FlashInfer plans into
 // fixed buffers. Device layout (int32 words, decode_work_words):
 //   [num_items, chunk_tiles, item_seq[capacity], item_chunk[capacity], seq_first[max_batch]]
-// items in sequence order; seq_first[s] = the first item of sequence s.
+// a sequence's items together and in chunk order, the sequences longest first (ties in batch
+// order); seq_first[s] = the first item of sequence s, -1 past the batch (a graph's padding).
 struct DecodeWork {
   DecodePlan plan;  // the launch (work_capacity > 0)
   uint32_t chunk_tiles = 0, num_items = 0;

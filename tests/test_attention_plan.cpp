@@ -110,8 +110,16 @@ void check_work(const DecodeWork& w, const std::vector<int32_t>& lens) {
   const int32_t* chunk = seq + cap;
   const int32_t* first = chunk + cap;
   const int64_t c = int64_t{w.chunk_tiles} * kDecodeTile;
+  // Sequences longest first (in tiles), ties in batch order.
+  std::vector<uint32_t> order(lens.size());
+  for (uint32_t s = 0; s < order.size(); ++s) order[s] = s;
+  auto tiles = [](int32_t len) {
+    return (std::max(len, 0) + int32_t(kDecodeTile) - 1) / int32_t(kDecodeTile);
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t x, uint32_t y) { return tiles(lens[x]) > tiles(lens[y]); });
   uint32_t at = 0, most = 1;
-  for (uint32_t s = 0; s < lens.size(); ++s) {
+  for (const uint32_t s : order) {
     REQUIRE(first[s] == static_cast<int32_t>(at));
     const uint32_t n = std::max<uint32_t>(1, static_cast<uint32_t>((lens[s] + c - 1) / c));
     most = std::max(most, n);
@@ -122,6 +130,7 @@ void check_work(const DecodeWork& w, const std::vector<int32_t>& lens) {
   }
   REQUIRE(at == w.num_items);
   REQUIRE(most <= w.plan.num_splits);
+  for (size_t s = lens.size(); s < w.plan.max_batch; ++s) REQUIRE(first[s] == -1);  // unlisted
 }
 
 TEST_CASE("decode work lists cut a uniform batch as the split plan does") {
@@ -162,6 +171,13 @@ TEST_CASE("decode work lists split the long sequences of a ragged batch, not the
   CHECK(w.plan.num_splits == 9);
   CHECK(w.plan.max_batch == 20);
   CHECK(w.plan.workspace_bytes == 47ull * 32 * 129 * 4);
+  // The long sequence's nine chunks come first (they start in the first wave), then the short
+  // ones in batch order.
+  const int32_t* item_seq = w.words.data() + 2;
+  for (uint32_t i = 0; i < 9; ++i) CHECK(item_seq[i] == 7);
+  CHECK(item_seq[9] == 0);
+  CHECK(w.words[2 + 2 * w.plan.work_capacity + 7] == 0);  // seq_first[7]
+  CHECK(w.words[2 + 2 * w.plan.work_capacity + 0] == 9);  // seq_first[0]
   // Empty sequences take one item (it writes zeros); an empty batch none.
   const DecodeWork z = plan_decode_work(kLlama8B, {0, 64, 0}, kH200);
   check_work(z, {0, 64, 0});
