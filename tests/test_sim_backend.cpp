@@ -12,51 +12,16 @@
 #include "backends/sim/sim_backend.h"
 #include "sim/clock.h"
 #include "sim/metrics.h"
+#include "tests/sim_backend_test_util.h"
 
 namespace memsim {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kG = 2 * kMiB;  // granularity
-constexpr uint64_t kCap = 64 * kMiB;
+using namespace test;  // NOLINT(google-build-using-namespace)
+
 constexpr ErrorCode kInvArg = ErrorCode::kInvalidArgument;
 constexpr ErrorCode kInvState = ErrorCode::kInvalidState;
 constexpr ErrorCode kOom = ErrorCode::kOutOfMemory;
-using P = Primitive;
-
-// Every figure is a binary fraction of a microsecond so that prices are exact in nanoseconds.
-GpuSpec test_gpu() {
-  GpuSpec g;
-  g.name = "test";
-  g.capacity = kCap;
-  g.granularity = kG;
-  g.va_space = 1ull << 40;
-  g.capture_per_node_us = 1;
-  g.instantiate_per_node_us = 3;
-  g.upload_per_node_us = 0.5;
-  g.graph_mem_map_per_granule_us = 4;
-  g.graph_mem_remap_per_granule_us = 8;
-  // clang-format off
-  const std::pair<P, CostTerm> costs[] = {  // {per_call, per_handle, per_granule, bytes_per_us}
-      {P::kCreatePhysical, {10, 0, 0.5}}, {P::kReleasePhysical, {4}}, {P::kReserveVirtual, {20}},
-      {P::kFreeVirtual, {8}}, {P::kMap, {1, 0.25, 0.125}}, {P::kUnmap, {0, 16, 0.5}},
-      {P::kSetAccess, {0, 32, 0.25}}, {P::kDeviceMalloc, {40, 0, 0.5}}, {P::kDeviceFree, {30}},
-      {P::kMallocAsync, {1}}, {P::kFreeAsync, {1}}, {P::kHostMallocPinned, {50, 0, 0, 1024}},
-      {P::kHostFreePinned, {30}}, {P::kFill, {2, 0, 0, 1 << 20}}, {P::kCopy, {2, 0, 0, 1 << 20}},
-      {P::kBeginCapture, {5}}, {P::kEndCapture, {20}}, {P::kLaunch, {2.5}},
-      {P::kDestroyGraph, {10}}, {P::kGraphMemTrim, {50}}};
-  // clang-format on
-  for (const auto& [p, c] : costs) g.cost(p) = c;
-  return g;
-}
-
-struct Sim {
-  explicit Sim(std::vector<FaultInjection> faults = {}, GpuSpec gpu = test_gpu())
-      : b(std::move(gpu), clock, &metrics, std::move(faults)) {}
-  SimClock clock;
-  MetricsRecorder metrics{clock};
-  SimBackend b;
-};
 
 bool invariants(const SimBackend& b) {
   std::string why;
@@ -97,18 +62,6 @@ void graph_is(const SimBackend& b, uint64_t reserved, uint64_t used) {
   CHECK(u.physical_bytes == reserved);
   CHECK(u.per_tag.count("graph_mem") == (reserved ? 1u : 0u));
   if (reserved) CHECK(u.per_tag.at("graph_mem") == reserved);
-}
-
-// Runs `fn` and checks that it advanced now() and time_in(p) by exactly `ns`, and calls_of(p) by 1.
-template <class F>
-void expect_cost(SimBackend& b, P p, SimTime ns, F&& fn) {
-  const SimTime t0 = b.now(), p0 = b.time_in(p);
-  const uint64_t c0 = b.calls_of(p);
-  fn();
-  INFO("primitive " << to_string(p));
-  CHECK(b.now() - t0 == ns);
-  CHECK(b.time_in(p) - p0 == ns);
-  CHECK(b.calls_of(p) == c0 + 1);
 }
 
 TEST_CASE_METHOD(Sim, "create_physical: granularity rule, exact bytes and tags, OOM",
@@ -745,76 +698,6 @@ TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact acc
   for (auto& [p, acc] : dev) REQUIRE(b.device_free(p).ok());
   CHECK(same_usage(b.usage(), Usage{}));
   CHECK(invariants(b));
-}
-
-TEST_CASE("calls are priced per VA mapping live when they are made", "[sim_backend][time]") {
-  GpuSpec gpu = test_gpu();
-  gpu.cost(P::kMap).per_log2_mappings_us = 0.5;
-  gpu.cost(P::kReserveVirtual).per_log2_mappings_us = 2;
-  Sim s({}, gpu);
-  SimBackend& b = s.b;
-  const DevPtr va = *b.reserve_virtual(4 * kG, kG);
-  CHECK(b.last_call().mappings == 0);
-  const PhysHandle h0 = *b.create_physical(kG, "t"), h1 = *b.create_physical(kG, "t");
-  // map: 1 us + 0.25 per handle + 0.125 per granule, + 0.5 us x log2(1 + mappings live).
-  expect_cost(b, P::kMap, 1375, [&] { REQUIRE(b.map(va, kG, h0, 0).ok()); });
-  expect_cost(b, P::kReserveVirtual, 22000, [&] { (void)*b.reserve_virtual(kG, kG); });
-  CHECK(b.last_call().mappings == 1);
-  expect_cost(b, P::kMap, 1875, [&] { REQUIRE(b.map(va + kG, kG, h1, 0).ok()); });
-  CHECK(b.last_call().mappings == 1);
-  const PhysHandle third = *b.create_physical(kG, "t");
-  expect_cost(b, P::kMap, 2167, [&] { REQUIRE(b.map(va + 2 * kG, kG, third, 0).ok()); });
-  CHECK(b.last_call().mappings == 2);  // 1.375 + 0.5 x log2(3) = 2.1675 us
-  REQUIRE(b.unmap(va, 3 * kG).ok());   // every mapping ends
-  expect_cost(b, P::kReserveVirtual, 20000, [&] { (void)*b.reserve_virtual(kG, kG); });
-  CHECK(b.last_call().mappings == 0);
-}
-
-TEST_CASE("the first call of a primitive since a graph launch pays first_after_launch",
-          "[sim_backend][time]") {
-  GpuSpec gpu = test_gpu();
-  gpu.cost(P::kDeviceMalloc).first_after_launch_us = 60;
-  gpu.cost(P::kFill).first_after_launch_us = 7;
-  gpu.cost(P::kLaunch).first_after_launch_us = 1000;  // a launch is never a first
-  Sim s({}, gpu);
-  SimBackend& b = s.b;
-  const StreamId st = *b.create_stream();
-  // device_malloc: 40 us + 0.5 per granule (one granule here), + 60 us when first.
-  expect_cost(b, P::kDeviceMalloc, 100500, [&] { (void)*b.device_malloc(kG, "t"); });
-  CHECK(b.last_call().first_after_launch);
-  expect_cost(b, P::kDeviceMalloc, 40500, [&] { (void)*b.device_malloc(kG, "t"); });
-  CHECK_FALSE(b.last_call().first_after_launch);
-  // A fill captured into the graph is a node: neither priced nor warming the fill path.
-  const DevPtr buf = *b.device_malloc(kG, "t");
-  REQUIRE(b.begin_capture(st).ok());
-  REQUIRE(b.fill(buf, 1024, 0, st).ok());
-  CHECK_FALSE(b.last_call().priced);
-  CHECK_FALSE(b.last_call().first_after_launch);
-  const GraphHandle g = *b.end_capture(st);
-  // The first launch uploads the graph's one node (0.5 us).
-  expect_cost(b, P::kLaunch, 3000, [&] { REQUIRE(b.launch(g, st).ok()); });
-  CHECK_FALSE(b.last_call().first_after_launch);
-  // After the launch every primitive runs cold once: the malloc, and the first eager fill.
-  expect_cost(b, P::kDeviceMalloc, 100500, [&] { (void)*b.device_malloc(kG, "t"); });
-  expect_cost(b, P::kDeviceMalloc, 40500, [&] { (void)*b.device_malloc(kG, "t"); });
-  expect_cost(b, P::kFill, 9001, [&] { REQUIRE(b.fill(buf, 1024, 0, st).ok()); });
-  expect_cost(b, P::kFill, 2001, [&] { REQUIRE(b.fill(buf, 1024, 0, st).ok()); });
-  expect_cost(b, P::kLaunch, 2500, [&] { REQUIRE(b.launch(g, st).ok()); });
-  expect_cost(b, P::kDeviceMalloc, 100500, [&] { (void)*b.device_malloc(kG, "t"); });
-}
-
-TEST_CASE("the mappings term bends at va_mappings_knee", "[sim_backend][time]") {
-  GpuSpec gpu = test_gpu();
-  gpu.cost(P::kReserveVirtual).per_log2_mappings_us = 2;
-  gpu.va_mappings_knee = 2;
-  CHECK(gpu.mappings_feature(0) == 0);
-  CHECK(gpu.mappings_feature(2) == 1);  // log2(1 + 2 / 2)
-  CHECK(gpu.mappings_feature(6) == 2);
-  // reserve_virtual: 20 us + 2 us x log2(1 + 6 / 2).
-  CHECK(gpu.price(P::kReserveVirtual, 0, 0, 6) == 24000);
-  CHECK(gpu.price(P::kReserveVirtual, 0, 0, 6, true) == 24000);  // no first-after-launch term
-  gpu.cost(P::kReserveVirtual).first_after_launch_us = 3.5;
-  CHECK(gpu.price(P::kReserveVirtual, 0, 0, 6, true) == 27500);
 }
 
 }  // namespace
