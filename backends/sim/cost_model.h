@@ -34,6 +34,23 @@ struct CostTerm {
   double first_after_launch_us = 0;  // the first call of this primitive since a graph launch
 };
 
+// Which primitives were called since the last graph launch, for the first_after_launch term:
+// note() each priced call in order; it says whether the call is the first of its primitive
+// since the last launch (a launch itself never is: it starts the next round).
+class FirstAfterLaunch {
+ public:
+  bool note(Primitive p) {
+    const uint32_t bit = 1u << static_cast<size_t>(p);
+    const bool first = p != Primitive::kLaunch && (warm_ & bit) == 0;
+    warm_ = p == Primitive::kLaunch ? 0 : warm_ | bit;
+    return first;
+  }
+
+ private:
+  static_assert(static_cast<size_t>(Primitive::kCount) <= 32);
+  uint32_t warm_ = 0;  // bit i: primitive i called since the last launch
+};
+
 // Compute side of a GPU, for the roofline step-time model (sim/workload/step_time.h) and KV
 // swap transfers. Rates are peak figures; the efficiencies say what fraction a real serving
 // step achieves (the defaults the loader documents are estimates, not calibrations).

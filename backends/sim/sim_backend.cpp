@@ -43,11 +43,8 @@ SimBackend::SimBackend(GpuSpec gpu, SimClock& clock, MetricsRecorder* metrics,
 Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes, bool charge) {
   const auto i = static_cast<size_t>(p);
   const uint64_t call = ++calls_[i];
-  // The first priced call of `p` since the last launch runs the driver's path cold (a launch
-  // itself never is: it starts the next round).
-  const uint32_t bit = 1u << i;
-  const bool first = charge && p != Primitive::kLaunch && (warm_since_launch_ & bit) == 0;
-  if (charge) warm_since_launch_ = p == Primitive::kLaunch ? 0 : warm_since_launch_ | bit;
+  // The first priced call of `p` since the last launch runs the driver's path cold.
+  const bool first = charge && first_after_launch_.note(p);
   last_call_ = {p, handles, bytes, 0, mappings_, charge, first};
   const SimTime cost = charge ? gpu_.price(p, handles, bytes, mappings_, first) : 0;
   time_[i] += cost;

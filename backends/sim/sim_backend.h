@@ -154,10 +154,8 @@ class SimBackend final : public Backend {
   uint64_t physical_ = 0;  // handles + device/async plain allocations (not graph memory)
   uint64_t virtual_reserved_ = 0;
   uint64_t virtual_mapped_ = 0;
-  uint64_t mappings_ = 0;  // live (map calls not yet unmapped)
-  // Bit i: primitive i was called (priced) since the last launch.
-  uint32_t warm_since_launch_ = 0;
-  static_assert(static_cast<size_t>(Primitive::kCount) <= 32);
+  uint64_t mappings_ = 0;                // live (map calls not yet unmapped)
+  FirstAfterLaunch first_after_launch_;  // priced calls only
   uint64_t pinned_ = 0;
   std::array<SimTime, static_cast<size_t>(Primitive::kCount)> time_{};
   std::array<uint64_t, static_cast<size_t>(Primitive::kCount)> calls_{};

@@ -80,9 +80,9 @@ Result<std::vector<CallSample>> read_call_samples(const std::string& path) {
   std::map<std::string, P> names;
   for (size_t i = 0; i < size_t(P::kCount); ++i) names[to_string(P(i))] = P(i);
   std::vector<CallSample> out;
-  // Per run: bit i set when primitive i was called since the run's last launch (the file lists
-  // every priced call of a run in order, launches included).
-  std::map<std::string, uint32_t, std::less<>> warm;
+  // Per run, as the backend tracked it (the file lists every priced call of a run in order,
+  // launches included).
+  std::map<std::string, FirstAfterLaunch, std::less<>> since_launch;
   std::string line;
   for (uint64_t n = 1; std::getline(in, line); ++n) {
     if (n == 1) {
@@ -134,10 +134,7 @@ Result<std::vector<CallSample>> read_call_samples(const std::string& path) {
           "handles, bytes, nodes, mappings must be whole numbers and measured_us a "
           "non-negative number");
     }
-    uint32_t& w = warm[s.run];
-    const uint32_t bit = 1u << size_t(s.p);
-    s.first_after_launch = s.p != P::kLaunch && (w & bit) == 0;
-    w = s.p == P::kLaunch ? 0 : w | bit;
+    s.first_after_launch = since_launch[s.run].note(s.p);
     out.push_back(std::move(s));
   }
   return out;
