@@ -178,6 +178,27 @@ TEST_CASE("decode work lists split the long sequences of a ragged batch, not the
   CHECK(item_seq[9] == 0);
   CHECK(w.words[2 + 2 * w.plan.work_capacity + 7] == 0);  // seq_first[7]
   CHECK(w.words[2 + 2 * w.plan.work_capacity + 0] == 9);  // seq_first[0]
+  // One 4,000-token sequence among 99 of 500 (855 tiles): the split counts 107 CTAs of the
+  // longest's work, 2 splits, chunks of 32 tiles; 101 rows are 808 CTAs, two waves of 396 slots,
+  // so the chunk is cut to the slots' share, ceil(855 x 8 / 396) = 18 tiles: 4 chunks of it.
+  std::vector<int32_t> many(100, 500);
+  many[42] = 4000;
+  CHECK(plan_decode(kLlama8B, 100, 4000, kH200, 0, 99 * 500 + 4000).num_splits == 2);
+  const DecodeWork m = plan_decode_work(kLlama8B, many, kH200);
+  check_work(m, many);
+  CHECK(m.chunk_tiles == 18);
+  CHECK(m.num_items == 99 + 4);
+  // A batch under one wave keeps its split's chunk (the 20-sequence case above: 47 rows), and
+  // so does a batch near uniform: 44 of 1,000 tokens, 6 of 1,100 (18 tiles) and 6 graph padding
+  // rows of 1 are unsplit (369 CTAs of the longest's work) in 448 CTAs, over one wave, but their
+  // longest is under twice the mean: not cut to the share of 17 tiles into a chunk and a remnant.
+  std::vector<int32_t> near(56, 1000);
+  std::fill(near.begin(), near.begin() + 6, 1100);
+  std::fill(near.end() - 6, near.end(), 1);
+  const DecodeWork n = plan_decode_work(kLlama8B, near, kH200);
+  check_work(n, near);
+  CHECK(n.chunk_tiles == 18);
+  CHECK(n.num_items == 56);
   // Empty sequences take one item (it writes zeros); an empty batch none.
   const DecodeWork z = plan_decode_work(kLlama8B, {0, 64, 0}, kH200);
   check_work(z, {0, 64, 0});
@@ -244,6 +265,19 @@ TEST_CASE("a graph's decode launch holds every later plan of its batch, re-plann
       }
     }
   CHECK(refitted > 0);  // some eager plans did not fit their graph's launch
+  // Every uniform step the graph profiles measure (vLLM's capture sizes x the profile's contexts,
+  // captured at 32K) fits its launch as planned: no chunk is lengthened to fit.
+  for (uint32_t graph = 1; graph <= 512; graph = graph < 4   ? graph * 2
+                                                 : graph < 8 ? 8
+                                                             : graph + 8) {
+    const DecodePlan launch = plan_decode_graph(kLlama8B, graph, 32768, kH200);
+    for (uint32_t ctx : {128u, 512u, 2048u, 8192u, 32768u}) {
+      CAPTURE(graph, ctx);
+      const std::vector<int32_t> full(graph, int32_t(ctx));
+      CHECK(plan_decode_work(kLlama8B, full, kH200, &launch).chunk_tiles ==
+            plan_decode_work(kLlama8B, full, kH200).chunk_tiles);
+    }
+  }
   // A batch beyond the launch's gets no list.
   const DecodePlan small = plan_decode_graph(kLlama8B, 2, 4096, kH200);
   CHECK(plan_decode_work(kLlama8B, {64, 64, 64}, kH200, &small).words.empty());

@@ -99,8 +99,10 @@ struct ModelStep::Impl {
     cudaGraphExec_t exec = nullptr;
   };
   // `fixed`: a captured graph's decode launch the step's work list must fit (null: eager).
+  // `listed`: the decode rows the work list covers, the first ones (a replay's padding rows past
+  // them compute nothing: their outputs are never read, and the list's rows go to real ones).
   Status pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs, uint32_t min_bt_stride,
-              Packed* out, const DecodePlan* fixed = nullptr);
+              Packed* out, const DecodePlan* fixed = nullptr, uint32_t listed = UINT32_MAX);
   // Enqueues the step from the embedding to the next tokens' copy into host_next (pinned);
   // allocates and frees its activations. Captured as it is by capture_decode.
   Status forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next, bool logits);
@@ -217,7 +219,8 @@ Status ModelStep::Impl::init() {
 }
 
 Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs,
-                             uint32_t min_bt_stride, Packed* out, const DecodePlan* fixed) {
+                             uint32_t min_bt_stride, Packed* out, const DecodePlan* fixed,
+                             uint32_t listed) {
   const uint32_t S = static_cast<uint32_t>(seqs.size());
   if (S == 0) return make_error(ErrorCode::kInvalidArgument, "a step needs a sequence");
   if (S > cfg.max_seqs)
@@ -289,8 +292,9 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
   DecodeWork dwork;
   PrefillPlan pplan;
   if (D) {
-    dwork = plan_decode_work(shape, std::vector<int32_t>(kv_lens.begin(), kv_lens.begin() + D),
-                             limits, fixed);
+    dwork = plan_decode_work(
+        shape, std::vector<int32_t>(kv_lens.begin(), kv_lens.begin() + std::min(D, listed)), limits,
+        fixed);
     if (dwork.words.empty())
       return make_error(ErrorCode::kInvalidArgument,
                         fmt::format("{} decodes exceed the graph's batch", D));
@@ -653,8 +657,10 @@ Result<ModelStep::Impl::Template*> ModelStep::Impl::decode_template(const KvLayo
 
 Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
                                            const std::vector<StepSeqInput>& seqs) {
-  // Padding sequences (up to the graph's batch) read one token of the first sequence's first
-  // block and write no KV (slot -1).
+  // Padding sequences (up to the graph's batch) have one token of the first sequence's first
+  // block, write no KV (slot -1) and are not in the decode's work list: vLLM pads the batch's
+  // rows, but the attention work goes to the real sequences (the list's rows split their long
+  // ones where padding rows would each take one).
   const uint32_t real = static_cast<uint32_t>(seqs.size());
   const std::vector<StepSeqInput>* in = &seqs;
   std::vector<StepSeqInput> padded;
@@ -665,7 +671,7 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
   }
   // The split is re-planned for these lengths within the captured launch.
   Packed p;
-  MEMSIM_TRY(pack(kv, *in, g.layout.bt_stride, &p, &g.layout.dplan));
+  MEMSIM_TRY(pack(kv, *in, g.layout.bt_stride, &p, &g.layout.dplan, real));
   if (p.bt_stride != g.layout.bt_stride || p.max_kv > g.max_context)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("decode step of context {} exceeds the graph of batch {} "
