@@ -136,6 +136,28 @@ TEST_CASE("profile: decode steps up to the largest graph size replay a padded gr
   auto eager = std::make_shared<StepProfile>(grid());
   CHECK_THROWS_WITH(ProfiledStepTime(grid(), eager, {1}), Catch::Contains("not graphs"));
   CHECK_THROWS_AS(ProfiledStepTime(grid(), graphs, {4, 2}), std::invalid_argument);
+
+  // The graph of 4 runs its rows at once: 3 sequences of 600 tokens take its row at their own
+  // context (8 + 10 x 500 / 1000 = 13 ms), not at 450 over 4 rows (11.5 ms); a full batch is
+  // unchanged, and sizes not flagged spread the work as before.
+  const ProfiledStepTime once(grid(), graphs, {1, 2, 4}, {false, false, true});
+  CHECK(once.step_time(decode_step(3, 600)) == ms(13));
+  CHECK(t.step_time(decode_step(3, 600)) == ms(11.5));
+  CHECK(once.step_time(decode_step(4, 600)) == t.step_time(decode_step(4, 600)));
+  CHECK(once.step_time(decode_step(1, 100)) == t.step_time(decode_step(1, 100)));
+  CHECK_THROWS_WITH(ProfiledStepTime(grid(), graphs, {1, 2, 4}, {true}),
+                    Catch::Contains("1 rows-at-once flags for 3 graph sizes"));
+}
+
+TEST_CASE("profile: the kernels' planner marks the graph sizes whose rows run at once") {
+  // Llama-3.1-8B on the H200 (8 KV heads, 132 SMs x 3 decode CTAs), graphs captured at 32K: up to
+  // 16 sequences split their KV (264 / (8 x 16) = 2 splits); 24-48 run unsplit in one wave of 396
+  // slots; from 56 (448 CTAs) on they take more than one wave.
+  const ServingConfig c =
+      load_serving_config(source_root() + "/experiments/serving_measured.yaml", {});
+  const std::vector<uint32_t> sizes{1, 8, 16, 24, 32, 40, 48, 56, 256};
+  CHECK(graph_rows_at_once(c.model, c.gpu, sizes, 16384) ==
+        std::vector<bool>{false, false, false, true, true, true, true, false, false});
 }
 
 TEST_CASE("profile: validation names what is wrong") {

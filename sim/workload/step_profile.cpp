@@ -77,11 +77,19 @@ std::string check_step_profile(const StepProfile& p) {
 }
 
 ProfiledStepTime::ProfiledStepTime(StepProfile profile, std::shared_ptr<const StepProfile> graphs,
-                                   std::vector<uint32_t> graph_sizes)
-    : p_(std::move(profile)), graphs_(std::move(graphs)), graph_sizes_(std::move(graph_sizes)) {
+                                   std::vector<uint32_t> graph_sizes,
+                                   std::vector<bool> rows_at_once)
+    : p_(std::move(profile)),
+      graphs_(std::move(graphs)),
+      graph_sizes_(std::move(graph_sizes)),
+      at_once_(std::move(rows_at_once)) {
   if (std::string why = check_step_profile(p_); !why.empty())
     throw std::invalid_argument("step profile: " + why);
+  if (!at_once_.empty() && at_once_.size() != graph_sizes_.size())
+    throw std::invalid_argument(fmt::format("{} rows-at-once flags for {} graph sizes",
+                                            at_once_.size(), graph_sizes_.size()));
   if (!graphs_) graph_sizes_.clear();
+  if (graph_sizes_.empty()) at_once_.clear();
   if (graphs_ && !graph_sizes_.empty()) {
     if (std::string why = check_step_profile(*graphs_); !why.empty())
       throw std::invalid_argument("graph step profile: " + why);
@@ -103,8 +111,13 @@ SimTime ProfiledStepTime::step_time(const StepShape& s) const {
   double ms = 0;
   const bool decode = s.new_tokens == s.num_seqs;
   if (decode && graphs() && s.num_seqs <= graph_sizes_.back()) {
-    const double bp = *std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), s.num_seqs);
-    ms = grid_at(graphs_->decode, bp, static_cast<double>(s.kv_read_tokens) / bp);
+    const auto i =
+        static_cast<size_t>(std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), s.num_seqs) -
+                            graph_sizes_.begin());
+    const double bp = graph_sizes_[i];
+    // The rows the KV spreads over: Bp, or the real sequences when each runs as a row at once.
+    const double rows = !at_once_.empty() && at_once_[i] ? double(s.num_seqs) : bp;
+    ms = grid_at(graphs_->decode, bp, static_cast<double>(s.kv_read_tokens) / rows);
   } else if (decode || p_.prefill.empty()) {
     const double b = s.num_seqs;
     ms = grid_at(p_.decode, b, static_cast<double>(s.kv_read_tokens) / b);

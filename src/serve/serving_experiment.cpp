@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention_types.h"
+#include "sim/workload/executor_program.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
 #include "src/graph/registry.h"
@@ -73,6 +75,20 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
 }
 
 }  // namespace
+
+std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu,
+                                     const std::vector<uint32_t>& sizes, uint32_t max_model_len) {
+  const kernels::AttentionShape shape{model.heads, model.kv_heads,
+                                      static_cast<uint32_t>(model.head_dim)};
+  const kernels::DeviceLimits limits{gpu.compute.sms, gpu.compute.decode_ctas_per_sm};
+  const uint64_t slots = uint64_t{limits.num_sms} * std::max(1u, limits.decode_ctas_per_sm);
+  const uint32_t context = graph_context_for(max_model_len);
+  std::vector<bool> at_once;
+  for (const uint32_t b : sizes)
+    at_once.push_back(uint64_t{b} * model.kv_heads <= slots &&
+                      kernels::plan_decode(shape, b, context, limits).num_splits == 1);
+  return at_once;
+}
 
 KvChoice parse_kv(const ConfigNode& node) {
   const ConfigNode impl = node["impl"];
@@ -287,8 +303,9 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     if (!o.spec.enforce_eager) e.graph_sizes = o.budget.capture_sizes;
     if (o.spec.step_time != "roofline") e.step_profile = c.step_profile;
     if (e.step_profile && c.graph_profile && !e.graph_sizes.empty())
-      e.step_profile = std::make_shared<const ProfiledStepTime>(c.step_profile->profile(),
-                                                                c.graph_profile, e.graph_sizes);
+      e.step_profile = std::make_shared<const ProfiledStepTime>(
+          c.step_profile->profile(), c.graph_profile, e.graph_sizes,
+          graph_rows_at_once(c.model, c.gpu, e.graph_sizes, o.spec.serve.max_model_len));
     if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
     e.validate_sample = o.spec.validate_sample;
     if (hooks.customize) hooks.customize(o.spec, e);

@@ -101,4 +101,11 @@ ServingConfig load_serving_config(const std::string& path,
 ServingResults run_serving_experiment(const ServingConfig& config,
                                       const ServingRunHooks& hooks = {});
 
+// Per graph size: whether its decode attention runs every sequence as one CTA row per KV head,
+// all in one wave (ProfiledStepTime's rows_at_once), by the kernels' planner for the captured
+// launch at graph_context_for(max_model_len): no split, and the batch's rows within the CTA
+// slots (gpu.compute.sms x decode_ctas_per_sm).
+std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu,
+                                     const std::vector<uint32_t>& sizes, uint32_t max_model_len);
+
 }  // namespace memsim
