@@ -156,8 +156,9 @@ DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32
     // above counts the work in sequences of the longest length, which leaves a large batch's few
     // long sequences in long chunks that outlast every other slot. Under one wave every row
     // already runs at once; a batch near uniform gains nothing from cutting its longest rows
-    // into a chunk and a remnant (a first version did, and on the H200 graph steps of 49-128
-    // near-uniform sequences ran 3.7% slower).
+    // into a chunk and a remnant (a first version did: on the H200 graph steps of 49-128
+    // near-uniform sequences ran 3.7% slower, in a build that also carried a kernel change
+    // costing single-sequence steps 0.8%).
     const uint64_t share = (sum_tiles * shape.kv_heads + slots - 1) / slots;
     chunk = static_cast<uint32_t>(std::min<uint64_t>(chunk, std::max<uint64_t>(2, share)));
   }

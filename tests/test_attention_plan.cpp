@@ -13,6 +13,7 @@
 #include "kernels/attention_types.h"
 #include "kernels/fastdiv.h"
 #include "kernels/synth.h"
+#include "sim/capture_runner.h"
 
 namespace memsim::kernels {
 namespace {
@@ -267,9 +268,7 @@ TEST_CASE("a graph's decode launch holds every later plan of its batch, re-plann
   CHECK(refitted > 0);  // some eager plans did not fit their graph's launch
   // Every uniform step the graph profiles measure (vLLM's capture sizes x the profile's contexts,
   // captured at 32K) fits its launch as planned: no chunk is lengthened to fit.
-  for (uint32_t graph = 1; graph <= 512; graph = graph < 4   ? graph * 2
-                                                 : graph < 8 ? 8
-                                                             : graph + 8) {
+  for (const uint32_t graph : vllm_capture_sizes(256)) {  // 1, 2, 4, 8, ..., 512
     const DecodePlan launch = plan_decode_graph(kLlama8B, graph, 32768, kH200);
     for (uint32_t ctx : {128u, 512u, 2048u, 8192u, 32768u}) {
       CAPTURE(graph, ctx);

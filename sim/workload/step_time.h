@@ -48,7 +48,7 @@ struct StepShape {
   // Of those, the sequences computing one token (decodes) and the KV tokens they attend.
   uint32_t decode_seqs = 0;
   uint64_t decode_kv_tokens = 0;
-  uint32_t decode_max_kv = 0;  // the longest decode's KV tokens (the work-list planner's input)
+  uint32_t decode_max_kv = 0;  // the longest decode's KV tokens (steps.csv; not priced)
 };
 
 enum class StepBound : uint8_t { kCompute, kMemory };
