@@ -471,6 +471,24 @@ if /usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1; then
   check "degenerate: a plot that says why" test -s "$(ls "$TMP"/out_degenerate/*/kv_summary.png)"
 fi
 
+# calibrate --check of two runs' calls (no GPU needed): one run at about the model's time per map,
+# one at 6x: per run 1 and 0 classes within 25%, the class beyond any model's reach, and pooled out.
+for i in 1 2; do
+  t=$([ "$i" = 1 ] && echo 1.6 || echo 10)
+  { echo "strategy,primitive,handles,bytes,nodes,mappings,measured_us"
+    for _ in $(seq 12); do echo "vmm_alias,map,1,2097152,0,0,$t"; done; } > "$TMP/calls$i.csv"
+done
+run check_calls calibrate --check "$TMP/calls1.csv" "$TMP/calls2.csv" --gpu "$GPU"
+expect_rc check_calls 0
+expect_in "$TMP/check_calls.out" "the 2 files as runs of one workload (1 classes)" \
+  "calibrate --check: several files compared as runs"
+expect_re "$TMP/check_calls.out" "within 25% of the model, per run: +1, 0" \
+  "calibrate --check: per-run counts"
+expect_in "$TMP/check_calls.out" "more than 5/3 of the fastest: 1 (no model puts these" \
+  "calibrate --check: the class beyond any model's reach"
+expect_in "$TMP/check_calls.out" "calls pooled over the runs: 0 of 1 within 25%" \
+  "calibrate --check: pooled calls"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

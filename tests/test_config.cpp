@@ -41,7 +41,7 @@ TEST_CASE("the shipped experiment loads with bare gpu/model names", "[config]") 
   CHECK(c.gpu.granularity == 2097152ull);
   CHECK(c.gpu.va_space == 128ull * 1099511627776ull);
   // Fitted in context: the knee of the mappings term, and first calls after a launch.
-  CHECK(c.gpu.va_mappings_knee == 4096);
+  CHECK(c.gpu.va_mappings_knee == 1024);
   CHECK(c.gpu.cost(Primitive::kDeviceMalloc).first_after_launch_us > 0);
   CHECK(c.gpu.cost(Primitive::kLaunch).first_after_launch_us == 0);
   CHECK(c.model.name == "llama-3.1-8b");
@@ -594,7 +594,7 @@ TEST_CASE("a gpu file's own errors name the gpu file", "[config][errors]") {
           "must be at least the capacity");
   }
   SECTION("a knee out of range") {
-    check(replace_once(gpu, "\nva_mappings_knee: 4096.0", "\nva_mappings_knee: 0"),
+    check(replace_once(gpu, "\nva_mappings_knee: 1024.0", "\nva_mappings_knee: 0"),
           "va_mappings_knee:", "va_mappings_knee", "0 is out of range [0.001, 1000000000]");
   }
   SECTION("a typo'd primitive") {

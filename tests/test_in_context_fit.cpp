@@ -231,3 +231,37 @@ TEST_CASE("a per-call table's run-wide factor") {
   // A class off by itself stays off: 2.0 against a factor of 1.19.
   CHECK(common_factor_line({1, 1, 1, 2}).find("3 of 4") != std::string::npos);
 }
+
+TEST_CASE("several runs' per-call tables: spread, reach and pooled calls") {
+  auto cls = [](const char* run, Primitive p, uint64_t calls, double measured, double model) {
+    return InContextClass{run, p, calls, measured, model, model};
+  };
+  // Three runs of one workload against one model (the base times), classes of the table only:
+  // fill is not in it, and a class of 10 calls is not counted.
+  const std::vector<std::vector<InContextClass>> runs = {
+      {cls("a", Primitive::kMap, 100, 2.0, 2.0), cls("a", Primitive::kBeginCapture, 50, 1.0, 2.0),
+       cls("a", Primitive::kFill, 50, 9.0, 1.0), cls("b", Primitive::kLaunch, 10, 9.0, 1.0),
+       cls("b", Primitive::kEndCapture, 20, 300, 400)},
+      {cls("a", Primitive::kMap, 100, 2.6, 2.0), cls("a", Primitive::kBeginCapture, 50, 2.0, 2.0),
+       cls("a", Primitive::kFill, 50, 9.0, 1.0), cls("b", Primitive::kLaunch, 10, 9.0, 1.0),
+       cls("b", Primitive::kEndCapture, 20, 400, 400)},
+      {cls("a", Primitive::kMap, 100, 2.2, 2.0), cls("a", Primitive::kBeginCapture, 50, 3.0, 2.0),
+       cls("a", Primitive::kFill, 50, 9.0, 1.0), cls("b", Primitive::kLaunch, 10, 9.0, 1.0),
+       cls("b", Primitive::kEndCapture, 20, 500, 400)}};
+  const PerCallRuns r = compare_runs(runs);
+  CHECK(r.classes == 3);  // a map, a begin_capture, b end_capture
+  // map 1.0, 1.3, 1.1; begin_capture 0.5, 1.0, 1.5; end_capture 0.75, 1.0, 1.25.
+  CHECK(r.within == std::vector<size_t>{2, 2, 2});
+  // Medians 2.2, 2.0 and 400: map 0.91, 1.18, 1.0; begin_capture 0.5, 1, 1.5; end_capture all.
+  CHECK(r.within_median == std::vector<size_t>{2, 3, 2});
+  // begin_capture's slowest run took 3x its fastest: no model puts it within 25% of all three.
+  REQUIRE(r.beyond_reach.size() == 1);
+  CHECK(r.beyond_reach[0] == "a begin_capture 3.00");
+  // Pooled: map 6.8 / 6.0 = 1.13, begin_capture 6 / 6 = 1, end_capture 1200 / 1200.
+  CHECK(r.pooled_within == 3);
+  CHECK(r.pooled_out.empty());
+  CHECK(in_per_call_table(Primitive::kSetAccess));
+  CHECK(!in_per_call_table(Primitive::kFill));
+  CHECK(!in_per_call_table(Primitive::kDestroyGraph));
+  CHECK(compare_runs({}).classes == 0);
+}

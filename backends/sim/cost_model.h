@@ -18,7 +18,7 @@ namespace memsim {
 // The mappings term is the driver's VA state. On H200 (vmm_alias, 2 MiB handles) reserve_virtual
 // took 12 us with up to 256 mappings live, 21 us at 1-2K, 34 us at 8K and 41 us at 16K;
 // end_capture 550, 710, 960 and 1090 us: flat over the first few hundred mappings, then growing
-// like a tree's depth, not like the count; the knee (4,096 on the H200, 1,024 on the H100) is
+// like a tree's depth, not like the count; the knee (1,024 on the H200 and the H100) is
 // fitted with the terms.
 //
 // The first-after-launch term: after a graph launch, the first call of each primitive ran 2-3x

@@ -84,8 +84,10 @@ std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err)
 int run_calibrate_in_context(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
 
 // `memsim calibrate --check CALLS.csv...`: per file, measured against the base spec's time per
-// call for each run and primitive, and how many classes of more than 10 calls lie within 25%.
-// Returns 0, or 2 for bad input.
+// call for each run and primitive, and how many classes of the --backend cuda table (more than
+// 10 calls) lie within 25%; with several files, the files as runs of one workload
+// (compare_runs: their spread, classes beyond any model's reach, calls pooled). Returns 0, or 2
+// for bad input.
 int run_calibrate_check(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
 
 }  // namespace memsim

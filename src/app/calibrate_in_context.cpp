@@ -38,6 +38,7 @@ int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostre
   const std::optional<GpuSpec> base = load_base_gpu(o.gpu_path, err);
   if (!base) return 2;
   int all_counted = 0, all_within = 0;
+  std::vector<std::vector<InContextClass>> runs;
   for (const std::string& path : o.check) {
     const auto samples = read_calls({path}, "--check", err);
     if (!samples) return 2;
@@ -45,9 +46,10 @@ int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostre
                        o.gpu_path, "run", "primitive", "calls", "measured", "model", "ratio");
     int counted = 0, within = 0;
     std::vector<double> ratios;
-    for (const InContextClass& k : compare_classes(*samples, *base, *base)) {
+    runs.push_back(compare_classes(*samples, *base, *base));
+    for (const InContextClass& k : runs.back()) {
       const double r = k.base_us > 0 ? k.measured_us / k.base_us : 0;
-      const bool many = k.calls > 10, in = r >= 0.75 && r <= 1.25;
+      const bool many = k.calls > 10 && in_per_call_table(k.p), in = r >= 0.75 && r <= 1.25;
       counted += many;
       within += many && in;
       if (many) ratios.push_back(r);
@@ -57,13 +59,32 @@ int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostre
                          : in  ? "  within"
                                : "  OUT");
     }
-    out << fmt::format("{}: {} of {} (run, primitive) classes of more than 10 calls within 25%\n",
-                       path, within, counted);
+    out << fmt::format(
+        "{}: {} of {} classes of the --backend cuda table (run, primitive; more than 10 calls) "
+        "within 25%\n",
+        path, within, counted);
     out << common_factor_line(ratios);
     all_counted += counted;
     all_within += within;
   }
   out << fmt::format("all files: {} of {} classes within 25%\n", all_within, all_counted);
+  if (runs.size() > 1) {
+    const PerCallRuns s = compare_runs(runs);
+    out << fmt::format(
+        "\nthe {} files as runs of one workload ({} classes):\n"
+        "  within 25% of the model, per run:                     {}\n"
+        "  within 25% of their own median over the runs, per run: {}  (the runs' spread)\n"
+        "  slowest run more than 5/3 of the fastest: {}{}{}\n"
+        "  calls pooled over the runs: {} of {} within 25%{}{}\n",
+        runs.size(), s.classes, fmt::join(s.within, ", "), fmt::join(s.within_median, ", "),
+        s.beyond_reach.size(),
+        s.beyond_reach.empty() ? ""
+                               : " (no model puts these within 25% "
+                                 "of every run: ",
+        s.beyond_reach.empty() ? "" : fmt::format("{})", fmt::join(s.beyond_reach, ", ")),
+        s.pooled_within, s.classes,
+        s.pooled_out.empty() ? "" : "; outside: ", fmt::join(s.pooled_out, ", "));
+  }
   return 0;
 }
 

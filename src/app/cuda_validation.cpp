@@ -129,11 +129,17 @@ struct Row {
   uint64_t calls = 0;  // us_per_call rows: the real calls measured
 };
 
-const Primitive kTimed[] = {Primitive::kCreatePhysical,  Primitive::kMap,
-                            Primitive::kSetAccess,       Primitive::kUnmap,
-                            Primitive::kReleasePhysical, Primitive::kReserveVirtual,
-                            Primitive::kDeviceMalloc,    Primitive::kBeginCapture,
-                            Primitive::kEndCapture,      Primitive::kLaunch};
+// calls.csv rows (after the header) of one run's priced calls.
+std::string calls_rows(const std::string& label,
+                       const std::vector<CudaBackend::CallSample>& calls) {
+  std::string rows;
+  for (const CudaBackend::CallSample& k : calls)
+    if (k.features.priced)
+      rows += fmt::format("{},{},{},{},{},{},{:.3f}\n", label, to_string(k.features.p),
+                          k.features.handles, k.features.bytes, k.features.nodes,
+                          k.features.mappings, double(k.measured_ns) / 1e3);
+  return rows;
+}
 
 }  // namespace
 
@@ -147,8 +153,9 @@ Status probe_cuda_device() {
 int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const std::string& dir,
                         std::ostream& out) {
   std::vector<Row> rows;
-  std::string calls_csv =
-      "strategy,primitive,handles,bytes,nodes,mappings,measured_us\n";  // every priced real call
+  const char* header = "strategy,primitive,handles,bytes,nodes,mappings,measured_us\n";
+  std::string calls_csv = header;   // every priced real call of the recorded runs
+  std::string warmup_csv = header;  // and of the driver warm-up
   bool all_ok = true;
   const uint32_t rounds = c.validation_rounds;
   out << fmt::format("\nCUDA validation ({} variant, {} replay rounds per strategy):\n",
@@ -211,8 +218,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
       return 2;
     }
     CudaBackend& cuda = **created;
-    std::vector<CudaBackend::CallSample> calls;
-    if (recorded) cuda.record_calls(&calls);
+    std::vector<CudaBackend::CallSample> calls;  // the warm-up's too: calls_warmup.csv
+    cuda.record_calls(&calls);
     auto o0 = cuda.observe();
     if (!o0.ok()) {
       out << "memsim: --backend cuda: " << o0.error().message << "\n";
@@ -231,6 +238,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     const CaptureRunResult r = run_captures(rc, cuda, clock, *strategy, metrics);
     strategy.reset();
     if (!recorded) {
+      cuda.record_calls(nullptr);
+      warmup_csv += calls_rows(s.label, calls);
       out << fmt::format("driver warm-up: one unrecorded run of {} ({})\n", s.label,
                          r.ok ? "ok" : r.failure);
       out << fmt::format("{:<26} {:>12} {:>12} {:>12} {:>10} {:>9}  {}\n", "strategy", "sim bytes",
@@ -285,7 +294,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     rows.push_back({s.label, "replay_checks", static_cast<double>(rp.checks),
                     static_cast<double>(rp.checks - rp.failed_checks), replay_ok,
                     rp.first_failure.empty() ? rp.error : rp.first_failure});
-    for (Primitive p : kTimed) {
+    for (Primitive p : kPerCallTable) {
       const uint64_t n = cuda.measured_calls_of(p);
       if (n == 0) continue;
       const double sim_us = static_cast<double>(cuda.time_in(p)) / 1000.0 /
@@ -296,11 +305,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
                       fmt::format("{} calls", n), n});
     }
     cuda.record_calls(nullptr);
-    for (const CudaBackend::CallSample& k : calls)
-      if (k.features.priced)
-        calls_csv += fmt::format("{},{},{},{},{},{},{:.3f}\n", s.label, to_string(k.features.p),
-                                 k.features.handles, k.features.bytes, k.features.nodes,
-                                 k.features.mappings, double(k.measured_ns) / 1e3);
+    calls_csv += calls_rows(s.label, calls);
   }
   std::filesystem::create_directories(dir);
   std::ofstream csv(std::filesystem::path(dir) / "validation.csv");
@@ -309,6 +314,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     csv << fmt::format("{},{},{:.3f},{:.3f},{:.4f},{},\"{}\"\n", r.strategy, r.metric, r.simulated,
                        r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0, r.ok, r.note);
   std::ofstream(std::filesystem::path(dir) / "calls.csv") << calls_csv;
+  std::ofstream(std::filesystem::path(dir) / "calls_warmup.csv") << warmup_csv;
   out << "\nsimulated vs measured time per call (us), ratio = measured / simulated; within = "
          "inside 25% (classes of more than 10 calls):\n";
   int counted = 0, within = 0;
@@ -332,7 +338,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   out << fmt::format("{} of {} primitive classes of more than 10 calls within 25%\n", within,
                      counted);
   out << common_factor_line(ratios);
-  out << fmt::format("wrote {}/validation.csv, calls.csv\n", dir);
+  out << fmt::format("wrote {}/validation.csv, calls.csv, calls_warmup.csv\n", dir);
   return all_ok ? 0 : 1;
 }
 

@@ -278,6 +278,57 @@ std::vector<InContextClass> compare_classes(const std::vector<CallSample>& sampl
   return classes;
 }
 
+bool in_per_call_table(Primitive p) {
+  return std::find(std::begin(kPerCallTable), std::end(kPerCallTable), p) !=
+         std::end(kPerCallTable);
+}
+
+PerCallRuns compare_runs(const std::vector<std::vector<InContextClass>>& runs) {
+  PerCallRuns r;
+  if (runs.empty()) return r;
+  auto within = [](double measured, double model) {
+    return model > 0 && measured / model >= 0.75 && measured / model <= 1.25;
+  };
+  // The classes: the first run's counted ones, looked up in every run by (label, primitive).
+  std::vector<std::map<std::pair<std::string, Primitive>, const InContextClass*>> at(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (const InContextClass& k : runs[i])
+      if (k.calls > 10 && in_per_call_table(k.p)) at[i][{k.run, k.p}] = &k;
+  r.within.assign(runs.size(), 0);
+  r.within_median.assign(runs.size(), 0);
+  for (const auto& [key, first] : at[0]) {
+    ++r.classes;
+    std::vector<double> times;
+    double calls = 0, measured = 0, model = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto it = at[i].find(key);
+      if (it == at[i].end()) continue;
+      const InContextClass& k = *it->second;
+      times.push_back(k.measured_us);
+      r.within[i] += within(k.measured_us, k.base_us);
+      calls += double(k.calls);
+      measured += double(k.calls) * k.measured_us;
+      model += double(k.calls) * k.base_us;
+    }
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (const auto it = at[i].find(key); it != at[i].end())
+        r.within_median[i] += within(it->second->measured_us, median);
+    if (sorted.front() > 0 && sorted.back() / sorted.front() > 1.25 / 0.75)
+      r.beyond_reach.push_back(fmt::format("{} {} {:.2f}", key.first, to_string(key.second),
+                                           sorted.back() / sorted.front()));
+    if (within(measured / calls, model / calls))
+      ++r.pooled_within;
+    else
+      r.pooled_out.push_back(fmt::format("{} {} {:.2f}", key.first, to_string(key.second),
+                                         model > 0 ? measured / model : 0.0));
+  }
+  return r;
+}
+
 std::string common_factor_line(const std::vector<double>& ratios) {
   double log_sum = 0;
   size_t n = 0;

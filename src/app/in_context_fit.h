@@ -65,6 +65,33 @@ InContextFit fit_in_context(const std::vector<CallSample>& samples, const GpuSpe
 std::vector<InContextClass> compare_classes(const std::vector<CallSample>& samples,
                                             const GpuSpec& base, const GpuSpec& fitted);
 
+// The primitives the per-call table of `--backend cuda` lists (each with more than 10 calls in a
+// run counts toward its "within 25%"); `memsim calibrate --check` counts the same classes.
+inline constexpr Primitive kPerCallTable[] = {
+    Primitive::kCreatePhysical,  Primitive::kMap,
+    Primitive::kSetAccess,       Primitive::kUnmap,
+    Primitive::kReleasePhysical, Primitive::kReserveVirtual,
+    Primitive::kDeviceMalloc,    Primitive::kBeginCapture,
+    Primitive::kEndCapture,      Primitive::kLaunch};
+bool in_per_call_table(Primitive p);
+
+// Several runs' per-call tables against one model (`calibrate --check` of several calls.csv).
+// A class is a (run label, primitive) of the table with more than 10 calls; runs are compared
+// class by class where both have it.
+struct PerCallRuns {
+  size_t classes = 0;          // classes counted in the first run
+  std::vector<size_t> within;  // per run: classes within 25% of the model
+  // Per run: classes within 25% of their own median over the runs, which is what a model fitted
+  // to these very runs (one time per class) would count: the spread of the runs, not the model.
+  std::vector<size_t> within_median;
+  // Classes whose slowest run took more than 1.25 / 0.75 = 5/3 of their fastest (mean per call):
+  // no model, however fitted, puts such a class within 25% of every run. "label primitive spread".
+  std::vector<std::string> beyond_reach;
+  size_t pooled_within = 0;             // classes within 25% with their calls pooled over all runs
+  std::vector<std::string> pooled_out;  // "label primitive ratio" of the pooled classes outside
+};
+PerCallRuns compare_runs(const std::vector<std::vector<InContextClass>>& runs);
+
 // A per-call table's summary of run-wide drift, for `ratios` (measured / modelled, one per class
 // counted): their geometric mean, and how many are within 25% once it is divided out. A host
 // busy with other work slows every call of a run alike (H200 runs back to back on one machine:

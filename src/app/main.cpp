@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
   calibrate
       ->add_option("--check", cal_check,
                    "compare the calls of these calls.csv files with --gpu's cost model, per run "
-                   "and primitive (a held-out check); fits and writes nothing")
+                   "and primitive (a held-out check); several files are also compared as runs of "
+                   "one workload (their spread, their calls pooled); fits and writes nothing")
       ->check(CLI::ExistingFile)
       ->excludes("--in-context");
   bool cal_graphs = false;
