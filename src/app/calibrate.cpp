@@ -34,27 +34,6 @@ constexpr uint64_t kGraphMem = 256 * kMiB;  // graph memory node allocation
 constexpr uint64_t kPinnedBig = 256 * kMiB;
 constexpr const char* kTag = "calibrate";
 
-std::string bytes_str(uint64_t b) {
-  const std::pair<uint64_t, const char*> units[] = {
-      {kTiB, "TiB"}, {kGiB, "GiB"}, {kMiB, "MiB"}, {kKiB, "KiB"}};
-  for (const auto& [u, name] : units)
-    if (b >= u && b % u == 0) return fmt::format("{}{}", b / u, name);
-  return std::to_string(b);
-}
-
-// Six significant digits, never in exponent form (YAML readers and humans both like that).
-std::string num(double v) {
-  if (v == 0) return "0.0";
-  const int digits = 5 - static_cast<int>(std::floor(std::log10(std::fabs(v))));
-  std::string s = fmt::format("{:.{}f}", v, std::clamp(digits, 1, 9));
-  while (s.back() == '0' && s[s.size() - 2] != '.') s.pop_back();
-  return s;
-}
-
-std::string us_str(double v) {
-  return fmt::format("{:.{}f}", v, v >= 100 ? 0 : v >= 10 ? 1 : 2);
-}
-
 struct Stats {
   double median = 0, p10 = 0, p90 = 0;
 };
@@ -285,8 +264,8 @@ class Calibrator {
     spec().cost(pa) = by_size(ta, cols);
     spec().cost(pf) = by_size(tf, free_cols);
     for (size_t k = 0; k < 2; ++k) {
-      priced(pa, bytes_str(size[k]), ta[k], 1, size[k]);
-      priced(pf, bytes_str(size[k]), tf[k], 1, size[k]);
+      priced(pa, yaml_bytes(size[k]), ta[k], 1, size[k]);
+      priced(pf, yaml_bytes(size[k]), tf[k], 1, size[k]);
     }
     return {};
   }
@@ -386,7 +365,7 @@ Status Calibrator::mapping() {
     spec().cost(p) =
         fit({{1, g_, median(*one)}, {kSmallN, span_s, median(*all)}, {1, big_, median(*large)}},
             kCall | kHandle | kGranule);
-  const std::string sg = bytes_str(g_), sb = bytes_str(big_);
+  const std::string sg = yaml_bytes(g_), sb = yaml_bytes(big_);
   const std::string range = fmt::format("1 call over {} x {}", kSmallN, sg);
   priced(P::kMap, sg, map_s, 1, g_);
   priced(P::kMap, sb, map_b, 1, big_);
@@ -446,13 +425,13 @@ Status Calibrator::work() {
   spec().cost(P::kCopy) = fit2(2 * g_, cs, 2 * big_, cb, kCall | kBytes, 0);
   for (P p : {P::kFill, P::kCopy}) {
     const uint64_t k = p == P::kCopy ? 2 : 1;
-    priced(p, bytes_str(g_) + ", synchronized", p == P::kFill ? fs : cs, 0, k * g_);
-    priced(p, bytes_str(big_) + ", synchronized", p == P::kFill ? fb : cb, 0, k * big_);
+    priced(p, yaml_bytes(g_) + ", synchronized", p == P::kFill ? fs : cs, 0, k * g_);
+    priced(p, yaml_bytes(big_) + ", synchronized", p == P::kFill ? fb : cb, 0, k * big_);
     if (spec().cost(p).bytes_per_us <= 0)
       c_.findings.push_back(
           fmt::format("WARNING: {}: no bandwidth term could be fitted ({} not "
                       "slower than {})",
-                      to_string(p), bytes_str(big_), bytes_str(g_)));
+                      to_string(p), yaml_bytes(big_), yaml_bytes(g_)));
   }
   return {};
 }
@@ -542,7 +521,7 @@ Status Calibrator::graph_memory() {
   const auto note_reserved = [&](const char* when) {
     if (!t_.graph_mem_reserved) return;
     auto r = t_.graph_mem_reserved();
-    reserved.push_back(fmt::format("{} {}", r.ok() ? bytes_str(*r) : r.error().message, when));
+    reserved.push_back(fmt::format("{} {}", r.ok() ? yaml_bytes(*r) : r.error().message, when));
   };
   for (int round = 0; round < kRounds; ++round) {
     MEMSIM_TRY(timed(P::kGraphMemTrim, trim, [&] { return b_.graph_mem_trim(); }));
@@ -562,7 +541,7 @@ Status Calibrator::graph_memory() {
   spec().graph_mem_remap_per_granule_us = std::max(0.0, median(moved) - median(normal)) / granules;
   spec().cost(P::kGraphMemTrim) = CostTerm{median(trim), 0, 0, 0};
   const double plain = price_us(P::kLaunch, 0, 0);  // uploaded at its first launch, before
-  const std::string what = bytes_str(kGraphMem) + " mem node: ";
+  const std::string what = yaml_bytes(kGraphMem) + " mem node: ";
   row(P::kLaunch, what + "first launch after trim", first,
       plain + spec().graph_mem_map_per_granule_us * granules);
   row(P::kLaunch, what + "later launches", normal, plain);
@@ -573,46 +552,8 @@ Status Calibrator::graph_memory() {
     c_.findings.push_back(fmt::format(
         "graph memory pool (cudaGraphMemAttrReservedMemCurrent) with one {} graph: {} (the sim "
         "keeps one backing per stream: 2 x {} after launches into two streams)",
-        bytes_str(kGraphMem), fmt::join(reserved, "; "), bytes_str(kGraphMem)));
+        yaml_bytes(kGraphMem), fmt::join(reserved, "; "), yaml_bytes(kGraphMem)));
   return {};
-}
-
-// The graphs: section of a spec, as YAML keys and values.
-std::vector<std::pair<const char*, double>> graph_terms(const GpuSpec& s) {
-  return {{"capture_per_node_us", s.capture_per_node_us},
-          {"instantiate_per_node_us", s.instantiate_per_node_us},
-          {"upload_per_node_us", s.upload_per_node_us},
-          {"mem_map_per_granule_us", s.graph_mem_map_per_granule_us},
-          {"mem_remap_per_granule_us", s.graph_mem_remap_per_granule_us}};
-}
-
-// Appends `text` as comment lines of at most ~100 columns.
-void comment(std::ostringstream& o, const std::string& text) {
-  std::istringstream words(text);
-  std::string line = "#", w;
-  while (words >> w) {
-    if (line.size() + w.size() > 98 && line.size() > 1) {
-      o << line << "\n";
-      line = "#    ";
-    }
-    line += " " + w;
-  }
-  o << line << "\n";
-}
-
-// "per_call_us: 12.0, per_granule_us: 0.057" (the non-zero fields of a term).
-std::string term_str(const CostTerm& t) {
-  std::vector<std::string> kv;
-  const std::pair<const char*, double> fields[] = {
-      {"per_call_us", t.per_call_us},
-      {"per_handle_us", t.per_handle_us},
-      {"per_granule_us", t.per_granule_us},
-      {"bytes_per_us", t.bytes_per_us},
-      {"per_log2_mappings_us", t.per_log2_mappings_us},
-      {"first_after_launch_us", t.first_after_launch_us}};
-  for (const auto& [k, v] : fields)
-    if (v != 0) kv.push_back(fmt::format("{}: {}", k, num(v)));
-  return kv.empty() ? "per_call_us: 0.0" : fmt::format("{}", fmt::join(kv, ", "));
 }
 
 }  // namespace
@@ -626,114 +567,6 @@ Result<Calibration> calibrate(const CalibrationTarget& target, const GpuSpec& ba
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("calibrate: granularity {} does not divide 1 GiB", g));
   return Calibrator(target, base, log).run();
-}
-
-std::string format_calibration_table(const Calibration& c) {
-  std::ostringstream o;
-  o << fmt::format("{:<18} {:<40} {:>5} {:>10} {:>19} {:>10} {:>7}\n", "primitive", "shape",
-                   "calls", "median us", "p10..p90 us", "model us", "dev");
-  for (const CalibrationRow& r : c.rows) {
-    std::string model = "-", dev;
-    if (r.model_us >= 0) {
-      model = fmt::format("{:.2f}", r.model_us);
-      const double d = r.median_us > 0 ? (r.model_us - r.median_us) / r.median_us : 0.0;
-      dev = fmt::format("{:+.0f}%", 100 * d);
-      if (std::fabs(d) > 0.25 && std::fabs(r.model_us - r.median_us) > 2.0) dev += " !";
-    }
-    o << fmt::format("{:<18} {:<40} {:>5} {:>10.2f} {:>19} {:>10} {:>7}\n", to_string(r.p), r.what,
-                     r.samples, r.median_us, fmt::format("{:.2f}..{:.2f}", r.p10_us, r.p90_us),
-                     model, dev);
-  }
-  o << "(model: the fitted cost of that call; '!': off by more than 25% and 2 us)\n\n";
-  o << "fitted terms (base -> calibrated):\n";
-  const auto gb = graph_terms(c.base), gs = graph_terms(c.spec);
-  for (size_t i = 0; i < gs.size(); ++i)
-    o << fmt::format("  graphs.{:<25} {} -> {}\n", gs[i].first, num(gb[i].second),
-                     num(gs[i].second));
-  for (size_t i = 0; i < static_cast<size_t>(P::kCount); ++i)
-    o << fmt::format("  {:<18} {{{}}} -> {{{}}}\n", to_string(static_cast<P>(i)),
-                     term_str(c.base.costs[i]), term_str(c.spec.costs[i]));
-  for (const std::string& f : c.findings) o << "finding: " << f << "\n";
-  for (const std::string& f : c.failures) o << "FAILED: " << f << "\n";
-  return o.str();
-}
-
-std::string format_gpu_yaml(const Calibration& c, const std::vector<std::string>& header) {
-  const GpuSpec& s = c.spec;
-  std::ostringstream o;
-  for (const std::string& h : header) comment(o, h);
-  if (!c.rows.empty())
-    o << "# Cost of one call = per_call_us + per_handle_us x handles + per_granule_us x (bytes /\n"
-         "#   granularity) + bytes / bytes_per_us (copy: 2 x bytes) + per_log2_mappings_us x\n"
-         "#   log2(1 + live VA mappings / va_mappings_knee) + first_after_launch_us (the first "
-         "call\n"
-         "#   of its primitive since a graph launch). Comments: what was measured.\n";
-  for (const std::string& f : c.failures) comment(o, "FAILED, base values kept: " + f);
-  for (const std::string& f : c.findings) comment(o, "finding: " + f);
-  o << "name: " << s.name << "\n";
-  o << "capacity: " << bytes_str(s.capacity) << "\n";
-  o << "granularity: " << bytes_str(s.granularity) << "\n";
-  o << "va_space: " << bytes_str(s.va_space) << "\n";
-  if (s.va_mappings_knee != 1)
-    o << "va_mappings_knee: " << num(s.va_mappings_knee)
-      << "    # per_log2_mappings terms: log2(1 + live VA mappings / knee)\n";
-  o << "graphs:\n";
-  for (const auto& [k, v] : graph_terms(s)) o << "  " << k << ": " << num(v) << "\n";
-  if (s.graph_mem_chunk)  // probed with memsim-graphmem-probe, carried over from the base spec
-    o << "  mem_chunk: " << (s.graph_mem_chunk >> 20) << "MiB\n";
-  o << "costs:\n";
-  for (size_t i = 0; i < static_cast<size_t>(P::kCount); ++i) {
-    const auto p = static_cast<P>(i);
-    std::string line = fmt::format("  {}: {{{}}}", to_string(p), term_str(s.cost(p)));
-    std::vector<std::string> seen;
-    for (const CalibrationRow& r : c.rows)
-      if (r.p == p && r.model_us >= 0 && r.what.find("captured") == std::string::npos)
-        seen.push_back(fmt::format("{} {} us", r.what, us_str(r.median_us)));
-    if (!seen.empty()) line = fmt::format("{:<76} # {}", line, fmt::join(seen, "; "));
-    o << line << "\n";
-  }
-  o << format_compute_yaml(s.compute);  // not measured by calibrate: carried over
-  return o.str();
-}
-
-std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err) {
-  try {
-    return load_gpu_spec(ConfigNode::load_file(path));
-  } catch (const ConfigError& e) {
-    err << "memsim calibrate: config error: " << e.what() << "\n";
-    return std::nullopt;
-  }
-}
-
-bool write_gpu_yaml(const Calibration& c, const std::vector<std::string>& header,
-                    const std::string& out_path, std::ostream& out, std::ostream& err) {
-  const std::filesystem::path path(out_path);
-  std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  if (std::ofstream f(path); !(f << format_gpu_yaml(c, header)).good()) {
-    err << "memsim calibrate: ERROR: cannot write " << out_path << "\n";
-    return false;
-  }
-  // Read it back from disk as an experiment would; it must hold the fitted values.
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string problem = "the values read back differ from the fitted ones";
-  try {
-    Calibration back, want;
-    back.spec = load_gpu_spec(ConfigNode::parse(text.str(), out_path));
-    want.spec = c.spec;
-    if (format_gpu_yaml(back, {}) == format_gpu_yaml(want, {})) problem.clear();
-  } catch (const std::exception& e) {  // ConfigError, or anything yaml-cpp throws
-    problem = e.what();
-  }
-  if (!problem.empty()) {
-    err << fmt::format("memsim calibrate: ERROR: {} does not load as a GPU spec: {}\n", out_path,
-                       problem);
-    return false;
-  }
-  out << fmt::format("wrote {} (read back with load_gpu_spec: ok)\n", out_path);
-  return true;
 }
 
 int run_calibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
@@ -767,7 +600,7 @@ int run_calibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& er
   out << fmt::format(
       "memsim calibrate: CUDA device {}, {} of memory, VMM granularity {}; base "
       "spec {}\n",
-      o.device, bytes_str(cuda.capacity()), bytes_str(cuda.granularity()), o.gpu_path);
+      o.device, yaml_bytes(cuda.capacity()), yaml_bytes(cuda.granularity()), o.gpu_path);
   auto cal = calibrate(target, base, out);
   const Status released = cuda.release_everything();
   if (!cal.ok()) {

@@ -75,6 +75,9 @@ int run_calibrate(const CalibrateOptions& options, std::ostream& out, std::ostre
 bool write_gpu_yaml(const Calibration& c, const std::vector<std::string>& header,
                     const std::string& out_path, std::ostream& out, std::ostream& err);
 
+// A byte count as the GPU YAML writes it: "2MiB" where a unit divides it, else the number.
+std::string yaml_bytes(uint64_t b);
+
 // The base GPU YAML of a calibration; a config error goes to `err` (nullopt).
 std::optional<GpuSpec> load_base_gpu(const std::string& path, std::ostream& err);
 

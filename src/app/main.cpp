@@ -229,6 +229,16 @@ int main(int argc, char** argv) {
                 << ": calibration measures hardware; use --backend cuda\n";
       return kExitConfigError;
     }
+    memsim::CalibrateOptions options;
+    options.backend = cal_backend;
+    options.gpu_path = cal_gpu;
+    options.out_path = cal_out;
+    options.in_context = cal_in_context;
+    options.check = cal_check;
+    // Fits to and checks against calls.csv files measure nothing: every build runs them.
+    if (!cal_in_context.empty())
+      return memsim::run_calibrate_in_context(options, std::cout, std::cerr);
+    if (!cal_check.empty()) return memsim::run_calibrate_check(options, std::cout, std::cerr);
 #if MEMSIM_HAVE_CUDA
     if (!cal_model.empty()) {
       memsim::CalibrateModelOptions m;
@@ -239,15 +249,6 @@ int main(int argc, char** argv) {
       m.graphs = cal_graphs;
       return memsim::run_calibrate_model(m, std::cout, std::cerr);
     }
-    memsim::CalibrateOptions options;
-    options.backend = cal_backend;
-    options.gpu_path = cal_gpu;
-    options.out_path = cal_out;
-    options.in_context = cal_in_context;
-    options.check = cal_check;
-    if (!cal_in_context.empty())
-      return memsim::run_calibrate_in_context(options, std::cout, std::cerr);
-    if (!cal_check.empty()) return memsim::run_calibrate_check(options, std::cout, std::cerr);
     return memsim::run_calibrate(options, std::cout, std::cerr);
 #else
     std::cerr << "memsim calibrate: --backend cuda: this build has no CUDA backend (nvcc was not "
