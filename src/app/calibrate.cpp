@@ -1,5 +1,6 @@
 // Calibration of the sim's cost model on a GPU: every Backend primitive timed call by call,
-// medians per shape, non-negative fits of the cost terms, a GPU YAML verified by reloading it.
+// medians per shape, non-negative fits of the cost terms (the YAML they are written to:
+// calibration_yaml.cpp).
 #include "src/app/calibrate.h"
 
 #include <fmt/format.h>
@@ -10,21 +11,16 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <functional>
-#include <sstream>
 
 #include "backends/cuda/cuda_backend.h"
 #include "sim/clock.h"
-#include "src/config/config_node.h"
-#include "src/config/loaders.h"
 
 namespace memsim {
 namespace {
 
 using P = Primitive;
-constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30, kTiB = 1ull << 40;
+constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
 constexpr int kRounds = 7;        // repetitions of each measured batch
 constexpr uint32_t kSmallN = 64;  // granule-sized handles per batch
 constexpr uint32_t kBigN = 4;     // 1 GiB handles per batch

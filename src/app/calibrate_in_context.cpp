@@ -70,20 +70,20 @@ int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostre
   out << fmt::format("all files: {} of {} classes within 25%\n", all_within, all_counted);
   if (runs.size() > 1) {
     const PerCallRuns s = compare_runs(runs);
+    const std::string reach =
+        s.beyond_reach.empty() ? ""
+                               : fmt::format(" (no model puts these within 25% of every run: {})",
+                                             fmt::join(s.beyond_reach, ", "));
+    const std::string outside =
+        s.pooled_out.empty() ? "" : fmt::format("; outside: {}", fmt::join(s.pooled_out, ", "));
     out << fmt::format(
         "\nthe {} files as runs of one workload ({} classes):\n"
         "  within 25% of the model, per run:                     {}\n"
         "  within 25% of their own median over the runs, per run: {}  (the runs' spread)\n"
-        "  slowest run more than 5/3 of the fastest: {}{}{}\n"
-        "  calls pooled over the runs: {} of {} within 25%{}{}\n",
+        "  slowest run more than 5/3 of the fastest: {}{}\n"
+        "  calls pooled over the runs: {} of {} within 25%{}\n",
         runs.size(), s.classes, fmt::join(s.within, ", "), fmt::join(s.within_median, ", "),
-        s.beyond_reach.size(),
-        s.beyond_reach.empty() ? ""
-                               : " (no model puts these within 25% "
-                                 "of every run: ",
-        s.beyond_reach.empty() ? "" : fmt::format("{})", fmt::join(s.beyond_reach, ", ")),
-        s.pooled_within, s.classes,
-        s.pooled_out.empty() ? "" : "; outside: ", fmt::join(s.pooled_out, ", "));
+        s.beyond_reach.size(), reach, s.pooled_within, s.classes, outside);
   }
   return 0;
 }

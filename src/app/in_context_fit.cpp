@@ -296,27 +296,27 @@ PerCallRuns compare_runs(const std::vector<std::vector<InContextClass>>& runs) {
       if (k.calls > 10 && in_per_call_table(k.p)) at[i][{k.run, k.p}] = &k;
   r.within.assign(runs.size(), 0);
   r.within_median.assign(runs.size(), 0);
-  for (const auto& [key, first] : at[0]) {
+  for (const auto& entry : at[0]) {
+    const auto& key = entry.first;
     ++r.classes;
-    std::vector<double> times;
+    std::vector<const InContextClass*> of(runs.size(), nullptr);  // the class in each run
+    std::vector<double> sorted;                                   // its times, ascending
     double calls = 0, measured = 0, model = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       const auto it = at[i].find(key);
       if (it == at[i].end()) continue;
-      const InContextClass& k = *it->second;
-      times.push_back(k.measured_us);
+      const InContextClass& k = *(of[i] = it->second);
+      sorted.push_back(k.measured_us);
       r.within[i] += within(k.measured_us, k.base_us);
       calls += double(k.calls);
       measured += double(k.calls) * k.measured_us;
       model += double(k.calls) * k.base_us;
     }
-    std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
     const size_t n = sorted.size();
     const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
     for (size_t i = 0; i < runs.size(); ++i)
-      if (const auto it = at[i].find(key); it != at[i].end())
-        r.within_median[i] += within(it->second->measured_us, median);
+      if (of[i]) r.within_median[i] += within(of[i]->measured_us, median);
     if (sorted.front() > 0 && sorted.back() / sorted.front() > 1.25 / 0.75)
       r.beyond_reach.push_back(fmt::format("{} {} {:.2f}", key.first, to_string(key.second),
                                            sorted.back() / sorted.front()));
