@@ -489,6 +489,23 @@ expect_in "$TMP/check_calls.out" "more than 5/3 of the fastest: 1 (no model puts
 expect_in "$TMP/check_calls.out" "calls pooled over the runs: 0 of 1 within 25%" \
   "calibrate --check: pooled calls"
 
+# calibrate --in-context re-fits a re-fit: the header keeps one level of "base: " (older in-context
+# generations go, the isolated calibration's lines stay), so it stops growing; a primitive the
+# fit leaves alone keeps its term and the comment on its line.
+run refit1 calibrate --in-context "$TMP/calls1.csv" --gpu "$ROOT/configs/gpus/h200.yaml" \
+  --out "$TMP/refit1.yaml"
+expect_rc refit1 0
+run refit2 calibrate --in-context "$TMP/calls2.csv" --gpu "$TMP/refit1.yaml" --out "$TMP/refit2.yaml"
+run refit3 calibrate --in-context "$TMP/calls1.csv" --gpu "$TMP/refit2.yaml" --out "$TMP/refit3.yaml"
+expect_rc refit3 0
+check "calibrate --in-context: the header stops growing" \
+  test "$(grep -c '^#' "$TMP/refit2.yaml")" -eq "$(grep -c '^#' "$TMP/refit3.yaml")"
+check "calibrate --in-context: one level of base" bash -c "! grep -q 'base: base:' '$TMP/refit3.yaml'"
+expect_in "$TMP/refit3.yaml" "# base: h200 calibrated by \`memsim calibrate --backend cuda" \
+  "calibrate --in-context: the isolated calibration's provenance stays"
+expect_re "$TMP/refit3.yaml" "host_free_pinned: .*# per byte: RL co-location on the GPU" \
+  "calibrate --in-context: a term left alone keeps its comment"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -29,6 +30,9 @@ struct Calibration {
   std::vector<CalibrationRow> rows;
   std::vector<std::string> findings;  // printed and written as YAML comments
   std::vector<std::string> failures;  // phases that failed (their terms keep the base values)
+  // Per primitive, the comment of its cost line where no row here measured it (a re-fit carries
+  // the base file's: the term is the base's too).
+  std::map<Primitive, std::string> cost_notes;
 };
 
 // What calibrate() measures through: a backend plus its measured time and call count per

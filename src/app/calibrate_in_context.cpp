@@ -32,6 +32,63 @@ std::optional<std::vector<CallSample>> read_calls(const std::vector<std::string>
   return samples;
 }
 
+// The comments of the base file that stay true after a re-fit, one "base: " line each: all of
+// the base's own lines (how it was made, its fit notes), and from earlier generations every line
+// no in-context fit wrote (the isolated calibration's measurements and findings). Older
+// in-context generations are dropped, their terms having been fitted again since, so the header
+// does not grow with each re-fit. A comment line indented by three or more spaces continues the
+// one before it.
+std::vector<std::string> carried_header(std::istream& in) {
+  std::vector<std::string> blocks;
+  std::string line;
+  while (std::getline(in, line) && line.rfind("#", 0) == 0) {
+    const std::string text = line.substr(std::min<size_t>(line.size(), 2));
+    const size_t start = text.find_first_not_of(' ');
+    if (line.rfind("#   ", 0) == 0 && !blocks.empty()) {
+      if (start != std::string::npos) blocks.back() += " " + text.substr(start);
+    } else {
+      blocks.push_back(text);
+    }
+  }
+  std::vector<std::string> kept;
+  const std::string prefix = "base: ";
+  for (std::string b : blocks) {
+    size_t depth = 0;
+    for (; b.rfind(prefix, 0) == 0; ++depth) b.erase(0, prefix.size());
+    const bool in_context = b.find("re-fitted in context by") != std::string::npos ||
+                            b.rfind("finding: in-context fit", 0) == 0;
+    // The cost formula is restated in the new file; the base's statement of it goes.
+    if (b.rfind("Cost of one call", 0) == 0 || (in_context && depth > 0)) continue;
+    kept.push_back(prefix + b);
+  }
+  return kept;
+}
+
+// The comments of the base file's cost lines ("  name: {...}  # comment"), by primitive: a
+// primitive this fit leaves alone keeps its base term, and the comment on it stays true.
+std::map<Primitive, std::string> cost_comments(std::istream& in) {
+  std::map<Primitive, std::string> notes;
+  std::string line;
+  bool costs = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("#", 0) == 0) continue;
+    if (line.rfind("  ", 0) != 0) {
+      costs = line.rfind("costs:", 0) == 0;
+      continue;
+    }
+    const size_t colon = line.find(':'), brace = line.find('}');
+    if (!costs || colon == std::string::npos || brace == std::string::npos) continue;
+    const size_t hash = line.find('#', brace);
+    if (hash == std::string::npos) continue;
+    const std::string name = line.substr(2, colon - 2);
+    const size_t text = line.find_first_not_of(' ', hash + 1);
+    for (size_t i = 0; i < size_t(Primitive::kCount); ++i)
+      if (name == to_string(Primitive(i)) && text != std::string::npos)
+        notes[Primitive(i)] = line.substr(text);
+  }
+  return notes;
+}
+
 }  // namespace
 
 int run_calibrate_check(const CalibrateOptions& o, std::ostream& out, std::ostream& err) {
@@ -144,23 +201,10 @@ int run_calibrate_in_context(const CalibrateOptions& o, std::ostream& out, std::
       base.name, fmt::join(o.in_context, " "), o.gpu_path, "DATE", samples.size())};
   {
     std::ifstream in(o.gpu_path);
-    std::string line, block;
-    while (std::getline(in, line) && line.rfind("#", 0) == 0) {
-      const bool cont = line.rfind("#    ", 0) == 0 || line.rfind("#   ", 0) == 0;
-      const std::string text = line.substr(std::min<size_t>(line.size(), 2));
-      if (cont && !block.empty()) {
-        block += " " + text.substr(text.find_first_not_of(' ') == std::string::npos
-                                       ? text.size()
-                                       : text.find_first_not_of(' '));
-      } else {
-        if (!block.empty()) header.push_back("base: " + block);
-        block = text;
-      }
-    }
-    if (!block.empty()) header.push_back("base: " + block);
-    // The cost formula is restated below; the base's own statement of it goes.
-    std::erase_if(header,
-                  [](const std::string& h) { return h.rfind("base: Cost of one call", 0) == 0; });
+    for (std::string& h : carried_header(in)) header.push_back(std::move(h));
+    in.clear();
+    in.seekg(0);
+    c.cost_notes = cost_comments(in);
   }
   const std::string out_path =
       o.out_path.empty() ? fmt::format("configs/gpus/{}.calibrated.yaml", base.name) : o.out_path;

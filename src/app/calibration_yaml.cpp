@@ -141,7 +141,11 @@ std::string format_gpu_yaml(const Calibration& c, const std::vector<std::string>
     for (const CalibrationRow& r : c.rows)
       if (r.p == p && r.model_us >= 0 && r.what.find("captured") == std::string::npos)
         seen.push_back(fmt::format("{} {} us", r.what, us_str(r.median_us)));
-    if (!seen.empty()) line = fmt::format("{:<76} # {}", line, fmt::join(seen, "; "));
+    if (!seen.empty()) {
+      line = fmt::format("{:<76} # {}", line, fmt::join(seen, "; "));
+    } else if (const auto note = c.cost_notes.find(p); note != c.cost_notes.end()) {
+      line = fmt::format("{:<76} # {}", line, note->second);
+    }
     o << line << "\n";
   }
   o << format_compute_yaml(s.compute);  // not measured by calibrate: carried over

@@ -199,7 +199,12 @@ KneeFit fit_at_knee(const std::map<P, std::vector<const CallSample*>>& by_p, con
       if (active[j] && col.minCoeff() == col.maxCoeff() && col.maxCoeff() > 0)
         active[0] = t.per_call_us > 0;
     }
-    const Eigen::VectorXd c = nnls(a, y, active);
+    Eigen::VectorXd c = nnls(a, y, active);
+    // Round-off left in a term the calls do not need (1e-15 us where the calls are exact): a
+    // GPU YAML could not write it back, and it prices nothing. The per-byte term is kept down
+    // to 1e-12 us per byte (a million bytes per ns).
+    for (Eigen::Index j = 0; j < c.size(); ++j)
+      if (c(j) < (j == 3 ? 1e-12 : 1e-9)) c(j) = 0;
     const double sst = (y.array() - y.mean()).square().sum();
     if (sst > 0) fit.score += (y - a * c).squaredNorm() / sst;
     CostTerm& out = fit.spec.cost(p);
