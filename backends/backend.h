@@ -118,6 +118,11 @@ class Backend {
   virtual Status launch(GraphHandle g, StreamId stream) = 0;
   virtual Status destroy_graph(GraphHandle g) = 0;
   virtual Status graph_mem_trim() = 0;
+  // Work the caller enqueued on `stream` itself while it captures (a model step's kernels and
+  // copies, launched on the native stream beside the backend's calls): `nodes` more nodes in the
+  // graph being captured, priced like the backend's own (at end_capture, and uploaded at the
+  // first launch). Not a timed primitive. kInvalidState unless `stream` is capturing.
+  virtual Status add_captured_nodes(StreamId stream, uint64_t nodes) = 0;
 
   // observe
   virtual Usage usage() const = 0;

@@ -275,10 +275,13 @@ void Runner::close_open_capture(std::vector<DevPtr>& body) {
 }
 
 // The program's ops with a fill kernel per allocation (each tensor's producer writes a pattern
-// unique to the graph and tensor), inside the open capture.
+// unique to the graph and tensor), inside the open capture. A program with body_nodes (a real
+// body's, simulated) gets the rest of its nodes beside the fills and input reads, so the graph
+// is priced at the body's node count.
 bool Runner::fill_capture(uint32_t batch, const GraphProgram& g, uint64_t graph_no,
                           std::vector<DevPtr>& ptr, std::vector<uint32_t>& patterns,
                           bool inputs_read) {
+  uint64_t own_nodes = 0;  // fills and copies made
   for (const ProgramOp& op : g.ops) {
     const TensorSpec& t = g.tensors[op.tensor];
     if (op.kind == ProgramOp::Kind::kFree) {
@@ -308,6 +311,7 @@ bool Runner::fill_capture(uint32_t batch, const GraphProgram& g, uint64_t graph_
       close_open_capture(ptr);
       return fail(s.error(), batch);
     }
+    ++own_nodes;
     if (!inputs_read && t.role == TensorRole::kIntermediate) {
       // The forward reads its inputs: a replay then proves they are mapped and valid. The
       // reads land in this (first) intermediate, which no check looks at afterwards.
@@ -318,7 +322,14 @@ bool Runner::fill_capture(uint32_t batch, const GraphProgram& g, uint64_t graph_
           close_open_capture(ptr);
           return fail(s.error(), batch);
         }
+        ++own_nodes;
       }
+    }
+  }
+  if (g.body_nodes > own_nodes) {
+    if (auto s = backend_.add_captured_nodes(stream_, g.body_nodes - own_nodes); !s.ok()) {
+      close_open_capture(ptr);
+      return fail(s.error(), batch);
     }
   }
   return true;
@@ -405,7 +416,8 @@ bool Runner::body_capture(uint32_t batch, const GraphProgram& g, std::vector<Dev
         untrack(p);
         return {};
       });
-  const Status st = cfg_.body->capture(batch, g, mem, stream_);
+  Result<uint64_t> nodes = cfg_.body->capture(batch, g, mem, stream_);
+  Status st = nodes.ok() ? backend_.add_captured_nodes(stream_, *nodes) : Status(nodes.error());
   if (!st.ok()) {  // free what the failed body still holds inside the capture, and end it
     std::vector<DevPtr> held = mem.ptrs;
     close_open_capture(held);
@@ -413,6 +425,7 @@ bool Runner::body_capture(uint32_t batch, const GraphProgram& g, std::vector<Dev
   }
   for (size_t i = 0; i < ptr.size(); ++i) ptr[i] = i < mem.ptrs.size() ? mem.ptrs[i] : 0;
   if (std::string diff = compare_ops(g, mem.ops); !diff.empty()) violation(diff);
+  result_.body_nodes.push_back({g.name, batch, *nodes, g.body_nodes});
   return true;
 }
 

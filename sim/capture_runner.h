@@ -85,14 +85,17 @@ class CaptureObserver {
 // and capture() inside the capture of each of the shape's graphs, which enqueues the graph's
 // work on `stream` and allocates and frees its tensors through `mem` (the strategy, through the
 // runner, which checks overlaps and records the order). The runner checks that
-// the body's allocations and frees are the program's, op for op and byte for byte.
+// the body's allocations and frees are the program's, op for op and byte for byte. capture()
+// returns the graph nodes it enqueued itself (beside the backend's calls, which the backend
+// counts); the runner adds them to the backend's capture (Backend::add_captured_nodes) and
+// reports them beside the program's body_nodes (CaptureRunResult::body_nodes).
 class GraphBody {
  public:
   virtual ~GraphBody() = default;
   virtual Status prepare(uint32_t batch, const std::vector<CheckedTensor>& inputs,
                          StreamId stream) = 0;
-  virtual Status capture(uint32_t batch, const GraphProgram& graph, TensorAllocator& mem,
-                         StreamId stream) = 0;
+  virtual Result<uint64_t> capture(uint32_t batch, const GraphProgram& graph, TensorAllocator& mem,
+                                   StreamId stream) = 0;
 };
 
 struct CaptureRunConfig {
@@ -151,6 +154,15 @@ struct CaptureRunResult {
   uint64_t graphs = 0;
   uint64_t launches = 0;
   std::vector<CurvePoint> curve;
+  // Per graph a body captured (in capture order): the nodes it enqueued of its own, and the
+  // program's body_nodes (0: unset). The sim prices the program's count; on the GPU the body's
+  // is the real graph's (cuBLASLt picks its kernels per shape), priced instead.
+  struct BodyNodes {
+    std::string graph;
+    uint32_t batch = 0;
+    uint64_t body = 0, program = 0;
+  };
+  std::vector<BodyNodes> body_nodes;
 };
 
 // Sizes vLLM captures for a max_num_seqs: 1, 2, 4, then steps of 8 up to 256, then steps of

@@ -103,9 +103,17 @@ TEST_CASE("executor program: ModelStep's decode step, op by op") {
                                          "-attn_workspace 2000"};
   CHECK(trace(g) == want);
   for (const TensorSpec& t : g.tensors) CHECK(t.role == TensorRole::kIntermediate);
-  // No workspace when the plan does not split.
+  // Its nodes: the embedding, 11 per layer (the split plan's combine included), 5 at the end.
+  CHECK(g.body_nodes == 1 + 2 * 11 + 5);
+  // No workspace when the plan does not split, and no combine.
   const ShapeProgram big = make_executor_decode_program(tiny(), 8, options());
   CHECK(big.graphs[0].tensors[0].name == "residual");
+  CHECK(big.graphs[0].body_nodes == 1 + 2 * 10 + 5);
+  // q and k norms (Qwen3): two more per layer.
+  ModelShape qk = tiny();
+  qk.qk_norm = true;
+  CHECK(make_executor_decode_program(qk, 2, options()).graphs[0].body_nodes == 1 + 2 * 13 + 5);
+  CHECK(executor_decode_nodes(qk, false) == 1 + 2 * 12 + 5);
   CHECK_THROWS_AS(make_executor_decode_program(tiny(), 0, options()), std::invalid_argument);
   ModelShape fp32 = tiny();
   fp32.dtype = DType::kFP32;
@@ -121,13 +129,15 @@ namespace {
 class ProgramBody final : public GraphBody {
  public:
   int resize_op = -1, fail_op = -1;
+  int64_t node_error = 0;  // added to the program's body_nodes in what capture() returns
   uint32_t prepared = 0, captured = 0;
   Status prepare(uint32_t, const std::vector<CheckedTensor>& inputs, StreamId) override {
     ++prepared;
     if (inputs.size() != 1) return make_error(ErrorCode::kInvalidArgument, "one input");
     return {};
   }
-  Status capture(uint32_t, const GraphProgram& g, TensorAllocator& mem, StreamId) override {
+  Result<uint64_t> capture(uint32_t, const GraphProgram& g, TensorAllocator& mem,
+                           StreamId) override {
     ++captured;
     std::map<uint32_t, DevPtr> ptr;
     for (size_t i = 0; i < g.ops.size(); ++i) {
@@ -140,17 +150,21 @@ class ProgramBody final : public GraphBody {
       const uint64_t bytes = g.tensors[op.tensor].bytes + (int(i) == resize_op ? 512 : 0);
       MEMSIM_ASSIGN_OR_RETURN(ptr[op.tensor], mem.allocate(bytes));
     }
-    return {};
+    return uint64_t(int64_t(g.body_nodes) + node_error);
   }
 };
 
+// `end_capture_ns`, when set, receives the simulated end_capture time: 1 us per captured node
+// and nothing else.
 CaptureRunResult run_body(GraphBody* body, const std::string& impl = "shared_pool",
-                          GraphRunners runners = GraphRunners::kFull) {
+                          GraphRunners runners = GraphRunners::kFull,
+                          SimTime* end_capture_ns = nullptr) {
   GpuSpec gpu;
   gpu.name = "test";
   gpu.capacity = 8ull << 30;
   gpu.granularity = 2ull << 20;
   gpu.va_space = 1ull << 46;
+  gpu.capture_per_node_us = 1.0;
   SimClock clock;
   MetricsRecorder metrics(clock);
   SimBackend backend(gpu, clock, &metrics);
@@ -161,23 +175,30 @@ CaptureRunResult run_body(GraphBody* body, const std::string& impl = "shared_poo
   c.runners = runners;
   c.program_for = [](uint32_t b) { return make_executor_decode_program(tiny(), b, options()); };
   c.body = body;
-  return run_captures(c, backend, clock, *strategy, metrics);
+  CaptureRunResult r = run_captures(c, backend, clock, *strategy, metrics);
+  if (end_capture_ns) *end_capture_ns = backend.time_in(Primitive::kEndCapture);
+  return r;
 }
 
 }  // namespace
 
 TEST_CASE("capture runner: a graph body's allocations are checked against the program") {
   ProgramBody ok;
-  const CaptureRunResult a = run_body(&ok);
+  SimTime body_ns = 0, fill_ns = 0;
+  const CaptureRunResult a = run_body(&ok, "shared_pool", GraphRunners::kFull, &body_ns);
   CHECK(a.ok);
   CHECK(a.invariant_violation.empty());
   CHECK(a.released_all);
   CHECK(ok.prepared == 4);
   CHECK(ok.captured == 4);
-  // The same footprint as the program run without a body (sim fills).
-  const CaptureRunResult plain = run_body(nullptr);
+  // The same footprint as the program run without a body (sim fills), and the same nodes: the
+  // body's returned count, or the fills and input reads topped up to the program's body_nodes.
+  // Sizes 1 and 2 split the KV (a workspace: 28 nodes), 4 and 8 do not (26).
+  const CaptureRunResult plain = run_body(nullptr, "shared_pool", GraphRunners::kFull, &fill_ns);
   CHECK(plain.ok);
   CHECK(plain.peak_physical == a.peak_physical);
+  CHECK(body_ns == (28 + 28 + 26 + 26) * 1000);
+  CHECK(fill_ns == body_ns);
   for (const std::string impl : {"private_pools", "vmm_alias", "graph_mem_nodes"}) {
     ProgramBody again;
     const CaptureRunResult r = run_body(&again, impl);
@@ -193,6 +214,24 @@ TEST_CASE("capture runner: a graph body's allocations are checked against the pr
   CHECK(b.invariant_violation ==
         "graph b1.full: op 3 of the body is alloc #3 of 1536 bytes, the program's is alloc #3 "
         "of 1024 bytes (layer0.qkv)");
+
+  // Nodes other than the program's are reported, and priced as the body's.
+  ProgramBody extra;
+  extra.node_error = 3;
+  SimTime extra_ns = 0;
+  const CaptureRunResult n = run_body(&extra, "shared_pool", GraphRunners::kFull, &extra_ns);
+  CHECK(n.ok);
+  CHECK(n.invariant_violation.empty());
+  REQUIRE(n.body_nodes.size() == 4);
+  CHECK(n.body_nodes[0].graph == "b1.full");
+  CHECK(n.body_nodes[0].batch == 1);
+  CHECK(n.body_nodes[0].body == 31);
+  CHECK(n.body_nodes[0].program == 28);
+  CHECK(n.body_nodes[3].body == 29);
+  CHECK(n.body_nodes[3].program == 26);
+  CHECK(extra_ns == body_ns + 4 * 3 * 1000);
+  CHECK(a.body_nodes.size() == 4);
+  CHECK(plain.body_nodes.empty());  // fills: no body
 
   ProgramBody failing;
   failing.fail_op = 5;
@@ -234,4 +273,32 @@ TEST_CASE("shapes experiment: graph_body: executor") {
     CHECK(run.result.ok);
     CHECK(run.result.invariant_violation.empty());
   }
+}
+
+TEST_CASE("sim backend: nodes enqueued beside the backend count in the capture") {
+  GpuSpec gpu;
+  gpu.name = "test";
+  gpu.capacity = 1ull << 30;
+  gpu.granularity = 2ull << 20;
+  gpu.va_space = 1ull << 40;
+  gpu.capture_per_node_us = 1.0;
+  gpu.upload_per_node_us = 0.5;
+  SimClock clock;
+  SimBackend backend(gpu, clock, nullptr);
+  const StreamId s = *backend.create_stream();
+  const Status outside = backend.add_captured_nodes(s, 3);
+  REQUIRE_FALSE(outside.ok());
+  CHECK(outside.error().code == ErrorCode::kInvalidState);
+  CHECK(outside.error().message == "add_captured_nodes: stream 1 is not capturing");
+  REQUIRE(backend.begin_capture(s).ok());
+  REQUIRE(backend.add_captured_nodes(s, 40).ok());
+  REQUIRE(backend.add_captured_nodes(s, 2).ok());
+  CHECK(backend.nodes_in_capture(s) == 42);
+  const auto g = backend.end_capture(s);
+  REQUIRE(g.ok());
+  CHECK(backend.nodes_in_capture(s) == 0);
+  CHECK(backend.time_in(Primitive::kEndCapture) == 42 * 1000);
+  REQUIRE(backend.launch(*g, s).ok());  // the first launch uploads them
+  CHECK(backend.time_in(Primitive::kLaunch) == 21 * 1000);
+  CHECK(backend.last_call().nodes == 42);
 }

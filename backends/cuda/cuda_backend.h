@@ -96,6 +96,10 @@ class CudaBackend final : public Backend {
   Status launch(GraphHandle g, StreamId stream) override;
   Status destroy_graph(GraphHandle g) override;
   Status graph_mem_trim() override;
+  // The nodes are already in the real graph (the caller enqueued them): the shadow counts them.
+  Status add_captured_nodes(StreamId stream, uint64_t nodes) override {
+    return shadow_.add_captured_nodes(stream, nodes);
+  }
   Usage usage() const override { return shadow_.usage(); }
   SimTime now() const override { return shadow_.now(); }
   SimTime time_in(Primitive p) const override { return shadow_.time_in(p); }

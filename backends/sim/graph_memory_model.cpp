@@ -69,8 +69,8 @@ Status GraphMemoryModel::begin(StreamId s) {
   return {};
 }
 
-void GraphMemoryModel::add_node(StreamId s) {
-  ++captures_.at(s).graph.nodes;
+void GraphMemoryModel::add_node(StreamId s, uint64_t n) {
+  captures_.at(s).graph.nodes += n;
 }
 
 uint64_t GraphMemoryModel::nodes_in_capture(StreamId s) const {

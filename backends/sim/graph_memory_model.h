@@ -42,7 +42,7 @@ class GraphMemoryModel {
   bool capturing(StreamId s) const { return captures_.count(s) != 0; }
   bool any_capturing() const { return !captures_.empty(); }
   Status begin(StreamId s);
-  void add_node(StreamId s);
+  void add_node(StreamId s, uint64_t n = 1);
   void add_alloc(StreamId s, DevPtr va, uint64_t bytes);
   Status add_free(StreamId s, DevPtr va);
   struct Ended {

@@ -486,6 +486,14 @@ bool SimBackend::range_mapped(DevPtr va, uint64_t bytes) const {
   return cursor >= off + bytes;
 }
 
+Status SimBackend::add_captured_nodes(StreamId stream, uint64_t nodes) {
+  if (!graph_mem_.capturing(stream))
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("add_captured_nodes: stream {} is not capturing", stream.id));
+  graph_mem_.add_node(stream, nodes);
+  return {};
+}
+
 Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
   const uint64_t nodes = graph_mem_.nodes_in_capture(stream);
   MEMSIM_TRY(enter(Primitive::kEndCapture, 0, 0));

@@ -59,6 +59,7 @@ class SimBackend final : public Backend {
   Status launch(GraphHandle g, StreamId stream) override;
   Status destroy_graph(GraphHandle g) override;
   Status graph_mem_trim() override;
+  Status add_captured_nodes(StreamId stream, uint64_t nodes) override;
   Usage usage() const override;
   SimTime now() const override { return clock_.now(); }
   SimTime time_in(Primitive p) const override { return time_[static_cast<size_t>(p)]; }
@@ -82,6 +83,8 @@ class SimBackend final : public Backend {
   using CopyObserver = std::function<void(DevPtr dst, DevPtr src, uint64_t bytes)>;
   void set_copy_observer(CopyObserver observer) { copy_observer_ = std::move(observer); }
   const GpuSpec& gpu() const { return gpu_; }
+  // Nodes of the graph `stream` is capturing so far (0 when it is not capturing).
+  uint64_t nodes_in_capture(StreamId stream) const { return graph_mem_.nodes_in_capture(stream); }
 
   // The last primitive call entered and what its price depends on (for per-call samples of the
   // CUDA backend, which fits the cost model in context): nodes of the graph for end_capture and

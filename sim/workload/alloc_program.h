@@ -37,6 +37,11 @@ struct GraphProgram {
   std::string name;  // e.g. "b64.full", "b64.layer07"
   std::vector<TensorSpec> tensors;
   std::vector<ProgramOp> ops;
+  // Graph nodes of the body's own work (kernels and copies; memory nodes are the strategy's).
+  // 0: the generated forward's, one fill kernel per allocated tensor plus the input reads. Set
+  // for a real body (the model executor's step), whose kernels outnumber its tensors: the sim
+  // counts this many nodes at end_capture and upload; a GPU run reports the real graph's beside it.
+  uint64_t body_nodes = 0;
 };
 
 // Everything one batch shape needs: the runner-provided inputs and the graphs captured for it
@@ -59,7 +64,8 @@ struct ProgramOptions {
 
 // Checks a graph: every op names a tensor in range; every intermediate is allocated once and
 // freed once after its allocation; outputs and workspaces are allocated once and never freed;
-// no tensor has role kInput or zero bytes. Returns an empty string when valid, else the first problem found.
+// no tensor has role kInput or zero bytes. Returns an empty string when valid, else the first
+// problem found.
 std::string validate(const GraphProgram& g);
 
 struct ModelShape;

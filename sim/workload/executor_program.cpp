@@ -21,6 +21,12 @@ uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride, uint64_t wo
          align16(b * bt_stride * 4) + align16(b * 4) + align16(work_words * 4);
 }
 
+uint64_t executor_decode_nodes(const ModelShape& m, bool split_kv) {
+  const uint64_t per_layer =
+      1 + 1 + (m.qk_norm ? 2 : 0) + 1 + 1 + 1 + (split_kv ? 1 : 0) + 1 + 1 + 1 + 1 + 1;
+  return 1 + per_layer * m.layers + 5;
+}
+
 ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
                                           const ExecutorProgramOptions& o) {
   if (batch == 0) throw std::invalid_argument("executor program: batch must be > 0");
@@ -81,6 +87,7 @@ ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
   free(next);
   free(residual);
   if (workspace != UINT32_MAX) free(workspace);
+  g.body_nodes = executor_decode_nodes(m, ws != 0);
   if (std::string err = validate(g); !err.empty())
     throw std::logic_error("executor program: generated an invalid graph: " + err);
   out.graphs.push_back(std::move(g));

@@ -47,6 +47,15 @@ struct ExecutorProgramOptions {
 ShapeProgram make_executor_decode_program(const ModelShape& model, uint32_t batch,
                                           const ExecutorProgramOptions& options);
 
+// Graph nodes of that step's own work (its GraphProgram's body_nodes): the embedding; per layer
+// the input RMSNorm, the QKV GEMM (a bias rides in its epilogue), the q and k norms (qk_norm),
+// RoPE, the KV write, the decode attention and, when the plan splits the KV (`split_kv`: it has
+// a workspace), its combine, the O GEMM, the post-attention RMSNorm, the gate/up GEMM, SiLU x up
+// and the down GEMM; then the final RMSNorm, the last-row gather, the LM head GEMM, the argmax
+// and the copy of the next tokens to the host. One node per cuBLASLt matmul; a GPU run of the
+// shapes experiment (graph_body: executor) checks the count against the captured graphs.
+uint64_t executor_decode_nodes(const ModelShape& model, bool split_kv);
+
 // Bytes of the packed metadata of a decode step of `batch` sequences whose block tables are
 // `bt_stride` entries long, with a decode work list of `work_words` int32 words.
 uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride, uint64_t work_words = 0);

@@ -3,6 +3,8 @@
 #include "src/app/cuda_validation.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +143,28 @@ std::string calls_rows(const std::string& label,
   return rows;
 }
 
+// The nodes a graph body enqueued of its own, as runs of capture sizes with one count ("b1-b8
+// 423, b16 407"), and the program's count(s) beside them.
+std::string body_node_line(std::vector<CaptureRunResult::BodyNodes> v) {
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.batch < b.batch; });
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1].body == v[i].body) ++j;
+    runs.push_back(i == j ? fmt::format("b{} {}", v[i].batch, v[i].body)
+                          : fmt::format("b{}-b{} {}", v[i].batch, v[j].batch, v[i].body));
+    i = j + 1;
+  }
+  std::vector<uint64_t> program;
+  for (const auto& b : v)
+    if (std::find(program.begin(), program.end(), b.program) == program.end())
+      program.push_back(b.program);
+  return fmt::format(
+      "graph nodes of the step's own work (kernels, copies), per capture size: {}; the "
+      "simulation prices the executor program's {} (GPU runs price the graph's)\n",
+      fmt::join(runs, ", "), fmt::join(program, "/"));
+}
+
 }  // namespace
 
 Status probe_cuda_device() {
@@ -157,6 +181,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   std::string calls_csv = header;   // every priced real call of the recorded runs
   std::string warmup_csv = header;  // and of the driver warm-up
   bool all_ok = true;
+  std::string node_line;  // the first run's body nodes, when a graph body captured
   const uint32_t rounds = c.validation_rounds;
   out << fmt::format("\nCUDA validation ({} variant, {} replay rounds per strategy):\n",
                      c.table.name(), rounds);
@@ -237,6 +262,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     auto strategy = s.factory(cuda);
     const CaptureRunResult r = run_captures(rc, cuda, clock, *strategy, metrics);
     strategy.reset();
+    if (!r.body_nodes.empty() && node_line.empty()) node_line = body_node_line(r.body_nodes);
     if (!recorded) {
       cuda.record_calls(nullptr);
       warmup_csv += calls_rows(s.label, calls);
@@ -315,7 +341,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
                        r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0, r.ok, r.note);
   std::ofstream(std::filesystem::path(dir) / "calls.csv") << calls_csv;
   std::ofstream(std::filesystem::path(dir) / "calls_warmup.csv") << warmup_csv;
-  out << "\nsimulated vs measured time per call (us), ratio = measured / simulated; within = "
+  out << "\n" << node_line;
+  out << "simulated vs measured time per call (us), ratio = measured / simulated; within = "
          "inside 25% (classes of more than 10 calls):\n";
   int counted = 0, within = 0;
   std::vector<double> ratios;  // of the classes counted

@@ -12,6 +12,18 @@ Status cu(cudaError_t e, const char* what) {
   return make_error(ErrorCode::kDriverError, fmt::format("{}: {}", what, cudaGetErrorString(e)));
 }
 
+// Nodes of the graph `stream` is capturing so far.
+Result<uint64_t> nodes_captured(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  MEMSIM_TRY(cu(cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph), "capture info"));
+  if (status != cudaStreamCaptureStatusActive || !graph)
+    return make_error(ErrorCode::kInvalidState, "executor body: the stream is not capturing");
+  size_t n = 0;
+  MEMSIM_TRY(cu(cudaGraphGetNodes(graph, nullptr, &n), "graph nodes"));
+  return uint64_t{n};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ExecutorGraphBody>> ExecutorGraphBody::create(
@@ -78,12 +90,20 @@ Status ExecutorGraphBody::prepare(uint32_t batch, const std::vector<CheckedTenso
   return cu(cudaStreamSynchronize(cs), "metadata upload");
 }
 
-Status ExecutorGraphBody::capture(uint32_t batch, const GraphProgram& /*graph*/,
-                                  TensorAllocator& mem, StreamId stream) {
+Result<uint64_t> ExecutorGraphBody::capture(uint32_t batch, const GraphProgram& /*graph*/,
+                                            TensorAllocator& mem, StreamId stream) {
   if (!capture_ || !meta_)
     return make_error(ErrorCode::kInvalidState, "executor body: capture before prepare");
   MEMSIM_ASSIGN_OR_RETURN(uint64_t s, capture_->native_stream(stream));
-  return step_->enqueue_decode(kv_, batch, max_context_, meta_, s, &mem);
+  const auto cs = reinterpret_cast<cudaStream_t>(s);
+  // The step's own nodes: what the real graph gained, less the nodes the strategy's backend
+  // calls made (graph memory nodes), which the shadow already counts.
+  MEMSIM_ASSIGN_OR_RETURN(const uint64_t real_before, nodes_captured(cs));
+  const uint64_t shadow_before = capture_->shadow().nodes_in_capture(stream);
+  MEMSIM_TRY(step_->enqueue_decode(kv_, batch, max_context_, meta_, s, &mem));
+  MEMSIM_ASSIGN_OR_RETURN(const uint64_t real_after, nodes_captured(cs));
+  const uint64_t backend_nodes = capture_->shadow().nodes_in_capture(stream) - shadow_before;
+  return real_after - real_before - backend_nodes;
 }
 
 }  // namespace memsim

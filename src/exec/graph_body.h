@@ -32,8 +32,10 @@ class ExecutorGraphBody final : public GraphBody {
   // sequence one token long (replays read one KV token; the plan stays max_context's).
   Status prepare(uint32_t batch, const std::vector<CheckedTensor>& inputs,
                  StreamId stream) override;
-  Status capture(uint32_t batch, const GraphProgram& graph, TensorAllocator& mem,
-                 StreamId stream) override;
+  // Enqueues the decode step; returns the nodes it added to the graph (kernels and the copy of
+  // the next tokens: what the real graph gained beyond the strategy's memory nodes).
+  Result<uint64_t> capture(uint32_t batch, const GraphProgram& graph, TensorAllocator& mem,
+                           StreamId stream) override;
 
   uint64_t weight_bytes() const { return step_->weight_bytes(); }
 
