@@ -271,6 +271,7 @@ int main(int argc, char** argv) {
   };
   for (const ProfileRow& r : prof.decode) print("decode", r, true);
   for (const ProfileRow& r : prof.prefill) print("prefill", r, false);
+  std::printf("%s", log.str().c_str());  // the profiler's log: each point's GPU and host time
   std::printf("activation peak reserved: %.1f MiB\n",
               double(step->activation_stats().peak_reserved_bytes) / (1 << 20));
   return 0;

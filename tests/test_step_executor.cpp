@@ -244,6 +244,7 @@ class TimedExecutor final : public StepExecutor {
   void end() override { inner_.end(); }
   ExecutorReport report() const override { return inner_.report(); }
   SimTime measured_step_ns() const override { return last_; }
+  double measured_step_gpu_ms() const override { return 0.9 * double(last_) / 1e6; }
 
  private:
   ContentExecutor inner_;
@@ -273,6 +274,11 @@ TEST_CASE("a measured clock advances each step by the executor's measured time")
   CHECK(r.measured_steps[4].shape.decode_seqs == 1);
   CHECK(r.measured_steps[4].shape.decode_kv_tokens == 1004);
   CHECK(r.measured_steps[4].predicted > 0);  // the roofline's figure for the same step
+  CHECK(r.measured_steps[0].gpu_ms == Approx(1.8));  // the executor's GPU share, as it says
+  // Issued in order, on the host's wall clock (seconds since the epoch: after 2020).
+  CHECK(r.measured_steps[0].wall_s > 1.5e9);
+  for (size_t i = 1; i < r.measured_steps.size(); ++i)
+    CHECK(r.measured_steps[i].wall_s >= r.measured_steps[i - 1].wall_s);
 
   e.executor = nullptr;  // nothing measures the steps
   const ServingResult none = run_serving(e, one);

@@ -139,6 +139,7 @@ class CudaExecutor final : public StepExecutor {
   void end() override;
   ExecutorReport report() const override;
   SimTime measured_step_ns() const override { return last_step_ns_; }
+  double measured_step_gpu_ms() const override { return last_gpu_ms_; }
 
  private:
   // A swapped-out sequence's rows: chunks of `chunk_tokens` tokens, each in one host slot that
@@ -212,6 +213,7 @@ class CudaExecutor final : public StepExecutor {
   std::unique_ptr<ModelStep> model_;  // engine.gpu_step: model
   std::vector<StepSeqInput> inputs_;
   SimTime last_step_ns_ = 0;
+  double last_gpu_ms_ = 0;
   ExecutorReport report_;
 };
 
@@ -453,6 +455,7 @@ Status CudaExecutor::run_model(const StepWork& w) {
           .count();
   report_.measured_step_s += double(last_step_ns_) / 1e9;
   report_.gpu_step_s += r->gpu_ms / 1e3;
+  last_gpu_ms_ = r->gpu_ms;
   if (r->graph) ++report_.graph_steps;
   return track_peaks();
 }

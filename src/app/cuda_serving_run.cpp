@@ -113,7 +113,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
                      "count", "measured", "predicted", "ratio", "err p10", "err p90");
   std::ofstream steps(std::filesystem::path(dir) / "steps.csv");
   steps << "run,step,num_seqs,new_tokens,decode_seqs,decode_kv_tokens,decode_max_kv,"
-           "kv_read_tokens,attn_pairs,measured_ms,predicted_ms\n";
+           "kv_read_tokens,attn_pairs,measured_ms,predicted_ms,wall_s,gpu_ms\n";
   for (const ServingRunResult& m : measured.runs) {
     const auto& ms = m.result.measured_steps;
     const char* kClass[] = {"decode", "mixed", "prefill"};
@@ -125,10 +125,11 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
       meas[c] += double(ms[k].measured) / 1e6;
       pred[c] += double(ms[k].predicted) / 1e6;
       if (ms[k].measured > 0) errs[c].push_back(double(ms[k].predicted) / ms[k].measured - 1);
-      steps << fmt::format("\"{}\",{},{},{},{},{},{},{},{:.0f},{:.4f},{:.4f}\n", m.spec.label, k,
-                           sh.num_seqs, sh.new_tokens, sh.decode_seqs, sh.decode_kv_tokens,
-                           sh.decode_max_kv, sh.kv_read_tokens, sh.attn_pairs,
-                           double(ms[k].measured) / 1e6, double(ms[k].predicted) / 1e6);
+      steps << fmt::format("\"{}\",{},{},{},{},{},{},{},{:.0f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                           m.spec.label, k, sh.num_seqs, sh.new_tokens, sh.decode_seqs,
+                           sh.decode_kv_tokens, sh.decode_max_kv, sh.kv_read_tokens, sh.attn_pairs,
+                           double(ms[k].measured) / 1e6, double(ms[k].predicted) / 1e6,
+                           ms[k].wall_s, ms[k].gpu_ms);
     }
     for (int c = 0; c < 3; ++c) {
       if (errs[c].empty()) continue;

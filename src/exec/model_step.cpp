@@ -140,6 +140,16 @@ struct ModelStep::Impl {
   std::map<uint32_t, Template> templates;
   TensorAllocator* ext = nullptr;  // set while a caller's memory backs the activations
   DevPtr staging = 0;              // pinned host: step metadata up, next tokens down
+  // Host buffers of pack() and of a step's packed metadata, kept from step to step: a graph of
+  // 256 sequences at 32K has 2 MiB of block tables, and allocating them afresh each step (a
+  // fresh mmap, faulted in page by page) took 5 ms of host time a step on the H100, a quarter of
+  // the step (memsim-model-bench's host wall column).
+  struct PackScratch {
+    std::vector<int32_t> ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
+    std::vector<int64_t> slot_mapping;
+  } scratch;
+  Packed step_packed;
+  std::vector<StepSeqInput> padded;  // a replay's sequences and its padding rows
   uint64_t staging_bytes = 0;
 };
 
@@ -232,10 +242,15 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
                       "KV layout does not match the model (layers, row bytes or block tokens)");
 
   // ---- host metadata -----------------------------------------------------------------------
-  std::vector<int32_t> ids, positions, indptr{0}, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
-  std::vector<int64_t> slot_mapping;
+  PackScratch& b = scratch;
+  auto& [ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables, slot_mapping] = b;
+  for (auto* v : {&ids, &positions, &indptr, &kv_lens, &q_lens, &pre_kv_lens, &last_rows, &tables})
+    v->clear();
+  slot_mapping.clear();
+  indptr.push_back(0);
   uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0;
-  std::vector<uint32_t> order;  // decodes first, each kind in the caller's order
+  std::vector<uint32_t>& order = out->order;  // decodes first, each kind in the caller's order
+  order.clear();
   for (int pass = 0; pass < 2; ++pass)
     for (uint32_t i = 0; i < S; ++i)
       if ((seqs[i].tokens.size() == 1) == (pass == 0)) order.push_back(i);
@@ -335,7 +350,6 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
   p.D = D;
   p.decode = D == S;
   p.dplan = dwork.plan;
-  p.order = std::move(order);
   p.num_tiles = pplan.num_tiles;
   return {};
 }
@@ -540,7 +554,7 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
       std::all_of(seqs.begin(), seqs.end(),
                   [](const StepSeqInput& s) { return s.tokens.size() == 1; }))
     return replay(g->second, kv, seqs);
-  Packed p;
+  Packed& p = step_packed;
   MEMSIM_TRY(pack(kv, seqs, 0, &p));
   const uint64_t down_bytes = align16(uint64_t{p.S} * 4);
   if (staging_bytes < p.bytes.size() + down_bytes) {
@@ -663,14 +677,18 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
   // ones where padding rows would each take one).
   const uint32_t real = static_cast<uint32_t>(seqs.size());
   const std::vector<StepSeqInput>* in = &seqs;
-  std::vector<StepSeqInput> padded;
   if (real < g.batch) {
-    padded = seqs;
-    padded.resize(g.batch, StepSeqInput{{seqs[0].table[0]}, 0, {0}});
+    padded = seqs;  // into the kept vectors
+    padded.resize(g.batch);
+    for (uint32_t i = real; i < g.batch; ++i) {
+      padded[i].table.assign(1, seqs[0].table[0]);
+      padded[i].cached = 0;
+      padded[i].tokens.assign(1, 0);
+    }
     in = &padded;
   }
   // The split is re-planned for these lengths within the captured launch.
-  Packed p;
+  Packed& p = step_packed;
   MEMSIM_TRY(pack(kv, *in, g.layout.bt_stride, &p, &g.layout.dplan, real));
   if (p.bt_stride != g.layout.bt_stride || p.max_kv > g.max_context)
     return make_error(ErrorCode::kInvalidArgument,

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <random>
 
@@ -51,11 +52,17 @@ Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, cons
                      blocks, g.block_size, double(blocks * block_bytes) / (1ull << 30));
 
   auto time = [&](const std::vector<StepSeqInput>& in) -> Result<double> {
-    std::vector<double> ms;
+    std::vector<double> ms, wall;
     for (uint32_t r = 0; r <= g.reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
       MEMSIM_ASSIGN_OR_RETURN(StepResult res, step.run(layout, in));
+      const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - t0;
       if (r) ms.push_back(res.gpu_ms);  // the first step warms caches and the allocator
+      if (r) wall.push_back(took.count());
     }
+    log << fmt::format("  {} sequences, {} tokens: GPU {:.3f} ms, host wall {:.3f} ms\n", in.size(),
+                       in.empty() ? 0 : in[0].cached + in[0].tokens.size(), median(ms),
+                       median(wall));
     return median(ms);
   };
   auto blocks_for = [&](uint32_t tokens) {

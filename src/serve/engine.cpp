@@ -558,6 +558,9 @@ ServingResult Engine::run() {
       }
       const StepShape shape = shape_of(plan);
       const SimTime exec0 = clock_.now();
+      const double wall0 =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
       if (executor_) {
         if (Status s = execute(plan, shape); !s.ok()) {
           r_.error = s.error().message;
@@ -569,7 +572,8 @@ ServingResult Engine::run() {
         // The step's backend calls already advanced the clock at their modelled cost; the rest
         // of the measured wall time is compute.
         const SimTime charged = clock_.now() - exec0;
-        r_.measured_steps.push_back({shape, compute, executor_->measured_step_ns()});
+        r_.measured_steps.push_back({shape, compute, executor_->measured_step_ns(), wall0,
+                                     executor_->measured_step_gpu_ms()});
         compute = std::max<SimTime>(0, executor_->measured_step_ns() - charged);
       }
       const SimTime start = clock_.now();

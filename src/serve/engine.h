@@ -66,6 +66,10 @@ struct EngineConfig {
 struct MeasuredStep {
   StepShape shape;
   SimTime predicted = 0, measured = 0;
+  // The host's wall clock when the step was issued (seconds since the Unix epoch), to line the
+  // steps up with what else was sampled meanwhile (nvidia-smi clocks and power).
+  double wall_s = 0;
+  double gpu_ms = 0;  // the GPU's share of `measured` (StepExecutor::measured_step_gpu_ms)
 };
 
 struct Percentiles {

@@ -90,6 +90,8 @@ class StepExecutor {
   // Executors that time their steps: the host wall time of the last run_step, which the engine
   // then uses as the step's compute time (EngineConfig::measured_clock); 0 = not measured.
   virtual SimTime measured_step_ns() const { return 0; }
+  // Of that, the GPU's own time (events around the step's upload and kernels), ms; 0 = unknown.
+  virtual double measured_step_gpu_ms() const { return 0; }
 };
 
 using ExecutorFactory = std::function<std::unique_ptr<StepExecutor>()>;
