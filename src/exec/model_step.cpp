@@ -147,6 +147,7 @@ struct ModelStep::Impl {
   struct PackScratch {
     std::vector<int32_t> ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
     std::vector<int64_t> slot_mapping;
+    std::vector<uint32_t> table_rows;  // paged: blocks of each row, whose entries `tables` holds
   } scratch;
   Packed step_packed;
   std::vector<StepSeqInput> padded;  // a replay's sequences and its padding rows
@@ -243,10 +244,12 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
 
   // ---- host metadata -----------------------------------------------------------------------
   PackScratch& b = scratch;
-  auto& [ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables, slot_mapping] = b;
+  auto& [ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables, slot_mapping,
+         table_rows] = b;
   for (auto* v : {&ids, &positions, &indptr, &kv_lens, &q_lens, &pre_kv_lens, &last_rows, &tables})
     v->clear();
   slot_mapping.clear();
+  table_rows.clear();
   indptr.push_back(0);
   uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0;
   std::vector<uint32_t>& order = out->order;  // decodes first, each kind in the caller's order
@@ -291,11 +294,10 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
     }
     last_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
     kv_lens.push_back(static_cast<int32_t>(len));
-    if (kv.paged) {
-      const size_t at = tables.size();
-      tables.resize(at + bt_stride, 0);
+    if (kv.paged) {  // the blocks it uses, written into its bt_stride row below
       const uint64_t need = (uint64_t{len} + kv.block_tokens - 1) / kv.block_tokens;
-      std::copy(s.table.begin(), s.table.begin() + static_cast<int64_t>(need), tables.begin() + at);
+      tables.insert(tables.end(), s.table.begin(), s.table.begin() + static_cast<int64_t>(need));
+      table_rows.push_back(static_cast<uint32_t>(need));
     } else {
       tables.push_back(s.table[0]);
     }
@@ -328,7 +330,8 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
                               {slot_mapping.data(), slot_mapping.size() * 8},
                               {indptr.data(), indptr.size() * 4},
                               {kv_lens.data(), kv_lens.size() * 4},
-                              {tables.data(), tables.size() * 4},
+                              {kv.paged ? nullptr : tables.data(),
+                               (kv.paged ? uint64_t{S} * bt_stride : tables.size()) * 4},
                               {last_rows.data(), last_rows.size() * 4},
                               {pplan.work.data(), pplan.work.size() * 4},
                               {dwork.words.data(), dwork.words.size() * 4}};
@@ -337,11 +340,26 @@ Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>
     x.at = meta_bytes;
     meta_bytes += align16(x.bytes);
   }
+  // Written section by section, the alignment padding and each table row's unused tail zeroed,
+  // into a buffer kept from the last step (a graph's tables are mostly tail: rows of 2,048
+  // entries at 32K).
   Packed& p = *out;
-  p.bytes.assign(meta_bytes, 0);
+  p.bytes.resize(meta_bytes);
+  uint8_t* const dst = p.bytes.data();
   for (size_t i = 0; i < sec.size(); ++i) {
     p.at[i] = sec[i].at;
-    if (sec[i].bytes) std::memcpy(p.bytes.data() + sec[i].at, sec[i].data, sec[i].bytes);
+    if (sec[i].data && sec[i].bytes) std::memcpy(dst + sec[i].at, sec[i].data, sec[i].bytes);
+    std::memset(dst + sec[i].at + sec[i].bytes, 0, align16(sec[i].bytes) - sec[i].bytes);
+  }
+  if (kv.paged) {
+    auto* row = reinterpret_cast<int32_t*>(dst + sec[5].at);
+    const int32_t* from = tables.data();
+    for (const uint32_t n : table_rows) {
+      std::copy(from, from + n, row);
+      std::fill(row + n, row + bt_stride, 0);
+      from += n;
+      row += bt_stride;
+    }
   }
   p.T = T;
   p.S = S;
