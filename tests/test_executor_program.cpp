@@ -154,17 +154,22 @@ class ProgramBody final : public GraphBody {
   }
 };
 
-// `end_capture_ns`, when set, receives the simulated end_capture time: 1 us per captured node
-// and nothing else.
-CaptureRunResult run_body(GraphBody* body, const std::string& impl = "shared_pool",
-                          GraphRunners runners = GraphRunners::kFull,
-                          SimTime* end_capture_ns = nullptr) {
+// A GPU whose only cost is 1 us per captured node.
+GpuSpec node_priced_gpu() {
   GpuSpec gpu;
   gpu.name = "test";
   gpu.capacity = 8ull << 30;
   gpu.granularity = 2ull << 20;
   gpu.va_space = 1ull << 46;
   gpu.capture_per_node_us = 1.0;
+  return gpu;
+}
+
+// `end_capture_ns`, when set, receives the simulated end_capture time.
+CaptureRunResult run_body(GraphBody* body, const std::string& impl = "shared_pool",
+                          GraphRunners runners = GraphRunners::kFull,
+                          SimTime* end_capture_ns = nullptr) {
+  const GpuSpec gpu = node_priced_gpu();
   SimClock clock;
   MetricsRecorder metrics(clock);
   SimBackend backend(gpu, clock, &metrics);
@@ -276,12 +281,7 @@ TEST_CASE("shapes experiment: graph_body: executor") {
 }
 
 TEST_CASE("sim backend: nodes enqueued beside the backend count in the capture") {
-  GpuSpec gpu;
-  gpu.name = "test";
-  gpu.capacity = 1ull << 30;
-  gpu.granularity = 2ull << 20;
-  gpu.va_space = 1ull << 40;
-  gpu.capture_per_node_us = 1.0;
+  GpuSpec gpu = node_priced_gpu();
   gpu.upload_per_node_us = 0.5;
   SimClock clock;
   SimBackend backend(gpu, clock, nullptr);
