@@ -369,6 +369,40 @@ TEST_CASE("measured durations accumulate per primitive") {
   CHECK(synced.mismatches(big, 1024 * kMiB, 8) == 0);
 }
 
+TEST_CASE("nodes enqueued on the native stream during a capture are priced in the shadow") {
+  Gpu gpu;
+  CudaBackend& b = *gpu.b;
+  const DevPtr buf = take(b.device_malloc(3 * kMiB, "buf"));
+  const Status outside = b.add_captured_nodes(kS0, 3);
+  REQUIRE_FALSE(outside.ok());
+  CHECK(outside.error().code == ErrorCode::kInvalidState);
+  // Three fill kernels launched beside the backend (as the model executor launches its step).
+  void* cs = reinterpret_cast<void*>(take(b.native_stream(kS0)));
+  ok(b.begin_capture(kS0));
+  for (uint32_t i = 0; i < 3; ++i)
+    REQUIRE(launch_fill(cs, buf + i * kMiB, kMiB, 0x51u + i) == cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(cs), &status, nullptr, &graph) ==
+          cudaSuccess);
+  size_t real = 0;
+  REQUIRE(cudaGraphGetNodes(graph, nullptr, &real) == cudaSuccess);
+  CHECK(real == 3);  // the graph has them; the backend has not seen them
+  CHECK(b.shadow().nodes_in_capture(kS0) == 0);
+  ok(b.add_captured_nodes(kS0, 3));
+  CHECK(b.shadow().nodes_in_capture(kS0) == 3);
+  const SimTime captured = b.time_in(P::kEndCapture);
+  const GraphHandle gh = take(b.end_capture(kS0));
+  // 10 us a call, and 1 + 3 us a node captured and instantiated.
+  CHECK(b.time_in(P::kEndCapture) - captured == (10 + 3 * 4) * 1000);
+  const SimTime launched = b.time_in(P::kLaunch);
+  ok(b.launch(gh, kS0));
+  CHECK(b.time_in(P::kLaunch) - launched == 10'000 + 3 * 500);  // the first launch uploads them
+  for (uint32_t i = 0; i < 3; ++i) CHECK(gpu.mismatches(buf + i * kMiB, kMiB, 0x51u + i) == 0);
+  ok(b.destroy_graph(gh));
+  ok(b.device_free(buf));
+}
+
 TEST_CASE("fault injection passes through to the shadow; the driver is not called") {
   Gpu gpu(false, {FaultInjection{P::kCreatePhysical, 2, 1}, FaultInjection{P::kMap, 1, 1}});
   CudaBackend& b = *gpu.b;
