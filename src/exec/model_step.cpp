@@ -141,9 +141,10 @@ struct ModelStep::Impl {
   TensorAllocator* ext = nullptr;  // set while a caller's memory backs the activations
   DevPtr staging = 0;              // pinned host: step metadata up, next tokens down
   // Host buffers of pack() and of a step's packed metadata, kept from step to step: a graph of
-  // 256 sequences at 32K has 2 MiB of block tables, and allocating them afresh each step (a
-  // fresh mmap, faulted in page by page) took 5 ms of host time a step on the H100, a quarter of
-  // the step (memsim-model-bench's host wall column).
+  // 256 sequences at 32K has 2 MiB of block tables, and building them in fresh buffers each step
+  // took 5.2 ms of host time on the H100 at 256 x 1,024, a fifth of the step (memsim-model-bench's
+  // host wall column; most likely page faults: buffers this large are mapped from the OS and
+  // returned to it when freed).
   struct PackScratch {
     std::vector<int32_t> ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
     std::vector<int64_t> slot_mapping;
