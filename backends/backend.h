@@ -52,6 +52,8 @@ enum class Primitive : uint8_t {
   kCount,
 };
 const char* to_string(Primitive p);
+// The primitive to_string() names `name`, or kCount when none does.
+Primitive primitive_named(std::string_view name);
 
 // Memory the backend holds right now. Physical bytes count each physical allocation once,
 // however many virtual ranges map it. Tags are the caller's labels ("graph_pool", "inputs", ...).

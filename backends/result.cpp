@@ -68,4 +68,10 @@ const char* to_string(Primitive p) {
   return "unknown";
 }
 
+Primitive primitive_named(std::string_view name) {
+  for (size_t i = 0; i < static_cast<size_t>(Primitive::kCount); ++i)
+    if (name == to_string(static_cast<Primitive>(i))) return static_cast<Primitive>(i);
+  return Primitive::kCount;
+}
+
 }  // namespace memsim

@@ -22,8 +22,10 @@ uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride, uint64_t wo
 }
 
 uint64_t executor_decode_nodes(const ModelShape& m, bool split_kv) {
-  const uint64_t per_layer =
-      1 + 1 + (m.qk_norm ? 2 : 0) + 1 + 1 + 1 + (split_kv ? 1 : 0) + 1 + 1 + 1 + 1 + 1;
+  // Per layer: input norm, QKV, RoPE, KV write, attention, O, post norm, gate/up, SiLU x up,
+  // down; then the q and k norms and the split's combine where they run.
+  const uint64_t per_layer = 10 + (m.qk_norm ? 2 : 0) + (split_kv ? 1 : 0);
+  // The embedding; final norm, last-row gather, LM head, argmax and the next tokens' copy.
   return 1 + per_layer * m.layers + 5;
 }
 

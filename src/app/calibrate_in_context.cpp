@@ -80,11 +80,9 @@ std::map<Primitive, std::string> cost_comments(std::istream& in) {
     if (!costs || colon == std::string::npos || brace == std::string::npos) continue;
     const size_t hash = line.find('#', brace);
     if (hash == std::string::npos) continue;
-    const std::string name = line.substr(2, colon - 2);
+    const Primitive p = primitive_named(line.substr(2, colon - 2));
     const size_t text = line.find_first_not_of(' ', hash + 1);
-    for (size_t i = 0; i < size_t(Primitive::kCount); ++i)
-      if (name == to_string(Primitive(i)) && text != std::string::npos)
-        notes[Primitive(i)] = line.substr(text);
+    if (p != Primitive::kCount && text != std::string::npos) notes[p] = line.substr(text);
   }
   return notes;
 }

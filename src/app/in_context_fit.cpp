@@ -77,8 +77,6 @@ Eigen::VectorXd nnls(const Eigen::MatrixXd& a, const Eigen::VectorXd& y,
 Result<std::vector<CallSample>> read_call_samples(const std::string& path) {
   std::ifstream in(path);
   if (!in) return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: cannot open", path));
-  std::map<std::string, P> names;
-  for (size_t i = 0; i < size_t(P::kCount); ++i) names[to_string(P(i))] = P(i);
   std::vector<CallSample> out;
   // Per run, as the backend tracked it (the file lists every priced call of a run in order,
   // launches included).
@@ -109,9 +107,8 @@ Result<std::vector<CallSample>> read_call_samples(const std::string& path) {
     if (f.size() != 7) return bad(fmt::format("{} fields, expected 7", f.size()));
     CallSample s;
     s.run = f[0];
-    const auto it = names.find(f[1]);
-    if (it == names.end()) return bad(fmt::format("unknown primitive '{}'", f[1]));
-    s.p = it->second;
+    s.p = primitive_named(f[1]);
+    if (s.p == P::kCount) return bad(fmt::format("unknown primitive '{}'", f[1]));
     try {
       size_t used = 0;
       auto u = [&](const std::string& v) {

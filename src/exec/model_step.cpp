@@ -1,5 +1,5 @@
-// ModelStep: weights, the per-step metadata upload, the layer loop (kernels/ and cuBLASLt), and
-// the activations' allocation order through the caching allocator.
+// ModelStep: weights, the per-step metadata upload (packed by step_metadata.h), the layer loop
+// (kernels/ and cuBLASLt), graphs, and the activations' allocation order through the allocator.
 #include "src/exec/model_step.h"
 
 #include <cuda_runtime_api.h>
@@ -15,6 +15,7 @@
 #include "kernels/model_ops.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
+#include "src/exec/step_metadata.h"
 
 namespace memsim {
 
@@ -36,10 +37,6 @@ Status gemm_status(const std::string& why) {
 
 constexpr uint64_t kGemmWorkspace = 32ull << 20;  // PyTorch's cuBLASLt workspace on Hopper
 constexpr uint64_t kElem = 2;                     // bf16 / fp16
-
-uint64_t align16(uint64_t v) {
-  return (v + 15) / 16 * 16;
-}
 
 }  // namespace
 
@@ -75,44 +72,26 @@ struct ModelStep::Impl {
     return ext ? ext->allocate(bytes) : alloc.malloc(bytes, {});
   }
   Status free(DevPtr p) { return !p ? Status{} : ext ? ext->free(p) : alloc.free(p); }
-  // A step's metadata, packed for one upload: [ids | positions | slot_mapping | indptr | kv_lens |
-  // tables | last_rows | prefill work | decode work], each section 16-byte aligned (at[] its
-  // offsets). The sequences are reordered decodes first (order[i] = the caller's index of packed
-  // sequence i): the first D run the decode kernel (its work list planned over them), the rest the
-  // prefill kernel (indptr and prefill work are theirs, from their first query row), as vLLM
-  // orders a FlashInfer batch.
-  struct Packed {
-    std::vector<uint8_t> bytes;
-    uint64_t at[9] = {};
-    uint32_t T = 0, S = 0, D = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
-    bool decode = true;  // D == S
-    DecodePlan dplan;    // of the D decodes (a work list)
-    std::vector<uint32_t> order;
-  };
   // A decode step of `batch` sequences captured as a CUDA graph over one KV layout: fixed
   // metadata buffer (uploaded before each replay), pinned host buffers in and out.
   struct Graph {
     uint32_t batch = 0, max_context = 0;
     DevPtr kv_k0 = 0;
-    Packed layout;
+    PackedStep layout;
     DevPtr meta = 0, host_in = 0, host_out = 0;
     cudaGraphExec_t exec = nullptr;
   };
-  // `fixed`: a captured graph's decode launch the step's work list must fit (null: eager).
-  // `listed`: the decode rows the work list covers, the first ones (a replay's padding rows past
-  // them compute nothing: their outputs are never read, and the list's rows go to real ones).
-  Status pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs, uint32_t min_bt_stride,
-              Packed* out, const DecodePlan* fixed = nullptr, uint32_t listed = UINT32_MAX);
   // Enqueues the step from the embedding to the next tokens' copy into host_next (pinned);
   // allocates and frees its activations. Captured as it is by capture_decode.
-  Status forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next, bool logits);
+  Status forward(const KvLayout& kv, const PackedStep& p, DevPtr meta, void* host_next,
+                 bool logits);
   Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
   Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
   // capture_decode's template step of `batch` at max_context (cached per batch, with a pinned
   // buffer for its next tokens).
   struct Template {
     uint32_t max_context = 0;
-    Packed layout;
+    PackedStep layout;
     DevPtr host_out = 0;
   };
   Result<Template*> decode_template(const KvLayout& kv, uint32_t batch, uint32_t max_context);
@@ -138,19 +117,10 @@ struct ModelStep::Impl {
   std::vector<uint16_t> logits_host;
   std::map<uint32_t, Graph> graphs;  // captured decode steps by batch
   std::map<uint32_t, Template> templates;
-  TensorAllocator* ext = nullptr;  // set while a caller's memory backs the activations
-  DevPtr staging = 0;              // pinned host: step metadata up, next tokens down
-  // Host buffers of pack() and of a step's packed metadata, kept from step to step: a graph of
-  // 256 sequences at 32K has 2 MiB of block tables, and building them in fresh buffers each step
-  // took 5.2 ms of host time on the H100 at 256 x 1,024, a fifth of the step (memsim-model-bench's
-  // host wall column; most likely page faults: buffers this large are mapped from the OS and
-  // returned to it when freed).
-  struct PackScratch {
-    std::vector<int32_t> ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables;
-    std::vector<int64_t> slot_mapping;
-    std::vector<uint32_t> table_rows;  // paged: blocks of each row, whose entries `tables` holds
-  } scratch;
-  Packed step_packed;
+  TensorAllocator* ext = nullptr;    // set while a caller's memory backs the activations
+  DevPtr staging = 0;                // pinned host: step metadata up, next tokens down
+  StepPacker packer;                 // set up by init(); keeps its buffers from step to step
+  PackedStep step_packed;            // the step's packed metadata, kept likewise
   std::vector<StepSeqInput> padded;  // a replay's sequences and its padding rows
   uint64_t staging_bytes = 0;
 };
@@ -189,6 +159,8 @@ Status ModelStep::Impl::init() {
   MEMSIM_STEP_CU(cudaEventCreate(&ev0));
   MEMSIM_STEP_CU(cudaEventCreate(&ev1));
   MEMSIM_STEP_CU(query_device(&limits));
+  packer =
+      StepPacker({cfg.max_seqs, cfg.max_tokens, layers, kv_cols * kElem, vocab, shape, limits});
 
   auto lin = [](uint64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
   layer.resize(layers);
@@ -230,151 +202,8 @@ Status ModelStep::Impl::init() {
   return {};
 }
 
-Status ModelStep::Impl::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs,
-                             uint32_t min_bt_stride, Packed* out, const DecodePlan* fixed,
-                             uint32_t listed) {
-  const uint32_t S = static_cast<uint32_t>(seqs.size());
-  if (S == 0) return make_error(ErrorCode::kInvalidArgument, "a step needs a sequence");
-  if (S > cfg.max_seqs)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("step of {} sequences exceeds max_seqs {}", S, cfg.max_seqs));
-  if (kv.k.size() < layers || kv.v.size() < layers || kv.row_bytes != kv_cols * kElem ||
-      kv.block_tokens == 0)
-    return make_error(ErrorCode::kInvalidArgument,
-                      "KV layout does not match the model (layers, row bytes or block tokens)");
-
-  // ---- host metadata -----------------------------------------------------------------------
-  PackScratch& b = scratch;
-  auto& [ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables, slot_mapping,
-         table_rows] = b;
-  for (auto* v : {&ids, &positions, &indptr, &kv_lens, &q_lens, &pre_kv_lens, &last_rows, &tables})
-    v->clear();
-  slot_mapping.clear();
-  table_rows.clear();
-  indptr.push_back(0);
-  uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0;
-  std::vector<uint32_t>& order = out->order;  // decodes first, each kind in the caller's order
-  order.clear();
-  for (int pass = 0; pass < 2; ++pass)
-    for (uint32_t i = 0; i < S; ++i)
-      if ((seqs[i].tokens.size() == 1) == (pass == 0)) order.push_back(i);
-  uint32_t D = 0;
-  for (const StepSeqInput& s : seqs) {
-    if (s.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "a sequence has no token");
-    const uint32_t len = s.cached + static_cast<uint32_t>(s.tokens.size());
-    if (kv.paged) {
-      const uint64_t need = (uint64_t{len} + kv.block_tokens - 1) / kv.block_tokens;
-      if (s.table.size() < need)
-        return make_error(ErrorCode::kInvalidArgument,
-                          fmt::format("a table of {} blocks for {} tokens", s.table.size(), len));
-      bt_stride = std::max<uint32_t>(bt_stride, static_cast<uint32_t>(need));
-    } else if (s.table.size() != 1 || len > kv.block_tokens) {
-      return make_error(ErrorCode::kInvalidArgument, "contiguous layouts take one slot a sequence");
-    }
-    if (s.tokens.size() == 1) ++D;
-    max_kv = std::max(max_kv, len);
-  }
-  for (const uint32_t i : order) {
-    const StepSeqInput& s = seqs[i];
-    for (uint32_t i = 0; i < s.tokens.size(); ++i) {
-      const uint32_t pos = s.cached + i;
-      if (s.tokens[i] < 0 || static_cast<uint64_t>(s.tokens[i]) >= vocab)
-        return make_error(ErrorCode::kInvalidArgument,
-                          fmt::format("token {} outside the vocab", s.tokens[i]));
-      ids.push_back(s.tokens[i]);
-      positions.push_back(static_cast<int32_t>(pos));
-      slot_mapping.push_back(kv.paged ? int64_t{s.table[pos / kv.block_tokens]} * kv.block_tokens +
-                                            pos % kv.block_tokens
-                                      : int64_t{s.table[0]} * kv.block_tokens + pos);
-    }
-    const uint32_t len = s.cached + static_cast<uint32_t>(s.tokens.size());
-    if (s.tokens.size() > 1) {  // the prefill kernel's rows count from the first prefill row
-      indptr.push_back(static_cast<int32_t>(ids.size() - D));
-      q_lens.push_back(static_cast<int32_t>(s.tokens.size()));
-      pre_kv_lens.push_back(static_cast<int32_t>(len));
-    }
-    last_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
-    kv_lens.push_back(static_cast<int32_t>(len));
-    if (kv.paged) {  // the blocks it uses, written into its bt_stride row below
-      const uint64_t need = (uint64_t{len} + kv.block_tokens - 1) / kv.block_tokens;
-      tables.insert(tables.end(), s.table.begin(), s.table.begin() + static_cast<int64_t>(need));
-      table_rows.push_back(static_cast<uint32_t>(need));
-    } else {
-      tables.push_back(s.table[0]);
-    }
-  }
-  const uint32_t T = static_cast<uint32_t>(ids.size());
-  if (T > cfg.max_tokens)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("step of {} tokens exceeds max_tokens {}", T, cfg.max_tokens));
-  DecodeWork dwork;
-  PrefillPlan pplan;
-  if (D) {
-    dwork = plan_decode_work(
-        shape, std::vector<int32_t>(kv_lens.begin(), kv_lens.begin() + std::min(D, listed)), limits,
-        fixed);
-    if (dwork.words.empty())
-      return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("{} decodes exceed the graph's batch", D));
-  }
-  if (D < S) pplan = plan_prefill(shape, q_lens, pre_kv_lens);
-
-  // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | prefill
-  // work | decode work].
-  struct Section {
-    const void* data;
-    uint64_t bytes;
-    uint64_t at = 0;
-  };
-  std::vector<Section> sec = {{ids.data(), ids.size() * 4},
-                              {positions.data(), positions.size() * 4},
-                              {slot_mapping.data(), slot_mapping.size() * 8},
-                              {indptr.data(), indptr.size() * 4},
-                              {kv_lens.data(), kv_lens.size() * 4},
-                              {kv.paged ? nullptr : tables.data(),
-                               (kv.paged ? uint64_t{S} * bt_stride : tables.size()) * 4},
-                              {last_rows.data(), last_rows.size() * 4},
-                              {pplan.work.data(), pplan.work.size() * 4},
-                              {dwork.words.data(), dwork.words.size() * 4}};
-  uint64_t meta_bytes = 0;
-  for (Section& x : sec) {
-    x.at = meta_bytes;
-    meta_bytes += align16(x.bytes);
-  }
-  // Written section by section, the alignment padding and each table row's unused tail zeroed,
-  // into a buffer kept from the last step (a graph's tables are mostly tail: rows of 2,048
-  // entries at 32K).
-  Packed& p = *out;
-  p.bytes.resize(meta_bytes);
-  uint8_t* const dst = p.bytes.data();
-  for (size_t i = 0; i < sec.size(); ++i) {
-    p.at[i] = sec[i].at;
-    if (sec[i].data && sec[i].bytes) std::memcpy(dst + sec[i].at, sec[i].data, sec[i].bytes);
-    std::memset(dst + sec[i].at + sec[i].bytes, 0, align16(sec[i].bytes) - sec[i].bytes);
-  }
-  if (kv.paged) {
-    auto* row = reinterpret_cast<int32_t*>(dst + sec[5].at);
-    const int32_t* from = tables.data();
-    for (const uint32_t n : table_rows) {
-      std::copy(from, from + n, row);
-      std::fill(row + n, row + bt_stride, 0);
-      from += n;
-      row += bt_stride;
-    }
-  }
-  p.T = T;
-  p.S = S;
-  p.bt_stride = bt_stride;
-  p.max_kv = max_kv;
-  p.D = D;
-  p.decode = D == S;
-  p.dplan = dwork.plan;
-  p.num_tiles = pplan.num_tiles;
-  return {};
-}
-
-Status ModelStep::Impl::forward(const KvLayout& kv, const Packed& p, DevPtr meta, void* host_next,
-                                bool logits_out) {
+Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr meta,
+                                void* host_next, bool logits_out) {
   const uint32_t T = p.T, S = p.S, D = p.D, bt_stride = p.bt_stride;
   const DecodePlan& dplan = p.dplan;
   auto dev = [&](size_t i) { return meta + p.at[i]; };
@@ -573,8 +402,8 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
       std::all_of(seqs.begin(), seqs.end(),
                   [](const StepSeqInput& s) { return s.tokens.size() == 1; }))
     return replay(g->second, kv, seqs);
-  Packed& p = step_packed;
-  MEMSIM_TRY(pack(kv, seqs, 0, &p));
+  PackedStep& p = step_packed;
+  MEMSIM_TRY(packer.pack(kv, seqs, 0, &p));
   const uint64_t down_bytes = align16(uint64_t{p.S} * 4);
   if (staging_bytes < p.bytes.size() + down_bytes) {
     if (staging) MEMSIM_TRY(backend.host_free_pinned(staging));
@@ -679,7 +508,7 @@ Result<ModelStep::Impl::Template*> ModelStep::Impl::decode_template(const KvLayo
   Template t;
   t.max_context = max_context;
   const DecodePlan launch = plan_decode_graph(shape, batch, max_context, limits);
-  MEMSIM_TRY(pack(kv, tmpl, blocks, &t.layout, &launch));
+  MEMSIM_TRY(packer.pack(kv, tmpl, blocks, &t.layout, &launch));
   for (uint32_t i = 0; i < t.layout.T; ++i) {
     const int64_t skip = -1;
     std::memcpy(t.layout.bytes.data() + t.layout.at[2] + i * 8, &skip, 8);
@@ -707,8 +536,8 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
     in = &padded;
   }
   // The split is re-planned for these lengths within the captured launch.
-  Packed& p = step_packed;
-  MEMSIM_TRY(pack(kv, *in, g.layout.bt_stride, &p, &g.layout.dplan, real));
+  PackedStep& p = step_packed;
+  MEMSIM_TRY(packer.pack(kv, *in, g.layout.bt_stride, &p, &g.layout.dplan, real));
   if (p.bt_stride != g.layout.bt_stride || p.max_kv > g.max_context)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("decode step of context {} exceeds the graph of batch {} "

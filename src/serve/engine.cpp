@@ -558,9 +558,12 @@ ServingResult Engine::run() {
       }
       const StepShape shape = shape_of(plan);
       const SimTime exec0 = clock_.now();
+      // The host clock at the step's issue, for measured runs only (not on the sim's hot path).
       const double wall0 =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
+          c_.measured_clock
+              ? std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                    .count()
+              : 0.0;
       if (executor_) {
         if (Status s = execute(plan, shape); !s.ok()) {
           r_.error = s.error().message;

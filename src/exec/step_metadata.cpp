@@ -1,0 +1,156 @@
+// StepPacker: a step's sequences into the packed metadata ModelStep uploads (step_metadata.h).
+#include "src/exec/step_metadata.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace memsim {
+
+using namespace kernels;
+
+Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs,
+                        uint32_t min_bt_stride, PackedStep* out, const DecodePlan* fixed,
+                        uint32_t listed) {
+  const uint32_t S = static_cast<uint32_t>(seqs.size());
+  if (S == 0) return make_error(ErrorCode::kInvalidArgument, "a step needs a sequence");
+  if (S > c_.max_seqs)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("step of {} sequences exceeds max_seqs {}", S, c_.max_seqs));
+  if (kv.k.size() < c_.layers || kv.v.size() < c_.layers || kv.row_bytes != c_.row_bytes ||
+      kv.block_tokens == 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV layout does not match the model (layers, row bytes or block tokens)");
+
+  // ---- host metadata -----------------------------------------------------------------------
+  Scratch& b = s_;
+  auto& [ids, positions, indptr, kv_lens, q_lens, pre_kv_lens, last_rows, tables, slot_mapping,
+         table_rows] = b;
+  for (auto* v : {&ids, &positions, &indptr, &kv_lens, &q_lens, &pre_kv_lens, &last_rows, &tables})
+    v->clear();
+  slot_mapping.clear();
+  table_rows.clear();
+  indptr.push_back(0);
+  uint32_t bt_stride = std::max<uint32_t>(1, min_bt_stride), max_kv = 0;
+  std::vector<uint32_t>& order = out->order;  // decodes first, each kind in the caller's order
+  order.clear();
+  for (int pass = 0; pass < 2; ++pass)
+    for (uint32_t i = 0; i < S; ++i)
+      if ((seqs[i].tokens.size() == 1) == (pass == 0)) order.push_back(i);
+  uint32_t D = 0;
+  for (const StepSeqInput& s : seqs) {
+    if (s.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "a sequence has no token");
+    const uint32_t len = s.cached + static_cast<uint32_t>(s.tokens.size());
+    if (kv.paged) {
+      const uint64_t need = (uint64_t{len} + kv.block_tokens - 1) / kv.block_tokens;
+      if (s.table.size() < need)
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("a table of {} blocks for {} tokens", s.table.size(), len));
+      bt_stride = std::max<uint32_t>(bt_stride, static_cast<uint32_t>(need));
+    } else if (s.table.size() != 1 || len > kv.block_tokens) {
+      return make_error(ErrorCode::kInvalidArgument, "contiguous layouts take one slot a sequence");
+    }
+    if (s.tokens.size() == 1) ++D;
+    max_kv = std::max(max_kv, len);
+  }
+  for (const uint32_t i : order) {
+    const StepSeqInput& s = seqs[i];
+    for (uint32_t i = 0; i < s.tokens.size(); ++i) {
+      const uint32_t pos = s.cached + i;
+      if (s.tokens[i] < 0 || static_cast<uint64_t>(s.tokens[i]) >= c_.vocab)
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("token {} outside the vocab", s.tokens[i]));
+      ids.push_back(s.tokens[i]);
+      positions.push_back(static_cast<int32_t>(pos));
+      slot_mapping.push_back(kv.paged ? int64_t{s.table[pos / kv.block_tokens]} * kv.block_tokens +
+                                            pos % kv.block_tokens
+                                      : int64_t{s.table[0]} * kv.block_tokens + pos);
+    }
+    const uint32_t len = s.cached + static_cast<uint32_t>(s.tokens.size());
+    if (s.tokens.size() > 1) {  // the prefill kernel's rows count from the first prefill row
+      indptr.push_back(static_cast<int32_t>(ids.size() - D));
+      q_lens.push_back(static_cast<int32_t>(s.tokens.size()));
+      pre_kv_lens.push_back(static_cast<int32_t>(len));
+    }
+    last_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+    kv_lens.push_back(static_cast<int32_t>(len));
+    if (kv.paged) {  // the blocks it uses, written into its bt_stride row below
+      const uint64_t need = (uint64_t{len} + kv.block_tokens - 1) / kv.block_tokens;
+      tables.insert(tables.end(), s.table.begin(), s.table.begin() + static_cast<int64_t>(need));
+      table_rows.push_back(static_cast<uint32_t>(need));
+    } else {
+      tables.push_back(s.table[0]);
+    }
+  }
+  const uint32_t T = static_cast<uint32_t>(ids.size());
+  if (T > c_.max_tokens)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("step of {} tokens exceeds max_tokens {}", T, c_.max_tokens));
+  DecodeWork dwork;
+  PrefillPlan pplan;
+  if (D) {
+    dwork = plan_decode_work(
+        c_.shape, std::vector<int32_t>(kv_lens.begin(), kv_lens.begin() + std::min(D, listed)),
+        c_.device, fixed);
+    if (dwork.words.empty())
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("{} decodes exceed the graph's batch", D));
+  }
+  if (D < S) pplan = plan_prefill(c_.shape, q_lens, pre_kv_lens);
+
+  // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | prefill
+  // work | decode work].
+  struct Section {
+    const void* data;
+    uint64_t bytes;
+    uint64_t at = 0;
+  };
+  std::vector<Section> sec = {{ids.data(), ids.size() * 4},
+                              {positions.data(), positions.size() * 4},
+                              {slot_mapping.data(), slot_mapping.size() * 8},
+                              {indptr.data(), indptr.size() * 4},
+                              {kv_lens.data(), kv_lens.size() * 4},
+                              {kv.paged ? nullptr : tables.data(),
+                               (kv.paged ? uint64_t{S} * bt_stride : tables.size()) * 4},
+                              {last_rows.data(), last_rows.size() * 4},
+                              {pplan.work.data(), pplan.work.size() * 4},
+                              {dwork.words.data(), dwork.words.size() * 4}};
+  uint64_t meta_bytes = 0;
+  for (Section& x : sec) {
+    x.at = meta_bytes;
+    meta_bytes += align16(x.bytes);
+  }
+  // Written section by section, the alignment padding and each table row's unused tail zeroed,
+  // into a buffer kept from the last step (a graph's tables are mostly tail: rows of 2,048
+  // entries at 32K).
+  PackedStep& p = *out;
+  p.bytes.resize(meta_bytes);
+  uint8_t* const dst = p.bytes.data();
+  for (size_t i = 0; i < sec.size(); ++i) {
+    p.at[i] = sec[i].at;
+    if (sec[i].data && sec[i].bytes) std::memcpy(dst + sec[i].at, sec[i].data, sec[i].bytes);
+    std::memset(dst + sec[i].at + sec[i].bytes, 0, align16(sec[i].bytes) - sec[i].bytes);
+  }
+  if (kv.paged) {
+    auto* row = reinterpret_cast<int32_t*>(dst + sec[5].at);
+    const int32_t* from = tables.data();
+    for (const uint32_t n : table_rows) {
+      std::copy(from, from + n, row);
+      std::fill(row + n, row + bt_stride, 0);
+      from += n;
+      row += bt_stride;
+    }
+  }
+  p.T = T;
+  p.S = S;
+  p.bt_stride = bt_stride;
+  p.max_kv = max_kv;
+  p.D = D;
+  p.decode = D == S;
+  p.dplan = dwork.plan;
+  p.num_tiles = pplan.num_tiles;
+  return {};
+}
+
+}  // namespace memsim
