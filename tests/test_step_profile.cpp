@@ -97,6 +97,62 @@ TEST_CASE("profile: several prompts and decodes in one step") {
   CHECK(std::llabs(t.step_time(mixed) - ms(4.99 + 6.01)) <= 1);
 }
 
+TEST_CASE("profile: scaled to another machine's speed, decode and prefill rows apart") {
+  const ProfiledStepTime t(scale_step_profile(grid(), 2.0, 0.5));
+  CHECK(t.step_time(decode_step(1, 600)) == ms(30));
+  CHECK(t.step_time(decode_step(2, 600)) == ms(37));  // 2 x 18.5
+  StepShape chunk;  // 150 new tokens over 500 cached: 14 ms unscaled
+  chunk.num_seqs = 3;
+  chunk.new_tokens = 150;
+  chunk.attn_pairs = 150.0 * 500 + 150.0 * 151 / 2;
+  chunk.kv_read_tokens = 650;
+  CHECK(t.step_time(chunk) == ms(7));
+  // A mixed step: its chunk from the prefill rows, its decodes' attention from the decode rows.
+  StepShape mixed;
+  mixed.num_seqs = 2;
+  mixed.new_tokens = 100;
+  mixed.decode_seqs = 1;
+  mixed.decode_kv_tokens = 601;
+  mixed.kv_read_tokens = 99 + 601;
+  mixed.attn_pairs = 99.0 * 100 / 2 + 601;
+  CHECK(std::llabs(t.step_time(mixed) - ms(0.5 * 4.99 + 2 * 6.01)) <= 1);
+  CHECK(t.describe() == "h200/llama-3.1-8b (eager, scaled: decode x2.000, prefill x0.500)");
+  CHECK(ProfiledStepTime(grid()).describe() == "h200/llama-3.1-8b (eager)");
+  // Scales compose; the times are the measured ones times the product.
+  const StepProfile twice = scale_step_profile(scale_step_profile(grid(), 2.0, 0.5), 1.5, 4.0);
+  CHECK(twice.decode_scale == 3.0);
+  CHECK(twice.prefill_scale == 2.0);
+  CHECK(twice.decode[1].ms[1] == 32.0 * 3);
+  CHECK(twice.prefill[0].ms[0] == 5.0 * 2);
+  for (double bad : {0.0, -1.0, std::nan(""), double(INFINITY)})
+    CHECK_THROWS_WITH(scale_step_profile(grid(), bad, 1.0), Catch::Contains("not positive"));
+}
+
+TEST_CASE("profile: a machine's speed against the profile, from the points both hold") {
+  // Decode batch 1 at 100 runs 1.1x the reference (at 600 the reference has no point), batch 3
+  // at 1,100 1.21x, batch 2 has no reference row; prefill chunk 200 at prefix 0 0.9x.
+  StepProfile here;
+  here.decode = {{1, {100, 600}, {11, 99}}, {3, {1100}, {32 * 1.21}}, {2, {100}, {5}}};
+  here.prefill = {{200, {0}, {8 * 0.9}}};
+  const SpeedProbe s = profile_speed(here, grid());
+  REQUIRE(s.points.size() == 3);
+  CHECK(s.points[0].decode);
+  CHECK(s.points[0].size == 1);
+  CHECK(s.points[0].point == 100);
+  CHECK(s.points[0].profile_ms == 10);
+  CHECK(s.points[0].measured_ms == 11);
+  CHECK(s.decode == Approx(std::pow(1.1, 1.5)).epsilon(1e-12));  // sqrt(1.1 x 1.21)
+  CHECK(s.prefill == Approx(0.9).epsilon(1e-12));
+  CHECK_FALSE(s.points[2].decode);
+  // Nothing shared: factors of 1 and no points.
+  StepProfile none;
+  none.decode = {{7, {100}, {1}}};
+  const SpeedProbe z = profile_speed(none, grid());
+  CHECK(z.points.empty());
+  CHECK(z.decode == 1);
+  CHECK(z.prefill == 1);
+}
+
 TEST_CASE("profile: one row or one point is flat in that direction") {
   StepProfile p = grid();
   p.decode = {{8, {1000}, {7}}};
@@ -234,6 +290,11 @@ runs:
   // No profile yet: both runs use the roofline, and step_time: profile is an error.
   ServingConfig plain = load_serving_config(path, {});
   CHECK(plain.step_profile == nullptr);
+  CHECK_THROWS_WITH(load_serving_config(
+                        dir.write("noprof.yaml", exp + "step_profile_scale: {decode: 0.9}\n"), {}),
+                    Catch::Contains("noprof.yaml:") &&
+                        Catch::Contains("scales the step profile, but") &&
+                        Catch::Contains("does not exist"));
   CHECK_THROWS_WITH(load_serving_config(path, {"engine.step_time=profile"}),
                     Catch::Contains("h200.profiles/llama-3.1-8b.yaml does not exist"));
   // engine.gpu_step: model times every layer, so gpu_layers makes no sense with it.
@@ -262,6 +323,36 @@ runs:
   CHECK(prof.tpot_ms.p50 == Approx(40.0).margin(1e-6));
   CHECK(prof.tpot_ms.p99 == Approx(40.0).margin(1e-6));
   CHECK(roof.tpot_ms.p50 < 20.0);
+
+  // step_profile_scale: another machine's speed. At 0.75 every step takes 30 ms.
+  const std::string scaled_path =
+      dir.write("scaled.yaml", exp + "step_profile_scale: {decode: 0.75, prefill: 0.75}\n");
+  const ServingConfig cs = load_serving_config(scaled_path, {"engine.enforce_eager=true"});
+  CHECK(cs.profile_decode_scale == 0.75);
+  CHECK(cs.profile_prefill_scale == 0.75);
+  const ServingResults rs = run_serving_experiment(cs);
+  const ServingResult& sc = rs.runs[0].result;
+  REQUIRE(sc.error.empty());
+  CHECK(sc.step_time_source ==
+        "profile h200/llama-3.1-8b (eager, scaled: decode x0.750, prefill x0.750)");
+  CHECK(sc.tpot_ms.p50 == Approx(30.0).margin(1e-6));
+  CHECK(sc.tpot_ms.p99 == Approx(30.0).margin(1e-6));
+  // with_profile_scale on top of it multiplies: 0.75 x 2 = 1.5, 60 ms steps.
+  const ServingConfig twice = with_profile_scale(cs, 2.0, 2.0);
+  CHECK(twice.profile_decode_scale == 1.5);
+  CHECK(run_serving_experiment(twice).runs[0].result.tpot_ms.p50 == Approx(60.0).margin(1e-6));
+  // Apart: pure decode steps at 30 ms, steps with a prefill chunk at 50.
+  const ServingResults split = run_serving_experiment(load_serving_config(
+      scaled_path, {"engine.enforce_eager=true", "step_profile_scale.prefill=1.25"}));
+  CHECK(split.runs[0].result.tpot_ms.p50 > 30.0);
+  CHECK(split.runs[0].result.tpot_ms.p50 < 50.0);
+  CHECK(split.runs[0].result.ttft_ms.p50 > sc.ttft_ms.p50);
+  CHECK_THROWS_WITH(
+      load_serving_config(scaled_path, {"step_profile_scale.decode=0"}),
+      Catch::Contains("step_profile_scale.decode") && Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(
+      load_serving_config(dir.write("typo.yaml", exp + "step_profile_scale: {decod: 0.9}\n"), {}),
+      Catch::Contains("typo.yaml:") && Catch::Contains("did you mean 'decode'"));
 
   // A graph profile beside it prices the decode steps of runs that capture graphs (vLLM's
   // default), here 30 ms a step; enforce_eager runs keep the eager profile.

@@ -76,6 +76,45 @@ std::string check_step_profile(const StepProfile& p) {
   return check_rows(p.prefill, "prefill");
 }
 
+StepProfile scale_step_profile(StepProfile p, double decode, double prefill) {
+  for (double f : {decode, prefill})
+    if (!(f > 0) || !std::isfinite(f))
+      throw std::invalid_argument(fmt::format("step profile scale {} is not positive", f));
+  for (ProfileRow& r : p.decode)
+    for (double& ms : r.ms) ms *= decode;
+  for (ProfileRow& r : p.prefill)
+    for (double& ms : r.ms) ms *= prefill;
+  p.decode_scale *= decode;
+  p.prefill_scale *= prefill;
+  return p;
+}
+
+SpeedProbe profile_speed(const StepProfile& measured, const StepProfile& reference) {
+  SpeedProbe probe;
+  double log_sum[2] = {}, n[2] = {};  // [prefill, decode]
+  auto match = [&](const std::vector<ProfileRow>& mine, const std::vector<ProfileRow>& theirs,
+                   bool decode) {
+    for (const ProfileRow& r : mine) {
+      auto t = std::find_if(theirs.begin(), theirs.end(),
+                            [&](const ProfileRow& x) { return x.size == r.size; });
+      for (size_t i = 0; t != theirs.end() && i < r.points.size(); ++i) {
+        auto at = std::find(t->points.begin(), t->points.end(), r.points[i]);
+        if (at == t->points.end()) continue;
+        const double want = t->ms[size_t(at - t->points.begin())];
+        if (!(want > 0) || !(r.ms[i] > 0)) continue;
+        probe.points.push_back({decode, r.size, r.points[i], want, r.ms[i]});
+        log_sum[decode] += std::log(r.ms[i] / want);
+        n[decode] += 1;
+      }
+    }
+  };
+  match(measured.decode, reference.decode, true);
+  match(measured.prefill, reference.prefill, false);
+  if (n[1] > 0) probe.decode = std::exp(log_sum[1] / n[1]);
+  if (n[0] > 0) probe.prefill = std::exp(log_sum[0] / n[0]);
+  return probe;
+}
+
 ProfiledStepTime::ProfiledStepTime(StepProfile profile, std::shared_ptr<const StepProfile> graphs,
                                    std::vector<uint32_t> graph_sizes,
                                    std::vector<bool> rows_at_once)
@@ -103,6 +142,9 @@ ProfiledStepTime::ProfiledStepTime(StepProfile profile, std::shared_ptr<const St
 std::string ProfiledStepTime::describe() const {
   std::string s = p_.gpu + "/" + p_.model + " (" + p_.mode;
   if (graphs()) s += fmt::format("; decode as CUDA graphs of {} sizes", graph_sizes_.size());
+  if (p_.decode_scale != 1 || p_.prefill_scale != 1)
+    s +=
+        fmt::format(", scaled: decode x{:.3f}, prefill x{:.3f}", p_.decode_scale, p_.prefill_scale);
   return s + ")";
 }
 

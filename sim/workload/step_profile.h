@@ -28,11 +28,35 @@ struct StepProfile {
   std::string measured;             // free text: device, driver, date
   std::vector<ProfileRow> decode;   // one new token per sequence, by batch size (ascending)
   std::vector<ProfileRow> prefill;  // one sequence's chunk, by chunk tokens (ascending)
+  // Factors its times were multiplied by (scale_step_profile), 1 as measured. Not written to a
+  // profile file: a scaled profile describes another machine than the one that measured it.
+  double decode_scale = 1, prefill_scale = 1;
 };
+
+// The profile with every decode row's times multiplied by `decode` and every prefill row's by
+// `prefill` (a machine that runs the same kernels that much slower, or faster when below 1).
+// Throws std::invalid_argument unless both are positive and finite.
+StepProfile scale_step_profile(StepProfile p, double decode, double prefill);
 
 // Empty when the profile is usable, else what is wrong (rows ascending by size and non-empty,
 // points ascending, one time per point, times positive and finite, at least one decode row).
 std::string check_step_profile(const StepProfile& p);
+
+// One grid point measured on two machines: the reference profile's time and this one's.
+struct ProbePoint {
+  bool decode = true;
+  uint32_t size = 0, point = 0;  // as in ProfileRow: sequences x context, or chunk x prefix
+  double profile_ms = 0, measured_ms = 0;
+};
+
+// The points `measured` shares with `reference` (same kind, row size and point; nothing is
+// interpolated) and, per kind, the geometric mean of measured / reference over them (1 where
+// they share none): a machine's speed against the profiled one, step_profile_scale's factors.
+struct SpeedProbe {
+  std::vector<ProbePoint> points;
+  double decode = 1, prefill = 1;
+};
+SpeedProbe profile_speed(const StepProfile& measured, const StepProfile& reference);
 
 // Step time from a profile. A step whose every sequence computes one token is a decode step of
 // B = num_seqs sequences at context kv_read_tokens / B: interpolated linearly in context within
@@ -74,7 +98,8 @@ class ProfiledStepTime {
   const StepProfile* graphs() const { return graph_sizes_.empty() ? nullptr : graphs_.get(); }
   const std::vector<uint32_t>& graph_sizes() const { return graph_sizes_; }
   const std::vector<bool>& rows_at_once() const { return at_once_; }
-  // "<gpu>/<model> (eager)" or "<gpu>/<model> (eager; decode as CUDA graphs of N sizes)".
+  // "<gpu>/<model> (eager)" or "<gpu>/<model> (eager; decode as CUDA graphs of N sizes)", with
+  // ", scaled: decode x0.970, prefill x1.000" when the profile was scaled.
   std::string describe() const;
 
  private:

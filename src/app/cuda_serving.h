@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
 #include "kernels/attention_types.h"
+#include "src/exec/step_profiler.h"
 #include "src/serve/serving_experiment.h"
 #include "src/serve/step_executor.h"
 
@@ -45,12 +47,27 @@ std::unique_ptr<StepExecutor> make_cuda_executor(const CudaExecutorConfig& confi
 // attention has no kernel (head_dim, group) or its dtype is not bf16/fp16.
 Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config);
 
+// The sim backend's predictions of the runs timed on the GPU (engine.gpu_step: model).
+struct ServingPredictions {
+  ServingResults profile;  // the same experiment, step times from the profile as measured
+  // With a profile: this GPU's speed against it (probe_profile_speed, isolated grid steps run
+  // after the serving runs) and the experiment again with the profile scaled by it, the
+  // prediction for this machine (step_profile_scale). Empty when the probe failed (probe_error).
+  std::optional<SpeedProbe> probe;
+  std::optional<ServingResults> this_gpu;
+  std::string probe_error;
+};
+
+// Runs the predictions (the probe on the GPU, printing its points to `out`).
+ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream& out);
+
 // Prints per run the strategy bytes, the cudaMemGetInfo drop of the KV pool, the checks passed
-// and measured against simulated attention time; writes DIR/validation.csv. With `predicted`
-// (the same experiment on the sim backend), runs with engine.gpu_step: model also get measured
-// against predicted throughput, TTFT, TPOT and end-to-end latency (DIR/sim_vs_measured.csv).
+// and measured against simulated attention time; writes DIR/validation.csv. With `predicted`,
+// runs with engine.gpu_step: model also get measured against predicted throughput, TTFT, TPOT
+// and end-to-end latency (DIR/sim_vs_measured.csv), for the profile and for this GPU.
 // Returns 0 when every run finished with every check passing, 1 otherwise.
 int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
-                        const ServingResults* predicted, const std::string& dir, std::ostream& out);
+                        const ServingPredictions* predicted, const std::string& dir,
+                        std::ostream& out);
 
 }  // namespace memsim

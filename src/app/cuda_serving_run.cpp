@@ -6,12 +6,56 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "backends/cuda/cuda_backend.h"
 #include "src/app/cuda_serving.h"
 #include "src/exec/step_profiler.h"
 
 namespace memsim {
+
+ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream& out) {
+  ServingPredictions p;
+  p.profile = run_serving_experiment(config);
+  if (!config.step_profile) return p;
+  // This GPU's speed against the profile: a fresh backend and model step, after the serving
+  // runs have released theirs.
+  auto probe = [&]() -> Result<SpeedProbe> {
+    SimClock clock;
+    MEMSIM_ASSIGN_OR_RETURN(
+        auto backend, CudaBackend::create(unpriced_gpu_spec(config.gpu.name), clock, nullptr));
+    ModelStepConfig mc;  // as calibrate --model builds the step it profiles
+    mc.model = config.model;
+    mc.max_tokens = 8192;
+    mc.max_seqs = 512;
+    MEMSIM_ASSIGN_OR_RETURN(auto step, ModelStep::create(mc, *backend));
+    std::ostringstream log;  // the profiler's per-point lines; the table below has them
+    return probe_profile_speed(*step, *backend, config.step_profile->profile(), log);
+  }();
+  if (!probe.ok()) {
+    p.probe_error = probe.error().message;
+    out << "\nspeed probe failed: " << p.probe_error << "\n";
+    return p;
+  }
+  p.probe = std::move(probe).value();
+  out << fmt::format(
+      "\nspeed probe: isolated steps of the profile's grid on this GPU, eager (as calibrate "
+      "--model times them), against {}\n",
+      config.step_profile_path);
+  out << fmt::format("{:<8} {:>6} {:>7} {:>11} {:>11} {:>7}\n", "step", "size", "point", "profile",
+                     "this GPU", "ratio");
+  for (const ProbePoint& q : p.probe->points)
+    out << fmt::format("{:<8} {:>6} {:>7} {:>9.3f}ms {:>9.3f}ms {:>7.3f}\n",
+                       q.decode ? "decode" : "prefill", q.size, q.point, q.profile_ms,
+                       q.measured_ms, q.measured_ms / q.profile_ms);
+  out << fmt::format(
+      "this GPU runs the profile's steps at decode x{:.3f}, prefill x{:.3f} (geometric means; "
+      "`step_profile_scale: {{decode: {:.3f}, prefill: {:.3f}}}` predicts for it)\n",
+      p.probe->decode, p.probe->prefill, p.probe->decode, p.probe->prefill);
+  p.this_gpu =
+      run_serving_experiment(with_profile_scale(config, p.probe->decode, p.probe->prefill));
+  return p;
+}
 
 Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config) {
   const ModelShape& m = config.model;
@@ -60,8 +104,10 @@ namespace {
 // Measured (the GPU's timed model steps) against predicted (the sim backend, same trace and
 // seed) for the runs with engine.gpu_step: model; error = predicted / measured - 1.
 void report_sim_vs_measured(const ServingConfig& config, const ServingResults& measured,
-                            const ServingResults& predicted, const std::string& dir,
+                            const ServingPredictions& predictions, const std::string& dir,
                             std::ostream& out) {
+  const ServingResults& predicted = predictions.profile;
+  const ServingResults* here = predictions.this_gpu ? &*predictions.this_gpu : nullptr;
   struct Metric {
     const char* name;
     double (*of)(const ServingResult&);
@@ -87,7 +133,9 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
   for (const Metric& m : kMetrics) out << fmt::format(" {:>21}", m.name);
   out << fmt::format(" {:>6} {:>13}\n", "host", "graph steps");
   std::ofstream csv(std::filesystem::path(dir) / "sim_vs_measured.csv");
-  csv << "run,metric,measured,predicted,error\n";
+  // predicted_this_gpu, error_this_gpu: with the profile scaled by the speed probe (empty
+  // without one).
+  csv << "run,metric,measured,predicted,error,predicted_this_gpu,error_this_gpu\n";
   for (size_t i = 0; i < measured.runs.size() && i < predicted.runs.size(); ++i) {
     const ServingRunResult& m = measured.runs[i];
     const ServingRunResult& p = predicted.runs[i];
@@ -97,12 +145,38 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
       const double a = k.of(m.result), b = k.of(p.result);
       const double err = a > 0 ? b / a - 1 : 0;
       out << fmt::format(" {:>8.1f} {:>7.1f} {:>+4.0f}%", a, b, err * 100);
-      csv << fmt::format("\"{}\",{},{:.6f},{:.6f},{:.6f}\n", m.spec.label, k.name, a, b, err);
+      csv << fmt::format("\"{}\",{},{:.6f},{:.6f},{:.6f},", m.spec.label, k.name, a, b, err);
+      if (here && i < here->runs.size()) {
+        const double c = k.of(here->runs[i].result);
+        csv << fmt::format("{:.6f},{:.6f}\n", c, a > 0 ? c / a - 1 : 0);
+      } else {
+        csv << ",\n";
+      }
     }
     const ExecutorReport& v = m.result.validation;
     const double host = v.measured_step_s > 0 ? 1 - v.gpu_step_s / v.measured_step_s : 0;
     out << fmt::format(" {:>5.1f}% {:>13}\n", host * 100,
                        fmt::format("{}/{}", v.graph_steps, v.steps));
+  }
+  if (here) {
+    out << fmt::format(
+        "\npredicted for this GPU: the same, with the profile scaled by the speed probe "
+        "(decode x{:.3f}, prefill x{:.3f}); err = predicted / measured - 1\n",
+        predictions.probe->decode, predictions.probe->prefill);
+    out << fmt::format("{:<30}", "run");
+    for (const Metric& m : kMetrics) out << fmt::format(" {:>9}", m.name);
+    out << "\n";
+    for (size_t i = 0; i < measured.runs.size() && i < here->runs.size(); ++i) {
+      const ServingRunResult& m = measured.runs[i];
+      if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty())
+        continue;
+      out << fmt::format("{:<30}", m.spec.label);
+      for (const Metric& k : kMetrics) {
+        const double a = k.of(m.result), c = k.of(here->runs[i].result);
+        out << fmt::format(" {:>+8.0f}%", a > 0 ? (c / a - 1) * 100 : 0.0);
+      }
+      out << "\n";
+    }
   }
   out << fmt::format("wrote {}/sim_vs_measured.csv\n", dir);
 
@@ -160,7 +234,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
 }  // namespace
 
 int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
-                        const ServingResults* predicted, const std::string& dir,
+                        const ServingPredictions* predicted, const std::string& dir,
                         std::ostream& out) {
   int status = 0;
   out << fmt::format("\n--backend cuda: {} on the GPU ({} model layers)\n", config.experiment,

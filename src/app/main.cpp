@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "memsim_config.h"
 #include "src/app/allocators_experiment.h"
@@ -68,9 +69,9 @@ int run_serving_main(const std::string& config_path, const std::vector<std::stri
     // Runs that time the whole model step are compared with the sim backend's prediction.
     const bool timed = std::any_of(config.runs.begin(), config.runs.end(),
                                    [](const auto& r) { return r.gpu_step == "model"; });
-    memsim::ServingResults predicted;
-    if (timed) predicted = memsim::run_serving_experiment(config);
-    return memsim::report_cuda_serving(config, results, timed ? &predicted : nullptr, dir,
+    std::optional<memsim::ServingPredictions> predicted;
+    if (timed) predicted = memsim::predict_timed_runs(config, std::cout);
+    return memsim::report_cuda_serving(config, results, predicted ? &*predicted : nullptr, dir,
                                        std::cout);
   }
 #endif

@@ -137,4 +137,33 @@ Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, cons
   return p;
 }
 
+Result<SpeedProbe> probe_profile_speed(ModelStep& step, Backend& backend,
+                                       const StepProfile& profile, std::ostream& log) {
+  // The probe's rows among the profile's (profile_speed matches their points).
+  auto row_of = [](const std::vector<ProfileRow>& rows, uint32_t size) -> const ProfileRow* {
+    for (const ProfileRow& r : rows)
+      if (r.size == size) return &r;
+    return nullptr;
+  };
+  ProfileGrid g;
+  g.batches.clear();
+  g.chunks.clear();
+  for (uint32_t b : {1u, 8u, 32u, 128u})
+    if (row_of(profile.decode, b) && b <= step.config().max_seqs) g.batches.push_back(b);
+  for (uint32_t c : {256u, 1024u})
+    if (row_of(profile.prefill, c) && c <= step.config().max_tokens) g.chunks.push_back(c);
+  g.contexts = {512, 2048};
+  g.prefixes = {0, 4096};
+  if (g.batches.empty() && g.chunks.empty())
+    return make_error(ErrorCode::kInvalidArgument,
+                      "speed probe: the profile holds none of the probe's rows (decode batches "
+                      "1, 8, 32, 128; prefill chunks 256, 1024)");
+  MEMSIM_ASSIGN_OR_RETURN(StepProfile here, measure_step_profile(step, backend, g, log));
+  SpeedProbe probe = profile_speed(here, profile);
+  if (probe.points.empty())
+    return make_error(ErrorCode::kInvalidArgument,
+                      "speed probe: no probe point is a point of the profile");
+  return probe;
+}
+
 }  // namespace memsim

@@ -35,4 +35,11 @@ struct ProfileGrid {
 Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, const ProfileGrid& grid,
                                          std::ostream& log);
 
+// This GPU's speed against a profile measured on another of its kind: a few of the profile's
+// own grid points timed again, eagerly, as calibrate --model times them (decode batches 1, 8,
+// 32 and 128 at contexts 512 and 2,048; prefill chunks 256 and 1,024 at prefixes 0 and 4,096;
+// those the profile holds), compared by profile_speed.
+Result<SpeedProbe> probe_profile_speed(ModelStep& step, Backend& backend,
+                                       const StepProfile& profile, std::ostream& log);
+
 }  // namespace memsim

@@ -139,7 +139,7 @@ ServingConfig load_serving_config(const std::string& path,
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
   root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
-                    "sample_interval_ms", "seed", "grid"});
+                    "sample_interval_ms", "seed", "grid", "step_profile_scale"});
   ServingConfig c;
   c.source = path;
   c.experiment = root["experiment"].as_string();
@@ -166,6 +166,17 @@ ServingConfig load_serving_config(const std::string& path,
   c.graph_profile_path = step_profile_path(gpu_file, c.model.name, true);
   if (auto prof = load_profile(c.graph_profile_path, "graphs"))
     c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
+  if (auto sc = root.find("step_profile_scale")) {
+    sc->expect_keys({"decode", "prefill"});
+    if (!c.step_profile)
+      sc->fail(
+          fmt::format("scales the step profile, but {} does not exist (memsim calibrate "
+                      "--backend cuda --model {} writes it)",
+                      c.step_profile_path, c.model.name));
+    const double d = sc->has("decode") ? (*sc)["decode"].as_double_in(0.01, 100) : 1.0;
+    const double p = sc->has("prefill") ? (*sc)["prefill"].as_double_in(0.01, 100) : 1.0;
+    c = with_profile_scale(std::move(c), d, p);
+  }
   if (auto v = root.find("sample_interval_ms"))
     c.sample_interval = static_cast<SimTime>(v->as_double_in(0.001, 3.6e6) * 1e6);
 
@@ -243,6 +254,20 @@ ServingConfig load_serving_config(const std::string& path,
     for (const ConfigNode& r : runs->items()) make_run(r);
   } else {
     make_run(std::nullopt);
+  }
+  return c;
+}
+
+ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill) {
+  if (c.step_profile)
+    c.step_profile = std::make_shared<const ProfiledStepTime>(
+        scale_step_profile(c.step_profile->profile(), decode, prefill));
+  if (c.graph_profile)
+    c.graph_profile =
+        std::make_shared<const StepProfile>(scale_step_profile(*c.graph_profile, decode, 1.0));
+  if (c.step_profile || c.graph_profile) {
+    c.profile_decode_scale *= decode;
+    c.profile_prefill_scale *= prefill;
   }
   return c;
 }

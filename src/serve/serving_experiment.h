@@ -56,6 +56,10 @@ struct ServingConfig {
   // decode steps of runs that capture graphs (not enforce_eager); null: none exists.
   std::string graph_profile_path;
   std::shared_ptr<const StepProfile> graph_profile;
+  // step_profile_scale: {decode, prefill}: both profiles' decode rows and the eager profile's
+  // prefill rows multiplied by these (another machine's speed against the profiled one, as the
+  // --backend cuda speed probe measures it); 1 = the profile as measured.
+  double profile_decode_scale = 1, profile_prefill_scale = 1;
   std::vector<RequestSet> request_sets;  // one per distinct `requests:` block
   std::vector<ServingRunSpec> runs;
 };
@@ -98,6 +102,11 @@ SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base);
 bool is_serving_config(const std::string& path);
 ServingConfig load_serving_config(const std::string& path,
                                   const std::vector<std::string>& overrides);
+// The config with its profiles scaled by `decode` and `prefill` (on top of any scale it has);
+// without a profile it is returned unchanged. Throws std::invalid_argument unless both factors
+// are positive and finite.
+ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill);
+
 ServingResults run_serving_experiment(const ServingConfig& config,
                                       const ServingRunHooks& hooks = {});
 
