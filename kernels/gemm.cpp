@@ -6,7 +6,9 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace memsim::kernels {
@@ -130,10 +132,8 @@ std::string LtGemm::library() const {
   return api_ ? api_->path : std::string();
 }
 
-std::string LtGemm::matmul(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias, uint64_t y,
-                           uint32_t m, uint32_t n, uint32_t k, cudaStream_t stream) {
-  if (m == 0) return {};
-  if (!x || !w || !y || n == 0 || k == 0) return "matmul: null operand or empty shape";
+std::string LtGemm::plan(KvDtype dtype, uint64_t bias, uint32_t m, uint32_t n, uint32_t k,
+                         Plan** out) {
   const Api& api = *api_;
   const auto key = std::make_tuple(static_cast<int>(dtype), m, n, k, bias != 0);
   auto it = plans_.find(key);
@@ -186,7 +186,18 @@ std::string LtGemm::matmul(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias,
     plan->algo = result.algo;
     it = plans_.emplace(key, std::move(plan)).first;
   }
-  Plan& p = *it->second;
+  *out = it->second.get();
+  return {};
+}
+
+std::string LtGemm::matmul(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias, uint64_t y,
+                           uint32_t m, uint32_t n, uint32_t k, cudaStream_t stream) {
+  if (m == 0) return {};
+  if (!x || !w || !y || n == 0 || k == 0) return "matmul: null operand or empty shape";
+  const Api& api = *api_;
+  Plan* found = nullptr;
+  if (std::string why = plan(dtype, bias, m, n, k, &found); !why.empty()) return why;
+  Plan& p = *found;
   if (bias) {
     const void* b = reinterpret_cast<const void*>(bias);
     if (cublasStatus_t s = api.cublasLtMatmulDescSetAttribute(
@@ -202,6 +213,25 @@ std::string LtGemm::matmul(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias,
       workspace_bytes_, stream);
   if (s != CUBLAS_STATUS_SUCCESS)
     return fmt::format("cublasLtMatmul m {} n {} k {}: {}", m, n, k, status(s));
+  return {};
+}
+
+std::string LtGemm::warm_up(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias, uint64_t y,
+                            uint32_t n, uint32_t k, const std::vector<uint32_t>& ms,
+                            cudaStream_t stream, uint32_t* launched) {
+  std::vector<cublasLtMatmulAlgo_t> seen;
+  for (uint32_t m : ms) {
+    Plan* p = nullptr;
+    if (m == 0) continue;
+    if (std::string why = plan(dtype, bias, m, n, k, &p); !why.empty()) return why;
+    const auto same = [&](const cublasLtMatmulAlgo_t& a) {
+      return std::memcmp(&a, &p->algo, sizeof a) == 0;
+    };
+    if (std::any_of(seen.begin(), seen.end(), same)) continue;
+    seen.push_back(p->algo);
+    if (std::string why = matmul(dtype, x, w, bias, y, m, n, k, stream); !why.empty()) return why;
+    if (launched) ++*launched;
+  }
   return {};
 }
 

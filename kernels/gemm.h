@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/attention_types.h"
 
@@ -33,10 +34,21 @@ class LtGemm {
                      uint32_t n, uint32_t k, cudaStream_t stream);
   std::string library() const;  // the file that was loaded
 
+  // Loads, before they are needed, the kernels cuBLASLt picks for the GEMM of each m in `ms`:
+  // the plan of every m is made (and cached), and one matmul runs for each algorithm not seen
+  // at an earlier m. With CUDA's lazy module loading a kernel's first launch loads it (about
+  // 2 ms on an H200), which a serving engine's first step of a new size would otherwise pay.
+  // x and y must hold max(ms) rows; *launched counts the matmuls run.
+  std::string warm_up(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias, uint64_t y, uint32_t n,
+                      uint32_t k, const std::vector<uint32_t>& ms, cudaStream_t stream,
+                      uint32_t* launched);
+
  private:
   struct Api;
   struct Plan;
   LtGemm() = default;
+  // The cached plan of the shape (descriptors and the heuristic's algorithm), made on first use.
+  std::string plan(KvDtype dtype, uint64_t bias, uint32_t m, uint32_t n, uint32_t k, Plan** out);
   std::unique_ptr<Api> api_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   uint64_t workspace_ = 0, workspace_bytes_ = 0;

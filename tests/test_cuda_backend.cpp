@@ -17,6 +17,7 @@
 #include "sim/clock.h"
 #include "sim/metrics.h"
 #include "src/graph/registry.h"
+#include "tests/cuda_test_util.h"
 
 namespace memsim {
 namespace {
@@ -41,18 +42,6 @@ GpuSpec test_gpu() {
   g.cost(P::kFill).bytes_per_us = 3e6;
   g.cost(P::kCopy).bytes_per_us = 3e6;
   return g;
-}
-
-template <class T>
-T take(Result<T> r) {
-  INFO((r.ok() ? std::string() : r.error().message));
-  REQUIRE(r.ok());
-  return std::move(r).value();
-}
-
-void ok(const Status& s) {
-  INFO((s.ok() ? std::string() : s.error().message));
-  REQUIRE(s.ok());
 }
 
 struct Gpu {
@@ -493,13 +482,5 @@ TEST_CASE("a failing call in the middle of graph_mem_nodes leaves nothing on the
 
 // Without a CUDA device the whole file is skipped (exit 77), as Meson expects.
 int main(int argc, char** argv) {
-  {
-    memsim::SimClock clock;
-    auto probe = memsim::CudaBackend::create(memsim::test_gpu(), clock, nullptr);
-    if (!probe.ok()) {
-      std::fprintf(stderr, "test_cuda_backend: %s\n", probe.error().message.c_str());
-      return probe.error().code == memsim::ErrorCode::kNotSupported ? 77 : 1;
-    }
-  }
-  return Catch::Session().run(argc, argv);
+  return memsim::run_on_gpu("test_cuda_backend", memsim::test_gpu(), argc, argv);
 }

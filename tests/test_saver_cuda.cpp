@@ -13,6 +13,7 @@
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/saver/tagged_regions.h"
+#include "tests/cuda_test_util.h"
 
 namespace memsim {
 namespace {
@@ -110,13 +111,5 @@ TEST_CASE("tagged_regions on the GPU: 100 cycles, graphs stay valid, contents re
 }  // namespace memsim
 
 int main(int argc, char** argv) {
-  {
-    memsim::SimClock clock;
-    auto probe = memsim::CudaBackend::create(memsim::gpu_spec(), clock, nullptr);
-    if (!probe.ok()) {
-      std::fprintf(stderr, "test_saver_cuda: %s\n", probe.error().message.c_str());
-      return probe.error().code == memsim::ErrorCode::kNotSupported ? 77 : 1;
-    }
-  }
-  return Catch::Session().run(argc, argv);
+  return memsim::run_on_gpu("test_saver_cuda", memsim::gpu_spec(), argc, argv);
 }

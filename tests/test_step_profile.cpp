@@ -30,6 +30,18 @@ StepProfile grid() {
   return p;
 }
 
+// A step of a 99-token prompt and one decode at context 601.
+StepShape prompt_and_decode() {
+  StepShape mixed;
+  mixed.num_seqs = 2;
+  mixed.new_tokens = 100;
+  mixed.decode_seqs = 1;
+  mixed.decode_kv_tokens = 601;
+  mixed.kv_read_tokens = 99 + 601;
+  mixed.attn_pairs = 99.0 * 100 / 2 + 601;
+  return mixed;
+}
+
 StepShape decode_step(uint32_t b, uint64_t ctx) {
   StepShape s;
   s.num_seqs = b;
@@ -87,13 +99,7 @@ TEST_CASE("profile: several prompts and decodes in one step") {
   CHECK(std::llabs(t.step_time(two) - ms(4.75)) <= 1);
   // A 99-token prompt and one decode at context 601: the chunk of 100 tokens at prefix -1
   // (4.99 ms) plus the decode's attention, batch 1 at 601 (15.01 ms) less at 0 (9 ms).
-  StepShape mixed;
-  mixed.num_seqs = 2;
-  mixed.new_tokens = 100;
-  mixed.decode_seqs = 1;
-  mixed.decode_kv_tokens = 601;
-  mixed.kv_read_tokens = 99 + 601;
-  mixed.attn_pairs = 99.0 * 100 / 2 + 601;
+  const StepShape mixed = prompt_and_decode();
   CHECK(std::llabs(t.step_time(mixed) - ms(4.99 + 6.01)) <= 1);
 }
 
@@ -108,13 +114,7 @@ TEST_CASE("profile: scaled to another machine's speed, decode and prefill rows a
   chunk.kv_read_tokens = 650;
   CHECK(t.step_time(chunk) == ms(7));
   // A mixed step: its chunk from the prefill rows, its decodes' attention from the decode rows.
-  StepShape mixed;
-  mixed.num_seqs = 2;
-  mixed.new_tokens = 100;
-  mixed.decode_seqs = 1;
-  mixed.decode_kv_tokens = 601;
-  mixed.kv_read_tokens = 99 + 601;
-  mixed.attn_pairs = 99.0 * 100 / 2 + 601;
+  const StepShape mixed = prompt_and_decode();
   CHECK(std::llabs(t.step_time(mixed) - ms(0.5 * 4.99 + 2 * 6.01)) <= 1);
   CHECK(t.describe() == "h200/llama-3.1-8b (eager, scaled: decode x2.000, prefill x0.500)");
   CHECK(ProfiledStepTime(grid()).describe() == "h200/llama-3.1-8b (eager)");

@@ -271,6 +271,9 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
         v.checked_seqs, v.swaps, v.measured_attention_s, v.simulated_attention_s, ratio,
         v.map_calls, v.measured_map_s * 1e3, v.simulated_map_s * 1e3, outcome);
     if (!x.error.empty()) out << "    error: " << x.error << "\n";
+    if (v.warm_up_matmuls)
+      out << fmt::format("    GEMM warm-up before the first step: {} matmuls, {:.0f} ms\n",
+                         v.warm_up_matmuls, v.warm_up_s * 1e3);
     csv << fmt::format(
         "\"{}\",{},{},{},{},{},{},{},{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{},\"{}\"\n",
         r.spec.label, r.spec.kv_impl, v.peak_strategy_bytes, v.peak_device_bytes, v.device_kv_bytes,

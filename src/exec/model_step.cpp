@@ -629,6 +629,45 @@ Status ModelStep::release_cached() {
   return impl_->alloc.empty_cache();
 }
 
+Result<uint32_t> ModelStep::warm_up_gemms() {
+  Impl& m = *impl_;
+  auto counts = [](uint32_t most) {
+    std::vector<uint32_t> v;
+    for (uint32_t t = 1; t <= most; t += t < 64 ? 1 : 8) v.push_back(t);
+    if (v.empty() || v.back() != most) v.push_back(most);
+    return v;
+  };
+  const uint32_t T = m.cfg.max_tokens, S = std::min(m.cfg.max_seqs, T);
+  const uint64_t in_cols = std::max({m.hidden, m.q_cols, m.inter});
+  const uint64_t out_elems =
+      std::max(uint64_t{T} * std::max({m.qkv_cols, 2 * m.inter, m.hidden}), uint64_t{S} * m.vocab);
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr x, m.act(uint64_t{T} * in_cols * kElem));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr y, m.act(out_elems * kElem));
+  MEMSIM_STEP_CU(
+      cudaMemsetAsync(reinterpret_cast<void*>(x), 0, uint64_t{T} * in_cols * kElem, m.stream));
+  uint32_t launched = 0;
+  const Impl::Layer& L = m.layer[0];
+  const auto n32 = [](uint64_t v) { return static_cast<uint32_t>(v); };
+  struct Gemm {
+    DevPtr w, bias;
+    uint64_t n, k;
+    uint32_t most;
+  };
+  const Gemm gemms[] = {{L.qkv, L.qkv_bias, m.qkv_cols, m.hidden, T},
+                        {L.o, 0, m.hidden, m.q_cols, T},
+                        {L.gate_up, 0, 2 * m.inter, m.hidden, T},
+                        {L.down, 0, m.hidden, m.inter, T},
+                        {m.lm_head, 0, m.vocab, m.hidden, S}};
+  for (const Gemm& g : gemms)
+    MEMSIM_TRY(gemm_status(m.gemm->warm_up(m.dtype, x, g.w, g.bias, y, n32(g.n), n32(g.k),
+                                           counts(g.most), m.stream, &launched)));
+  MEMSIM_STEP_CU(cudaStreamSynchronize(m.stream));
+  MEMSIM_TRY(m.free(y));
+  MEMSIM_TRY(m.free(x));
+  MEMSIM_TRY(m.alloc.empty_cache());
+  return launched;
+}
+
 const ModelStepConfig& ModelStep::config() const {
   return impl_->cfg;
 }

@@ -116,6 +116,13 @@ class ModelStep {
   // Returns the step's cached activation memory to the backend (empty_cache).
   Status release_cached();
 
+  // Loads the GEMM kernels the steps will use before any step runs (LtGemm::warm_up over every
+  // token count 1..64, then every multiple of 8 up to max_tokens; the LM head's up to max_seqs),
+  // as a warmed-up server has them: a step of a new size then pays cuBLASLt's heuristic for it,
+  // not a kernel's first load. Synchronizes; its buffers go back to the backend. Returns the
+  // matmuls run (per GEMM, one for each algorithm not picked at a smaller token count).
+  Result<uint32_t> warm_up_gemms();
+
   const ModelStepConfig& config() const;
   uint64_t weight_bytes() const;
   AllocatorStats activation_stats() const;

@@ -58,6 +58,9 @@ struct ExecutorReport {
   uint64_t weight_bytes = 0;
   uint32_t graphs_captured = 0;  // decode batch sizes captured as CUDA graphs
   uint64_t graph_steps = 0;      // steps that replayed one (padded to its size)
+  // The GEMM warm-up before the first step (ModelStep::warm_up_gemms): matmuls run, host time.
+  uint32_t warm_up_matmuls = 0;
+  double warm_up_s = 0;
 };
 
 // Contract (every implementation):
