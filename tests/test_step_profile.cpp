@@ -324,6 +324,29 @@ runs:
   CHECK(prof.tpot_ms.p99 == Approx(40.0).margin(1e-6));
   CHECK(roof.tpot_ms.p50 < 20.0);
 
+  // The prediction's band: every step at 40 x (0.99, 0.995, 1.005, 1.01) ms, so the time per
+  // output token spans 39.6..40.4 ms; the roofline run has no profile to scale.
+  const PredictionBand band = prediction_band(c, r, 0.01, 2);
+  REQUIRE(band.runs.size() == 2);
+  CHECK(band.rel == 0.01);
+  CHECK(band.runs[0].ok);
+  CHECK(std::string(kServingMetrics[3].name) == "TPOT p50");
+  CHECK(band.runs[0].lo[3] == Approx(39.6).margin(1e-6));
+  CHECK(band.runs[0].hi[3] == Approx(40.4).margin(1e-6));
+  CHECK(band.runs[0].lo[6] < prof.e2e_ms.p99);
+  CHECK(band.runs[0].hi[6] > prof.e2e_ms.p99);
+  CHECK(band.runs[0].hi[0] > band.runs[0].lo[0]);  // tok/s
+  for (size_t m = 0; m < kServingMetricCount; ++m) {
+    INFO(kServingMetrics[m].name);
+    CHECK(band.runs[0].lo[m] <= kServingMetrics[m].of(prof));
+    CHECK(band.runs[0].hi[m] >= kServingMetrics[m].of(prof));
+    CHECK(band.runs[1].lo[m] == kServingMetrics[m].of(roof));
+    CHECK(band.runs[1].hi[m] == kServingMetrics[m].of(roof));
+  }
+  CHECK(prediction_band(plain, run_serving_experiment(plain), 0.01, 2).runs.empty());
+  CHECK_THROWS_AS(prediction_band(c, r, 0, 2), std::invalid_argument);
+  CHECK_THROWS_AS(prediction_band(c, r, 0.01, 0), std::invalid_argument);
+
   // step_profile_scale: another machine's speed. At 0.75 every step takes 30 ms.
   const std::string scaled_path =
       dir.write("scaled.yaml", exp + "step_profile_scale: {decode: 0.75, prefill: 0.75}\n");

@@ -56,6 +56,8 @@ struct ServingPredictions {
   std::optional<SpeedProbe> probe;
   std::optional<ServingResults> this_gpu;
   std::string probe_error;
+  // With a profile: how far each figure moves with every step priced 0.99x to 1.01x.
+  std::optional<PredictionBand> band;
 };
 
 // Runs the predictions (the probe on the GPU, printing its points to `out`).

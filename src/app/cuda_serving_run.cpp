@@ -18,6 +18,7 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
   ServingPredictions p;
   p.profile = run_serving_experiment(config);
   if (!config.step_profile) return p;
+  p.band = prediction_band(config, p.profile, 0.01, 4);
   // This GPU's speed against the profile: a fresh backend and model step, after the serving
   // runs have released theirs.
   auto probe = [&]() -> Result<SpeedProbe> {
@@ -108,19 +109,6 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
                             std::ostream& out) {
   const ServingResults& predicted = predictions.profile;
   const ServingResults* here = predictions.this_gpu ? &*predictions.this_gpu : nullptr;
-  struct Metric {
-    const char* name;
-    double (*of)(const ServingResult&);
-  };
-  static const Metric kMetrics[] = {
-      {"tok/s", [](const ServingResult& r) { return r.output_tokens_per_s; }},
-      {"TTFT p50", [](const ServingResult& r) { return r.ttft_ms.p50; }},
-      {"TTFT p99", [](const ServingResult& r) { return r.ttft_ms.p99; }},
-      {"TPOT p50", [](const ServingResult& r) { return r.tpot_ms.p50; }},
-      {"TPOT p99", [](const ServingResult& r) { return r.tpot_ms.p99; }},
-      {"E2E p50", [](const ServingResult& r) { return r.e2e_ms.p50; }},
-      {"E2E p99", [](const ServingResult& r) { return r.e2e_ms.p99; }},
-  };
   std::string source;
   for (const ServingRunResult& r : predicted.runs)
     if (!r.result.step_time_source.empty()) source = r.result.step_time_source;
@@ -130,33 +118,70 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
       "measured step time outside the GPU's kernels\n",
       source == "roofline" ? source : config.step_profile_path);
   out << fmt::format("{:<30}", "run");
-  for (const Metric& m : kMetrics) out << fmt::format(" {:>21}", m.name);
+  for (const ServingMetric& m : kServingMetrics) out << fmt::format(" {:>21}", m.name);
   out << fmt::format(" {:>6} {:>13}\n", "host", "graph steps");
   std::ofstream csv(std::filesystem::path(dir) / "sim_vs_measured.csv");
-  // predicted_this_gpu, error_this_gpu: with the profile scaled by the speed probe (empty
-  // without one).
-  csv << "run,metric,measured,predicted,error,predicted_this_gpu,error_this_gpu\n";
+  // predicted_this_gpu, error_this_gpu: with the profile scaled by the speed probe;
+  // band_low, band_high: the prediction's band (prediction_band). Empty where there is none.
+  csv << "run,metric,measured,predicted,error,predicted_this_gpu,error_this_gpu,band_low,"
+         "band_high\n";
+  const PredictionBand* band = predictions.band ? &*predictions.band : nullptr;
+  const auto band_of = [&](size_t i) -> const PredictionBand::Run* {
+    return band && i < band->runs.size() && band->runs[i].ok ? &band->runs[i] : nullptr;
+  };
   for (size_t i = 0; i < measured.runs.size() && i < predicted.runs.size(); ++i) {
     const ServingRunResult& m = measured.runs[i];
     const ServingRunResult& p = predicted.runs[i];
     if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty()) continue;
     out << fmt::format("{:<30}", m.spec.label);
-    for (const Metric& k : kMetrics) {
+    for (size_t j = 0; j < kServingMetricCount; ++j) {
+      const ServingMetric& k = kServingMetrics[j];
       const double a = k.of(m.result), b = k.of(p.result);
       const double err = a > 0 ? b / a - 1 : 0;
       out << fmt::format(" {:>8.1f} {:>7.1f} {:>+4.0f}%", a, b, err * 100);
       csv << fmt::format("\"{}\",{},{:.6f},{:.6f},{:.6f},", m.spec.label, k.name, a, b, err);
       if (here && i < here->runs.size()) {
         const double c = k.of(here->runs[i].result);
-        csv << fmt::format("{:.6f},{:.6f}\n", c, a > 0 ? c / a - 1 : 0);
+        csv << fmt::format("{:.6f},{:.6f},", c, a > 0 ? c / a - 1 : 0);
       } else {
-        csv << ",\n";
+        csv << ",,";
       }
+      if (const PredictionBand::Run* r = band_of(i))
+        csv << fmt::format("{:.6f},{:.6f}\n", r->lo[j], r->hi[j]);
+      else
+        csv << ",\n";
     }
     const ExecutorReport& v = m.result.validation;
     const double host = v.measured_step_s > 0 ? 1 - v.gpu_step_s / v.measured_step_s : 0;
     out << fmt::format(" {:>5.1f}% {:>13}\n", host * 100,
                        fmt::format("{}/{}", v.graph_steps, v.steps));
+  }
+  if (band && !band->runs.empty()) {
+    out << fmt::format(
+        "\nprediction band: each figure predicted with every step priced {:.2f}x to {:.2f}x "
+        "(about the profile's own repeatability), as err = predicted / measured - 1 from its "
+        "lowest to its highest; * = the measured figure lies inside the band. A wide band is "
+        "a figure no step model can predict closer\n",
+        1 - band->rel, 1 + band->rel);
+    out << fmt::format("{:<30}", "run");
+    for (const ServingMetric& k : kServingMetrics) out << fmt::format(" {:>12}", k.name);
+    out << "\n";
+    for (size_t i = 0; i < measured.runs.size(); ++i) {
+      const ServingRunResult& m = measured.runs[i];
+      const PredictionBand::Run* r = band_of(i);
+      if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty() || !r)
+        continue;
+      out << fmt::format("{:<30}", m.spec.label);
+      for (size_t j = 0; j < kServingMetricCount; ++j) {
+        const double a = kServingMetrics[j].of(m.result);
+        const double lo = a > 0 ? (r->lo[j] / a - 1) * 100 : 0;
+        const double hi = a > 0 ? (r->hi[j] / a - 1) * 100 : 0;
+        const bool inside = r->lo[j] <= a && a <= r->hi[j];
+        out << fmt::format(" {:>12}",
+                           fmt::format("{:+.0f}..{:+.0f}%{}", lo, hi, inside ? "*" : ""));
+      }
+      out << "\n";
+    }
   }
   if (here) {
     out << fmt::format(
@@ -164,14 +189,14 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
         "(decode x{:.3f}, prefill x{:.3f}); err = predicted / measured - 1\n",
         predictions.probe->decode, predictions.probe->prefill);
     out << fmt::format("{:<30}", "run");
-    for (const Metric& m : kMetrics) out << fmt::format(" {:>9}", m.name);
+    for (const ServingMetric& m : kServingMetrics) out << fmt::format(" {:>9}", m.name);
     out << "\n";
     for (size_t i = 0; i < measured.runs.size() && i < here->runs.size(); ++i) {
       const ServingRunResult& m = measured.runs[i];
       if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty())
         continue;
       out << fmt::format("{:<30}", m.spec.label);
-      for (const Metric& k : kMetrics) {
+      for (const ServingMetric& k : kServingMetrics) {
         const double a = k.of(m.result), c = k.of(here->runs[i].result);
         out << fmt::format(" {:>+8.0f}%", a > 0 ? (c / a - 1) * 100 : 0.0);
       }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -339,6 +340,40 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
   out.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return out;
+}
+
+PredictionBand prediction_band(const ServingConfig& config, const ServingResults& base, double rel,
+                               int steps) {
+  PredictionBand band;
+  band.rel = rel;
+  if (!config.step_profile && !config.graph_profile) return band;
+  if (!(rel > 0 && rel < 1) || steps < 1)
+    throw std::invalid_argument("prediction_band: rel must be in (0, 1) and steps at least 1");
+  const auto failed = [](const ServingRunResult& r) {
+    return !r.budget_error.empty() || !r.result.error.empty();
+  };
+  band.runs.resize(base.runs.size());
+  for (size_t i = 0; i < base.runs.size(); ++i) {
+    PredictionBand::Run& b = band.runs[i];
+    b.ok = !failed(base.runs[i]);
+    for (size_t m = 0; m < kServingMetricCount; ++m)
+      b.lo[m] = b.hi[m] = kServingMetrics[m].of(base.runs[i].result);
+  }
+  for (int k = -steps; k <= steps; ++k) {
+    if (k == 0) continue;
+    const double f = 1 + k * rel / steps;
+    const ServingResults r = run_serving_experiment(with_profile_scale(config, f, f));
+    for (size_t i = 0; i < band.runs.size() && i < r.runs.size(); ++i) {
+      PredictionBand::Run& b = band.runs[i];
+      if (failed(r.runs[i])) b.ok = false;
+      for (size_t m = 0; m < kServingMetricCount; ++m) {
+        const double v = kServingMetrics[m].of(r.runs[i].result);
+        b.lo[m] = std::min(b.lo[m], v);
+        b.hi[m] = std::max(b.hi[m], v);
+      }
+    }
+  }
+  return band;
 }
 
 }  // namespace memsim

@@ -2,8 +2,10 @@
 // and schedulers on one GPU and model, one run per `runs:` entry, at a vLLM-style KV budget.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -109,6 +111,41 @@ ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill)
 
 ServingResults run_serving_experiment(const ServingConfig& config,
                                       const ServingRunHooks& hooks = {});
+
+// The figures a prediction is compared on against a measured run, in report order.
+struct ServingMetric {
+  const char* name;
+  double (*of)(const ServingResult&);
+};
+inline constexpr ServingMetric kServingMetrics[] = {
+    {"tok/s", [](const ServingResult& r) { return r.output_tokens_per_s; }},
+    {"TTFT p50", [](const ServingResult& r) { return r.ttft_ms.p50; }},
+    {"TTFT p99", [](const ServingResult& r) { return r.ttft_ms.p99; }},
+    {"TPOT p50", [](const ServingResult& r) { return r.tpot_ms.p50; }},
+    {"TPOT p99", [](const ServingResult& r) { return r.tpot_ms.p99; }},
+    {"E2E p50", [](const ServingResult& r) { return r.e2e_ms.p50; }},
+    {"E2E p99", [](const ServingResult& r) { return r.e2e_ms.p99; }},
+};
+inline constexpr size_t kServingMetricCount = std::size(kServingMetrics);
+
+// How far each figure of a profiled prediction moves when every step time moves by about the
+// profile's own repeatability: per run and metric (kServingMetrics), the lowest and highest
+// value over `base` (the prediction itself) and the experiment run again with its profiles
+// scaled by 1 + k * rel / steps, k = -steps..steps. A figure with a wide band, such as a light
+// load's median TPOT (whether a request's few decode steps carry another request's prefill
+// turns on where steps fall against arrivals), cannot be predicted closer than its band however
+// good the step model is. Runs that failed in any of the experiments get no band (ok false).
+// Empty (no runs) when the config has no profile.
+struct PredictionBand {
+  struct Run {
+    bool ok = false;
+    std::array<double, kServingMetricCount> lo{}, hi{};
+  };
+  double rel = 0;
+  std::vector<Run> runs;
+};
+PredictionBand prediction_band(const ServingConfig& config, const ServingResults& base, double rel,
+                               int steps);
 
 // Per graph size: whether its decode attention runs every sequence as one CTA row per KV head,
 // all in one wave (ProfiledStepTime's rows_at_once), by the kernels' planner for the captured
