@@ -346,9 +346,9 @@ PredictionBand prediction_band(const ServingConfig& config, const ServingResults
                                int steps) {
   PredictionBand band;
   band.rel = rel;
-  if (!config.step_profile && !config.graph_profile) return band;
   if (!(rel > 0 && rel < 1) || steps < 1)
     throw std::invalid_argument("prediction_band: rel must be in (0, 1) and steps at least 1");
+  if (!config.step_profile && !config.graph_profile) return band;
   const auto failed = [](const ServingRunResult& r) {
     return !r.budget_error.empty() || !r.result.error.empty();
   };
