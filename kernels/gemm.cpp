@@ -221,8 +221,8 @@ std::string LtGemm::warm_up(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias
                             cudaStream_t stream, uint32_t* launched) {
   std::vector<cublasLtMatmulAlgo_t> seen;
   for (uint32_t m : ms) {
-    Plan* p = nullptr;
     if (m == 0) continue;
+    Plan* p = nullptr;
     if (std::string why = plan(dtype, bias, m, n, k, &p); !why.empty()) return why;
     const auto same = [&](const cublasLtMatmulAlgo_t& a) {
       return std::memcmp(&a, &p->algo, sizeof a) == 0;

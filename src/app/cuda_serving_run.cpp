@@ -109,6 +109,10 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
                             std::ostream& out) {
   const ServingResults& predicted = predictions.profile;
   const ServingResults* here = predictions.this_gpu ? &*predictions.this_gpu : nullptr;
+  // The measured runs compared: those that timed the model and finished.
+  const auto compared = [](const ServingRunResult& m) {
+    return m.spec.gpu_step == "model" && m.result.error.empty() && m.budget_error.empty();
+  };
   std::string source;
   for (const ServingRunResult& r : predicted.runs)
     if (!r.result.step_time_source.empty()) source = r.result.step_time_source;
@@ -132,7 +136,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
   for (size_t i = 0; i < measured.runs.size() && i < predicted.runs.size(); ++i) {
     const ServingRunResult& m = measured.runs[i];
     const ServingRunResult& p = predicted.runs[i];
-    if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty()) continue;
+    if (!compared(m)) continue;
     out << fmt::format("{:<30}", m.spec.label);
     for (size_t j = 0; j < kServingMetricCount; ++j) {
       const ServingMetric& k = kServingMetrics[j];
@@ -169,8 +173,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
     for (size_t i = 0; i < measured.runs.size(); ++i) {
       const ServingRunResult& m = measured.runs[i];
       const PredictionBand::Run* r = band_of(i);
-      if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty() || !r)
-        continue;
+      if (!compared(m) || !r) continue;
       out << fmt::format("{:<30}", m.spec.label);
       for (size_t j = 0; j < kServingMetricCount; ++j) {
         const double a = kServingMetrics[j].of(m.result);
@@ -193,8 +196,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
     out << "\n";
     for (size_t i = 0; i < measured.runs.size() && i < here->runs.size(); ++i) {
       const ServingRunResult& m = measured.runs[i];
-      if (m.spec.gpu_step != "model" || !m.result.error.empty() || !m.budget_error.empty())
-        continue;
+      if (!compared(m)) continue;
       out << fmt::format("{:<30}", m.spec.label);
       for (const ServingMetric& k : kServingMetrics) {
         const double a = k.of(m.result), c = k.of(here->runs[i].result);
