@@ -15,7 +15,7 @@
 #include "sim/workload/alloc_trace.h"
 #include "sim/workload/requests.h"
 #include "sim/workload/snapshot.h"
-#include "src/app/sweep.h"
+#include "src/app/experiment.h"
 
 namespace memsim::fuzz {
 
@@ -47,7 +47,7 @@ inline std::string config_target(std::string_view input) {
   }
   const std::string path = scratch_file(text, ".yaml");
   try {
-    load_experiment_config(path, overrides);
+    (void)validate_experiment(load_experiment_root(path, overrides));
   } catch (const ConfigError& e) {
     const std::string m = e.what();
     // "file:line: key: message", "file: message", "--set ...", or a referenced file's own error.

@@ -12,6 +12,7 @@ recorded on change) written by `memsim --config experiments/kv_<name>.yaml`, and
                                preemptions.
 """
 import csv
+import json
 import math
 import os
 import sys
@@ -54,6 +55,16 @@ def number(text):
     except (TypeError, ValueError):
         return math.nan
     return v if math.isfinite(v) else math.nan
+
+
+def experiment_name(dir_):
+    """The experiment's name from summary.json (memsim draws in a staging folder whose name is
+    not the experiment's); the folder's name when there is none."""
+    try:
+        with open(os.path.join(dir_, "summary.json")) as f:
+            return json.load(f)["experiment"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return os.path.basename(os.path.normpath(os.path.abspath(dir_)))
 
 
 def load(dir_):
@@ -186,7 +197,7 @@ def main():
         sys.exit(f"usage: {sys.argv[0]} RESULTS_DIR\n\n{__doc__}")
     dir_ = sys.argv[1]
     runs, series = load(dir_)
-    title = os.path.basename(os.path.normpath(os.path.abspath(dir_)))
+    title = experiment_name(dir_)
     cmap = plt.get_cmap("tab10")
     colors = [cmap(i % 10) for i in range(len(runs))]
     plot_summary(runs, title, colors, os.path.join(dir_, "kv_summary"))

@@ -2,7 +2,6 @@
 #include "src/app/allocators_experiment.h"
 
 #include <filesystem>
-#include <fstream>
 #include <ostream>
 #include <random>
 
@@ -11,6 +10,7 @@
 #include "sim/workload/executor_program.h"
 #include "sim/workload/snapshot.h"
 #include "src/app/allocator_reports.h"
+#include "src/app/plots.h"
 #include "src/app/writers.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
@@ -19,6 +19,10 @@
 namespace memsim {
 
 namespace fs = std::filesystem;
+
+bool is_allocators_config(const ConfigNode& root) {
+  return root.is_map() && root.has("workloads");
+}
 
 bool is_allocators_config(const std::string& path) {
   try {
@@ -33,11 +37,15 @@ AllocatorsConfig load_allocators_config(const std::string& path,
                                         const std::vector<std::string>& overrides) {
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
+  return load_allocators_config(root);
+}
+
+AllocatorsConfig load_allocators_config(const ConfigNode& root) {
   root.expect_keys(
       {"experiment", "gpu", "model", "workloads", "allocators", "seed", "min_capacity", "grid"});
   AllocatorsConfig c;
-  c.source = path;
-  if (auto v = root.find("experiment")) c.experiment = v->as_string();
+  c.source = root.file();
+  if (auto v = root.find("experiment")) c.experiment = v->as_plain_name();
   c.gpu = load_gpu_spec(
       ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
   c.model = load_model_shape(ConfigNode::load_file(
@@ -153,8 +161,8 @@ AllocTrace generate_serving_trace(const ModelShape& model, const GeneratedServin
   return t;
 }
 
-int run_allocators_experiment(const AllocatorsConfig& c, const std::string& out_dir,
-                              std::ostream& out, std::ostream& err) {
+int run_allocators_experiment(const AllocatorsConfig& c, OutputDir& dir, std::ostream& out,
+                              std::ostream& err) {
   std::vector<AllocTrace> traces;
   for (size_t k = 0; k < c.workloads.size(); ++k) {
     const AllocWorkload& w = c.workloads[k];
@@ -190,32 +198,25 @@ int run_allocators_experiment(const AllocatorsConfig& c, const std::string& out_
     }
   }
   out << format_allocator_table(runs, true);
-  const std::string dir = (fs::path(out_dir) / c.experiment).string();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  std::ofstream js(fs::path(dir) / "summary.json");
-  js << fmt::format(
-      "{{\n  \"experiment\": \"{}\",\n  \"config\": \"{}\",\n  \"gpu\": \"{}\",\n"
-      "  \"model\": \"{}\",\n  \"seed\": {},\n  \"workloads\": [",
-      json_escape(c.experiment), json_escape(c.source), json_escape(c.gpu.name),
-      json_escape(c.model.name), c.seed);
-  for (size_t k = 0; k < traces.size(); ++k)
-    js << fmt::format("{}{{\"label\": \"{}\", \"ops\": {}, \"recorded_peak_reserved_bytes\": {}}}",
-                      k ? ", " : "", json_escape(c.workloads[k].label), traces[k].ops.size(),
-                      recorded_peak(traces[k]));
-  js << "],\n  \"runs\": [\n" << allocator_runs_json(runs) << "  ]\n}\n";
-  std::ofstream ts(fs::path(dir) / "timeseries.csv");
-  std::vector<std::pair<std::string, const AllocTrace*>> named;
-  for (size_t k = 0; k < traces.size(); ++k) named.emplace_back(c.workloads[k].label, &traces[k]);
-  write_allocator_timeseries(ts, runs, named);
-  js.close();
-  ts.close();
-  if (!js || !ts) {
-    err << "memsim: cannot write " << dir << "\n";
-    return 1;
-  }
-  out << fmt::format("wrote {}/summary.json, {}/timeseries.csv\n", dir, dir);
-  out << run_plot_script(c.source, "plot_allocators.py", dir, {}, {"allocators.png"}) << "\n";
+  dir.write("summary.json", [&](std::ostream& js) {
+    js << fmt::format(
+        "{{\n  \"experiment\": \"{}\",\n  \"config\": \"{}\",\n  \"gpu\": \"{}\",\n"
+        "  \"model\": \"{}\",\n  \"seed\": {},\n  \"workloads\": [",
+        json_escape(c.experiment), json_escape(c.source), json_escape(c.gpu.name),
+        json_escape(c.model.name), c.seed);
+    for (size_t k = 0; k < traces.size(); ++k)
+      js << fmt::format(
+          "{}{{\"label\": \"{}\", \"ops\": {}, \"recorded_peak_reserved_bytes\": {}}}",
+          k ? ", " : "", json_escape(c.workloads[k].label), traces[k].ops.size(),
+          recorded_peak(traces[k]));
+    js << "],\n  \"runs\": [\n" << allocator_runs_json(runs) << "  ]\n}\n";
+  });
+  dir.write("timeseries.csv", [&](std::ostream& ts) {
+    std::vector<std::pair<std::string, const AllocTrace*>> named;
+    for (size_t k = 0; k < traces.size(); ++k) named.emplace_back(c.workloads[k].label, &traces[k]);
+    write_allocator_timeseries(ts, runs, named);
+  });
+  dir.add_note(run_plot_script("plot_allocators.py", dir, {}, {"allocators.png"}));
   return failed ? 1 : 0;
 }
 

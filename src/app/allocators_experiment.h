@@ -7,10 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "src/config/config_node.h"
+
 #include "backends/sim/cost_model.h"
 #include "sim/workload/alloc_trace.h"
 #include "sim/workload/model_shape.h"
 #include "src/alloc/registry.h"
+#include "src/app/output.h"
 
 namespace memsim {
 
@@ -52,18 +55,22 @@ struct AllocatorsConfig {
 };
 
 bool is_allocators_config(const std::string& path);
+bool is_allocators_config(const ConfigNode& root);
 // Throws ConfigError with file, line and key.
 AllocatorsConfig load_allocators_config(const std::string& path,
                                         const std::vector<std::string>& overrides);
+// The same from a loaded tree whose overrides are applied (paths resolve from its base_dir()).
+AllocatorsConfig load_allocators_config(const ConfigNode& root);
 
 // The trace of a generated serving workload.
 AllocTrace generate_serving_trace(const ModelShape& model, const GeneratedServing& g, uint64_t seed,
                                   const std::string& label);
 
-// Runs, prints the table, writes OUT/<experiment>/{summary.json,timeseries.csv,allocators.png}.
+// Runs, prints the table, writes DIR/{summary.json,timeseries.csv,allocators.png}.
 // Returns the exit code (0; 1 when a replay failed other than by running out of memory; 2 for
 // a bad snapshot).
-int run_allocators_experiment(const AllocatorsConfig& c, const std::string& out_dir,
-                              std::ostream& out, std::ostream& err);
+// The outputs go to `dir`'s staging folder (the caller commits it); OutputError escapes.
+int run_allocators_experiment(const AllocatorsConfig& c, OutputDir& dir, std::ostream& out,
+                              std::ostream& err);
 
 }  // namespace memsim

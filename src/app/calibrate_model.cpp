@@ -8,9 +8,9 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 
 #include "backends/cuda/cuda_backend.h"
+#include "src/app/output.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/config/step_profile_loader.h"
@@ -73,31 +73,28 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
       o.out_path.empty() ? step_profile_path(o.gpu_path, model.name, o.graphs) : o.out_path;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  {
-    std::ofstream f(path);
-    f << format_step_profile(
-        p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}",
-                        model.name, gpu.name, model.name),
-            fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
-                        "16, tables over blocks in random order), {}, median of 5 steps; the "
-                        "serving engine interpolates it "
-                        "(step_profile.h)",
-                        o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
-                                   "to 32K, prefill eager"
-                                 : "eager launches")});
-    if (!f) {
-      err << "memsim calibrate: cannot write " << path << "\n";
-      return 1;
+  const std::string text = format_step_profile(
+      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}",
+                      model.name, gpu.name, model.name),
+          fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
+                      "16, tables over blocks in random order), {}, median of 5 steps; the "
+                      "serving engine interpolates it "
+                      "(step_profile.h)",
+                      o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
+                                 "to 32K, prefill eager"
+                               : "eager launches")});
+  // Read back exactly as the serving engine will, before it replaces anything at `path`.
+  const auto loads_back = [&](std::string_view t) -> std::string {
+    try {
+      return check_step_profile(load_step_profile(ConfigNode::parse(std::string(t), path)));
+    } catch (const ConfigError& e) {
+      return fmt::format("read-back: {}", e.what());
     }
-  }
-  try {  // read back exactly as the serving engine will
-    const StepProfile back = load_step_profile(ConfigNode::load_file(path));
-    if (std::string why = check_step_profile(back); !why.empty()) {
-      err << "memsim calibrate: " << path << ": " << why << "\n";
-      return 1;
-    }
-  } catch (const ConfigError& e) {
-    err << "memsim calibrate: read-back: " << e.what() << "\n";
+  };
+  try {
+    write_file_atomically(path, text, loads_back);
+  } catch (const OutputError& e) {
+    err << "memsim calibrate: " << e.what() << "\n";
     return 1;
   }
   out << fmt::format("wrote {} ({} decode rows, {} prefill rows)\n", path, p.decode.size(),

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "src/app/calibrate.h"
+#include "src/app/output.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 
@@ -166,26 +167,23 @@ bool write_gpu_yaml(const Calibration& c, const std::vector<std::string>& header
   const std::filesystem::path path(out_path);
   std::error_code ec;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  if (std::ofstream f(path); !(f << format_gpu_yaml(c, header)).good()) {
-    err << "memsim calibrate: ERROR: cannot write " << out_path << "\n";
-    return false;
-  }
-  // Read it back from disk as an experiment would; it must hold the fitted values.
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string problem = "the values read back differ from the fitted ones";
+  // The text must load as an experiment would load it, with the fitted values, before it
+  // replaces anything: --out may be the very file --gpu was read from.
+  const auto loads_back = [&](std::string_view text) -> std::string {
+    try {
+      Calibration back, want;
+      back.spec = load_gpu_spec(ConfigNode::parse(std::string(text), out_path));
+      want.spec = c.spec;
+      if (format_gpu_yaml(back, {}) == format_gpu_yaml(want, {})) return {};
+      return "the values read back differ from the fitted ones";
+    } catch (const std::exception& e) {  // ConfigError, or anything yaml-cpp throws
+      return fmt::format("it does not load as a GPU spec: {}", e.what());
+    }
+  };
   try {
-    Calibration back, want;
-    back.spec = load_gpu_spec(ConfigNode::parse(text.str(), out_path));
-    want.spec = c.spec;
-    if (format_gpu_yaml(back, {}) == format_gpu_yaml(want, {})) problem.clear();
-  } catch (const std::exception& e) {  // ConfigError, or anything yaml-cpp throws
-    problem = e.what();
-  }
-  if (!problem.empty()) {
-    err << fmt::format("memsim calibrate: ERROR: {} does not load as a GPU spec: {}\n", out_path,
-                       problem);
+    write_file_atomically(out_path, format_gpu_yaml(c, header), loads_back);
+  } catch (const OutputError& e) {
+    err << "memsim calibrate: ERROR: " << e.what() << "\n";
     return false;
   }
   out << fmt::format("wrote {} (read back with load_gpu_spec: ok)\n", out_path);

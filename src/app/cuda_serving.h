@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/attention_types.h"
+#include "src/app/output.h"
 #include "src/exec/step_profiler.h"
 #include "src/serve/serving_experiment.h"
 #include "src/serve/step_executor.h"
@@ -69,7 +70,6 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
 // and end-to-end latency (DIR/sim_vs_measured.csv), for the profile and for this GPU.
 // Returns 0 when every run finished with every check passing, 1 otherwise.
 int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
-                        const ServingPredictions* predicted, const std::string& dir,
-                        std::ostream& out);
+                        const ServingPredictions* predicted, OutputDir& dir, std::ostream& out);
 
 }  // namespace memsim

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "backends/cuda/cuda_backend.h"
@@ -105,7 +104,7 @@ namespace {
 // Measured (the GPU's timed model steps) against predicted (the sim backend, same trace and
 // seed) for the runs with engine.gpu_step: model; error = predicted / measured - 1.
 void report_sim_vs_measured(const ServingConfig& config, const ServingResults& measured,
-                            const ServingPredictions& predictions, const std::string& dir,
+                            const ServingPredictions& predictions, OutputDir& dir,
                             std::ostream& out) {
   const ServingResults& predicted = predictions.profile;
   const ServingResults* here = predictions.this_gpu ? &*predictions.this_gpu : nullptr;
@@ -124,7 +123,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
   out << fmt::format("{:<30}", "run");
   for (const ServingMetric& m : kServingMetrics) out << fmt::format(" {:>21}", m.name);
   out << fmt::format(" {:>6} {:>13}\n", "host", "graph steps");
-  std::ofstream csv(std::filesystem::path(dir) / "sim_vs_measured.csv");
+  std::ostringstream csv;
   // predicted_this_gpu, error_this_gpu: with the profile scaled by the speed probe;
   // band_low, band_high: the prediction's band (prediction_band). Empty where there is none.
   csv << "run,metric,measured,predicted,error,predicted_this_gpu,error_this_gpu,band_low,"
@@ -143,7 +142,8 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
       const double a = k.of(m.result), b = k.of(p.result);
       const double err = a > 0 ? b / a - 1 : 0;
       out << fmt::format(" {:>8.1f} {:>7.1f} {:>+4.0f}%", a, b, err * 100);
-      csv << fmt::format("\"{}\",{},{:.6f},{:.6f},{:.6f},", m.spec.label, k.name, a, b, err);
+      csv << fmt::format("{},{},{:.6f},{:.6f},{:.6f},", csv_quoted(m.spec.label), k.name, a, b,
+                         err);
       if (here && i < here->runs.size()) {
         const double c = k.of(here->runs[i].result);
         csv << fmt::format("{:.6f},{:.6f},", c, a > 0 ? c / a - 1 : 0);
@@ -205,7 +205,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
       out << "\n";
     }
   }
-  out << fmt::format("wrote {}/sim_vs_measured.csv\n", dir);
+  dir.write("sim_vs_measured.csv", csv.str());
 
   // Step by step: the step-time model's prediction for each measured step's own shape.
   out << "\nper step class: the step-time model's prediction for each measured step's shape; "
@@ -214,7 +214,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
   out << fmt::format("{:<30} {:<8} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9} {:>8}\n", "run", "steps",
                      "count", "measured", "predicted", "ratio", "err p10", "err p90", "pred/gpu");
   double single_pred = 0, single_gpu = 0;  // single-sequence decode steps of every run
-  std::ofstream steps(std::filesystem::path(dir) / "steps.csv");
+  std::ostringstream steps;
   steps << "run,step,num_seqs,new_tokens,decode_seqs,decode_kv_tokens,decode_max_kv,"
            "kv_read_tokens,attn_pairs,measured_ms,predicted_ms,wall_s,gpu_ms\n";
   for (const ServingRunResult& m : measured.runs) {
@@ -233,8 +233,8 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
         single_gpu += ms[k].gpu_ms;
       }
       if (ms[k].measured > 0) errs[c].push_back(double(ms[k].predicted) / ms[k].measured - 1);
-      steps << fmt::format("\"{}\",{},{},{},{},{},{},{},{:.0f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
-                           m.spec.label, k, sh.num_seqs, sh.new_tokens, sh.decode_seqs,
+      steps << fmt::format("{},{},{},{},{},{},{},{},{:.0f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                           csv_quoted(m.spec.label), k, sh.num_seqs, sh.new_tokens, sh.decode_seqs,
                            sh.decode_kv_tokens, sh.decode_max_kv, sh.kv_read_tokens, sh.attn_pairs,
                            double(ms[k].measured) / 1e6, double(ms[k].predicted) / 1e6,
                            ms[k].wall_s, ms[k].gpu_ms);
@@ -255,14 +255,13 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
         "single-sequence decode steps, all runs: predicted / GPU time {:.3f} (this GPU against "
         "the one profiled: the same kernels at the smallest batch)\n",
         single_pred / single_gpu);
-  out << fmt::format("wrote {}/steps.csv\n", dir);
+  dir.write("steps.csv", steps.str());
 }
 
 }  // namespace
 
 int report_cuda_serving(const ServingConfig& config, const ServingResults& results,
-                        const ServingPredictions* predicted, const std::string& dir,
-                        std::ostream& out) {
+                        const ServingPredictions* predicted, OutputDir& dir, std::ostream& out) {
   int status = 0;
   out << fmt::format("\n--backend cuda: {} on the GPU ({} model layers)\n", config.experiment,
                      config.model.layers);
@@ -276,9 +275,7 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
       "{:>10}  {}\n",
       "run", "strategy", "GPU", "layers", "steps", "checked", "seq ok", "swaps", "attn meas.",
       "attn sim.", "m/s", "maps", "map meas.", "map sim.", "outcome");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  std::ofstream csv(std::filesystem::path(dir) / "validation.csv");
+  std::ostringstream csv;
   csv << "run,kv,peak_strategy_bytes,peak_device_bytes,pool_device_bytes_at_init,layers_run,steps,"
          "checked_steps,checked_seqs,swaps,measured_attention_s,simulated_attention_s,map_calls,"
          "measured_map_s,simulated_map_s,outcome,failure\n";
@@ -301,15 +298,14 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
     if (v.warm_up_matmuls)
       out << fmt::format("    GEMM warm-up before the first step: {} matmuls, {:.0f} ms\n",
                          v.warm_up_matmuls, v.warm_up_s * 1e3);
-    csv << fmt::format(
-        "\"{}\",{},{},{},{},{},{},{},{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{},\"{}\"\n",
-        r.spec.label, r.spec.kv_impl, v.peak_strategy_bytes, v.peak_device_bytes, v.device_kv_bytes,
-        v.layers_run, v.steps, v.checked_steps, v.checked_seqs, v.swaps, v.measured_attention_s,
-        v.simulated_attention_s, v.map_calls, v.measured_map_s, v.simulated_map_s, outcome,
-        x.error);
+    csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{},{}\n",
+                       csv_quoted(r.spec.label), r.spec.kv_impl, v.peak_strategy_bytes,
+                       v.peak_device_bytes, v.device_kv_bytes, v.layers_run, v.steps,
+                       v.checked_steps, v.checked_seqs, v.swaps, v.measured_attention_s,
+                       v.simulated_attention_s, v.map_calls, v.measured_map_s, v.simulated_map_s,
+                       outcome, csv_quoted(x.error));
   }
-  out << fmt::format("wrote {}/validation.csv\n", dir);
-  if (!csv) return 1;
+  dir.write("validation.csv", csv.str());
   if (predicted) report_sim_vs_measured(config, results, *predicted, dir, out);
   return status;
 }

@@ -174,7 +174,7 @@ Status probe_cuda_device() {
   return {};
 }
 
-int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const std::string& dir,
+int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputDir& dir,
                         std::ostream& out) {
   std::vector<Row> rows;
   const char* header = "strategy,primitive,handles,bytes,nodes,mappings,measured_us\n";
@@ -333,14 +333,15 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
     cuda.record_calls(nullptr);
     calls_csv += calls_rows(s.label, calls);
   }
-  std::filesystem::create_directories(dir);
-  std::ofstream csv(std::filesystem::path(dir) / "validation.csv");
-  csv << "strategy,metric,simulated,measured,ratio,ok,note\n";
-  for (const Row& r : rows)
-    csv << fmt::format("{},{},{:.3f},{:.3f},{:.4f},{},\"{}\"\n", r.strategy, r.metric, r.simulated,
-                       r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0, r.ok, r.note);
-  std::ofstream(std::filesystem::path(dir) / "calls.csv") << calls_csv;
-  std::ofstream(std::filesystem::path(dir) / "calls_warmup.csv") << warmup_csv;
+  dir.write("validation.csv", [&](std::ostream& csv) {
+    csv << "strategy,metric,simulated,measured,ratio,ok,note\n";
+    for (const Row& r : rows)
+      csv << fmt::format("{},{},{:.3f},{:.3f},{:.4f},{},{}\n", csv_cell(r.strategy), r.metric,
+                         r.simulated, r.measured, r.simulated > 0 ? r.measured / r.simulated : 0.0,
+                         r.ok, csv_quoted(r.note));
+  });
+  dir.write("calls.csv", calls_csv);
+  dir.write("calls_warmup.csv", warmup_csv);
   out << "\n" << node_line;
   out << "simulated vs measured time per call (us), ratio = measured / simulated; within = "
          "inside 25% (classes of more than 10 calls):\n";
@@ -365,7 +366,6 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, const s
   out << fmt::format("{} of {} primitive classes of more than 10 calls within 25%\n", within,
                      counted);
   out << common_factor_line(ratios);
-  out << fmt::format("wrote {}/validation.csv, calls.csv, calls_warmup.csv\n", dir);
   return all_ok ? 0 : 1;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backends/result.h"
+#include "src/app/output.h"
 #include "src/app/shapes_experiment.h"
 
 namespace memsim {
@@ -16,7 +17,7 @@ Status probe_cuda_device();
 // Runs the table slice of `config` for every strategy on the GPU, prints the comparison to
 // `out`, writes DIR/validation.csv. Returns 0 when every check passed, 1 otherwise, 2 when no
 // GPU could be used.
-int run_cuda_validation(const ShapesConfig& config, const ShapesResults& simulated,
-                        const std::string& dir, std::ostream& out);
+int run_cuda_validation(const ShapesConfig& config, const ShapesResults& simulated, OutputDir& dir,
+                        std::ostream& out);
 
 }  // namespace memsim

@@ -10,6 +10,8 @@
 #include "memsim_config.h"
 #include "src/app/allocators_experiment.h"
 #include "src/app/calibrate.h"
+#include "src/app/experiment.h"
+#include "src/app/output.h"
 #include "src/app/replay_command.h"
 #include "src/app/rl_experiment.h"
 #include "src/app/serving_writers.h"
@@ -31,20 +33,26 @@ namespace {
 constexpr int kExitConfigError = 2;
 constexpr int kExitRunFailure = 1;
 
+// What a run of one experiment needs besides its config.
+struct RunContext {
+  std::string out_dir;
+  bool cuda = false;
+};
+
+// Commits the outputs (they appear whole, replacing the previous ones) and says where they went.
+int finish(memsim::OutputDir& dir, int rc) {
+  dir.commit();
+  std::cout << dir.report();
+  return rc;
+}
+
 // experiments/kv_*.yaml: requests through KV-cache strategies and schedulers; with --backend
 // cuda every run's KV pool and attention run on the GPU.
-int run_serving_main(const std::string& config_path, const std::vector<std::string>& overrides,
-                     const std::string& out_dir, bool cuda) {
-  memsim::ServingConfig config;
-  try {
-    config = memsim::load_serving_config(config_path, overrides);
-  } catch (const memsim::ConfigError& e) {
-    std::cerr << "memsim: config error: " << e.what() << "\n";
-    return kExitConfigError;
-  }
+int run_serving(const memsim::ConfigNode& root, const RunContext& ctx) {
+  const memsim::ServingConfig config = memsim::load_serving_config(root);
   memsim::ServingRunHooks hooks;
 #if MEMSIM_HAVE_CUDA
-  if (cuda) {
+  if (ctx.cuda) {
     auto made = memsim::cuda_serving_hooks(config);
     if (!made.ok()) {
       std::cerr << "memsim: --backend cuda: " << made.error().message << "\n";
@@ -52,43 +60,94 @@ int run_serving_main(const std::string& config_path, const std::vector<std::stri
     }
     hooks = std::move(made).value();
   }
-#else
-  (void)cuda;
 #endif
+  memsim::OutputDir dir(ctx.out_dir, config.experiment);  // checked before the run
   const memsim::ServingResults results = memsim::run_serving_experiment(config, hooks);
   std::cout << memsim::format_serving_table(config, results);
-  const std::string dir = (std::filesystem::path(out_dir) / config.experiment).string();
-  if (std::string err = memsim::write_serving_outputs(config, results, dir); !err.empty()) {
-    std::cerr << "memsim: " << err << "\n";
-    return kExitRunFailure;
-  }
-  std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv, timing.json\n", dir);
-  std::cout << memsim::plot_serving(config, dir) << "\n";
+  memsim::write_serving_outputs(config, results, dir);
+  dir.add_note(memsim::plot_serving(config, dir));
+  int rc = 0;
+  for (const auto& r : results.runs)
+    if (!r.result.error.empty()) rc = kExitRunFailure;
 #if MEMSIM_HAVE_CUDA
-  if (cuda) {
+  if (ctx.cuda) {
     // Runs that time the whole model step are compared with the sim backend's prediction.
     const bool timed = std::any_of(config.runs.begin(), config.runs.end(),
                                    [](const auto& r) { return r.gpu_step == "model"; });
     std::optional<memsim::ServingPredictions> predicted;
     if (timed) predicted = memsim::predict_timed_runs(config, std::cout);
-    return memsim::report_cuda_serving(config, results, predicted ? &*predicted : nullptr, dir,
-                                       std::cout);
+    rc = memsim::report_cuda_serving(config, results, predicted ? &*predicted : nullptr, dir,
+                                     std::cout);
   }
 #endif
+  return finish(dir, rc);
+}
+
+// experiments/shapes.yaml: CUDA-graph memory across batch shapes; with --backend cuda the table
+// slice is captured again on the GPU.
+int run_shapes(const memsim::ConfigNode& root, const RunContext& ctx) {
+  const memsim::ShapesConfig config = memsim::load_shapes_config(root);
+  memsim::OutputDir dir(ctx.out_dir, config.experiment);
+  const memsim::ShapesResults results = memsim::run_shapes(config);
+  std::cout << memsim::format_shapes_table(config, results);
+  memsim::write_shapes_outputs(config, results, dir);
+  if (!results.snapshots.empty())
+    dir.add_note(
+        fmt::format("wrote {} allocator timelines as PyTorch snapshots: {}/snapshots/ "
+                    "(open them in pytorch.org/memory_viz, or memsim replay them)",
+                    results.snapshots.size(), dir.path()));
+  dir.add_note(memsim::plot_shapes(config, dir));
+  int rc = 0;
   for (const auto& r : results.runs)
-    if (!r.result.error.empty()) return kExitRunFailure;
-  return 0;
+    if (!r.result.invariant_violation.empty()) rc = kExitRunFailure;
+#if MEMSIM_HAVE_CUDA
+  if (ctx.cuda && rc == 0) rc = memsim::run_cuda_validation(config, results, dir, std::cout);
+#endif
+  return finish(dir, rc);
+}
+
+int run_allocators(const memsim::ConfigNode& root, const RunContext& ctx) {
+  const memsim::AllocatorsConfig config = memsim::load_allocators_config(root);
+  memsim::OutputDir dir(ctx.out_dir, config.experiment);
+  const int rc = memsim::run_allocators_experiment(config, dir, std::cout, std::cerr);
+  return finish(dir, rc);
+}
+
+int run_rl(const memsim::ConfigNode& root, const RunContext& ctx) {
+  const memsim::RlConfig config = memsim::load_rl_config(root);
+  memsim::OutputDir dir(ctx.out_dir, config.experiment);
+  int rc = memsim::run_rl_experiment(config, dir, std::cout, std::cerr);
+#if MEMSIM_HAVE_CUDA
+  if (ctx.cuda) {
+    const int cuda_rc = memsim::run_rl_on_cuda(config, dir, std::cout, std::cerr);
+    if (rc == 0) rc = cuda_rc;
+  }
+#endif
+  return finish(dir, rc);
+}
+
+// --seed: a whole number the config's seed can hold, checked as the user typed it.
+std::optional<std::string> parse_seed(const std::string& text) {
+  const bool digits =
+      !text.empty() && text.size() <= 19 &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || std::stoull(text) > uint64_t(INT64_MAX)) {
+    std::cerr << fmt::format("memsim: --seed: must be a whole number in [0, {}], got '{}'\n",
+                             INT64_MAX, text);
+    return std::nullopt;
+  }
+  return std::to_string(std::stoull(text));
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_cli(int argc, char** argv) {
   CLI::App app{"memsim: GPU memory strategies for LLM serving, simulated and on hardware"};
   app.set_version_flag("--version", std::string("memsim ") + MEMSIM_VERSION);
   std::string config_path;
   std::string backend = "sim";
   std::string out_dir = "results";
-  uint64_t seed = 0;
+  std::string seed;
   std::vector<std::string> overrides;
   // Required unless a subcommand runs (checked after parsing).
   auto* config_opt =
@@ -98,7 +157,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sim", "cuda"}));
   app.add_option("--out", out_dir, "results folder; output goes to DIR/<experiment>/")
       ->capture_default_str();
-  auto* seed_opt = app.add_option("--seed", seed, "random seed (overrides the config's seed)");
+  auto* seed_opt = app.add_option("--seed", seed, "random seed (overrides the config's seed)")
+                       ->type_name("UINT");
+  std::string config_base;  // a sweep point's resolved config: where its relative paths resolve
+  app.add_option("--config-base", config_base)->group("");
   app.add_option("--set", overrides, "override a config key: --set key.path=value (repeatable)");
   bool no_plots = false;
   app.add_flag("--no-plots", no_plots, "write no plots (sweeps pass it to their points)");
@@ -263,7 +325,13 @@ int main(int argc, char** argv) {
                  "when it was configured); rebuild with nvcc available, or use --backend sim\n";
     return kExitConfigError;
   }
-
+  if (seed_opt->count() > 0) {
+    const std::optional<std::string> s = parse_seed(seed);
+    if (!s) return kExitConfigError;
+    overrides.push_back("seed=" + *s);
+  }
+  // A ConfigError from here on (loading, or a typed loader) reaches main(): exit 2.
+  const memsim::ConfigNode root = memsim::load_experiment_root(config_path, overrides, config_base);
 #if MEMSIM_HAVE_CUDA
   if (backend == "cuda") {
     if (auto s = memsim::probe_cuda_device(); !s.ok()) {
@@ -272,66 +340,36 @@ int main(int argc, char** argv) {
     }
   }
 #endif
-  if (memsim::is_allocators_config(config_path)) {
-    if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
-    try {
-      const memsim::AllocatorsConfig c = memsim::load_allocators_config(config_path, overrides);
-      return memsim::run_allocators_experiment(c, out_dir, std::cout, std::cerr);
-    } catch (const memsim::ConfigError& e) {
-      std::cerr << "memsim: config error: " << e.what() << "\n";
-      return kExitConfigError;
-    }
+  const RunContext ctx{out_dir, backend == "cuda"};
+  switch (memsim::experiment_kind(root)) {
+    case memsim::ExperimentKind::kAllocators:
+      return run_allocators(root, ctx);
+    case memsim::ExperimentKind::kRl:
+      return run_rl(root, ctx);
+    case memsim::ExperimentKind::kServing:
+      return run_serving(root, ctx);
+    case memsim::ExperimentKind::kShapes:
+      break;
   }
-  if (memsim::is_rl_config(config_path)) {
-    if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
-    memsim::RlConfig c;
-    try {
-      c = memsim::load_rl_config(config_path, overrides);
-    } catch (const memsim::ConfigError& e) {
-      std::cerr << "memsim: config error: " << e.what() << "\n";
-      return kExitConfigError;
-    }
-    const int rc = memsim::run_rl_experiment(c, out_dir, std::cout, std::cerr);
-#if MEMSIM_HAVE_CUDA
-    if (backend == "cuda") {
-      const std::string dir = (std::filesystem::path(out_dir) / c.experiment).string();
-      const int cuda_rc = memsim::run_rl_on_cuda(c, dir, std::cout, std::cerr);
-      return rc != 0 ? rc : cuda_rc;
-    }
-#endif
-    return rc;
-  }
-  if (memsim::is_serving_config(config_path)) {
-    if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
-    return run_serving_main(config_path, overrides, out_dir, backend == "cuda");
-  }
-  memsim::ShapesConfig config;
+  return run_shapes(root, ctx);
+}
+
+// Everything that escapes a command becomes one line and an exit code, never an abort: bad
+// input 2, a failed write or run 1.
+int main(int argc, char** argv) {
   try {
-    if (seed_opt->count() > 0) overrides.push_back(fmt::format("seed={}", seed));
-    config = memsim::load_shapes_config(config_path, overrides);
+    return run_cli(argc, argv);
   } catch (const memsim::ConfigError& e) {
     std::cerr << "memsim: config error: " << e.what() << "\n";
     return kExitConfigError;
+  } catch (const memsim::OutputError& e) {
+    std::cerr << "memsim: " << e.what() << "\n";
+  } catch (const std::bad_alloc&) {
+    std::cerr << "memsim: out of host memory\n";
+  } catch (const std::exception& e) {
+    std::cerr << "memsim: internal error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "memsim: internal error: an unknown exception\n";
   }
-
-  const memsim::ShapesResults results = memsim::run_shapes(config);
-  std::cout << memsim::format_shapes_table(config, results);
-  const std::string dir = (std::filesystem::path(out_dir) / config.experiment).string();
-  if (std::string err = memsim::write_shapes_outputs(config, results, dir); !err.empty()) {
-    std::cerr << "memsim: " << err << "\n";
-    return kExitRunFailure;
-  }
-  std::cout << fmt::format("wrote {}/summary.json, curves.csv, timeseries.csv\n", dir);
-  if (!results.snapshots.empty())
-    std::cout << fmt::format(
-        "wrote {} allocator timelines as PyTorch snapshots: {}/snapshots/ "
-        "(open them in pytorch.org/memory_viz, or memsim replay them)\n",
-        results.snapshots.size(), dir);
-  std::cout << memsim::plot_shapes(config, dir) << "\n";
-  for (const auto& r : results.runs)
-    if (!r.result.invariant_violation.empty()) return kExitRunFailure;
-#if MEMSIM_HAVE_CUDA
-  if (backend == "cuda") return memsim::run_cuda_validation(config, results, dir, std::cout);
-#endif
-  return 0;
+  return kExitRunFailure;
 }

@@ -2,7 +2,6 @@
 #include "src/app/replay_command.h"
 
 #include <filesystem>
-#include <fstream>
 #include <ostream>
 
 #include <fmt/format.h>
@@ -17,6 +16,8 @@
 #if MEMSIM_HAVE_CUDA
 #include "src/app/replay_cuda.h"
 #endif
+#include "src/app/output.h"
+#include "src/app/plots.h"
 #include "src/app/writers.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
@@ -83,47 +84,40 @@ Result<std::vector<std::pair<std::string, AllocatorFactory>>> resolve_allocators
   return out;
 }
 
-std::string write_outputs(const std::string& dir, const ReplayCommandOptions& o,
-                          const AllocTrace& trace, const Snapshot& snap,
-                          const std::vector<AllocatorRunRecord>& runs) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
-  std::ofstream js(fs::path(dir) / "summary.json");
-  js << "{\n";
-  js << fmt::format(
-      "  \"snapshot\": \"{}\",\n  \"device\": {},\n  \"ops\": {},\n  \"streams\": {},\n",
-      json_escape(o.snapshot), o.device, trace.ops.size(), trace.streams);
-  js << fmt::format("  \"initial_segments\": {},\n", trace.initial.size());
-  js << fmt::format(
-      "  \"recorded\": {{\"allocator_settings\": \"{}\", \"peak_reserved_bytes\": {}, "
-      "\"final_reserved_bytes\": {}, \"ooms\": {}, \"expandable_segments\": {}}},\n",
-      json_escape(snap.settings.conf), recorded_peak(trace),
-      trace.recorded_reserved.empty() ? trace.recorded_initial_reserved
-                                      : trace.recorded_reserved.back(),
-      trace.recorded_ooms, trace.recorded_expandable ? "true" : "false");
-  js << "  \"runs\": [\n" << allocator_runs_json(runs) << "  ]\n}\n";
-  js.close();
-  if (!js) return "cannot write summary.json";
-  std::ofstream ts(fs::path(dir) / "timeseries.csv");
-  write_allocator_timeseries(ts, runs, {{"snapshot", &trace}});
-  ts.close();
-  if (!ts) return "cannot write timeseries.csv";
+void write_outputs(OutputDir& dir, const ReplayCommandOptions& o, const AllocTrace& trace,
+                   const Snapshot& snap, const std::vector<AllocatorRunRecord>& runs) {
+  dir.write("summary.json", [&](std::ostream& js) {
+    js << "{\n";
+    js << fmt::format(
+        "  \"snapshot\": \"{}\",\n  \"device\": {},\n  \"ops\": {},\n  \"streams\": {},\n",
+        json_escape(o.snapshot), o.device, trace.ops.size(), trace.streams);
+    js << fmt::format("  \"initial_segments\": {},\n", trace.initial.size());
+    js << fmt::format(
+        "  \"recorded\": {{\"allocator_settings\": \"{}\", \"peak_reserved_bytes\": {}, "
+        "\"final_reserved_bytes\": {}, \"ooms\": {}, \"expandable_segments\": {}}},\n",
+        json_escape(snap.settings.conf), recorded_peak(trace),
+        trace.recorded_reserved.empty() ? trace.recorded_initial_reserved
+                                        : trace.recorded_reserved.back(),
+        trace.recorded_ooms, trace.recorded_expandable ? "true" : "false");
+    js << "  \"runs\": [\n" << allocator_runs_json(runs) << "  ]\n}\n";
+  });
+  dir.write("timeseries.csv", [&](std::ostream& ts) {
+    write_allocator_timeseries(ts, runs, {{"snapshot", &trace}});
+  });
   // The program itself, for replaying it elsewhere (tools/torch_replay.py on a GPU).
-  std::ofstream ops(fs::path(dir) / "ops.csv");
-  ops << "op,kind,id,bytes,stream,time_us\n";
-  for (const auto& seg : trace.initial)
-    for (const auto& b : seg.blocks)
-      ops << fmt::format("-1,initial,{},{},{},0\n", b.id, b.requested, seg.stream);
-  for (size_t k = 0; k < trace.ops.size(); ++k) {
-    const TraceOp& op = trace.ops[k];
-    const char* kind = op.kind == TraceOp::Kind::kAlloc  ? "alloc"
-                       : op.kind == TraceOp::Kind::kFree ? "free"
-                                                         : "empty_cache";
-    ops << fmt::format("{},{},{},{},{},{}\n", k, kind, op.id, op.bytes, op.stream, op.time_us);
-  }
-  if (!ops) return "cannot write ops.csv";
-  return {};
+  dir.write("ops.csv", [&](std::ostream& ops) {
+    ops << "op,kind,id,bytes,stream,time_us\n";
+    for (const auto& seg : trace.initial)
+      for (const auto& b : seg.blocks)
+        ops << fmt::format("-1,initial,{},{},{},0\n", b.id, b.requested, seg.stream);
+    for (size_t k = 0; k < trace.ops.size(); ++k) {
+      const TraceOp& op = trace.ops[k];
+      const char* kind = op.kind == TraceOp::Kind::kAlloc  ? "alloc"
+                         : op.kind == TraceOp::Kind::kFree ? "free"
+                                                           : "empty_cache";
+      ops << fmt::format("{},{},{},{},{},{}\n", k, kind, op.id, op.bytes, op.stream, op.time_us);
+    }
+  });
 }
 
 }  // namespace
@@ -187,6 +181,7 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
            "torch_caching collected nothing: pass --set torch_caching.memory_limit=BYTES "
            "(fraction x device memory)\n";
 
+  OutputDir dir(o.out_dir, "replay");  // checked (and locked) before the replays run
   std::vector<AllocatorRunRecord> runs;
   bool failed = false;
   for (size_t k = 0; k < allocs->size(); ++k) {
@@ -202,12 +197,8 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
   }
   out << format_allocator_table(runs, false);
 
-  const std::string dir = (fs::path(o.out_dir) / "replay").string();
-  if (std::string e = write_outputs(dir, o, t, *snap, runs); !e.empty()) {
-    err << "memsim replay: " << e << "\n";
-    return kExitRunFailure;
-  }
-  out << fmt::format("wrote {}/summary.json, {}/timeseries.csv, {}/ops.csv\n", dir, dir, dir);
+  write_outputs(dir, o, t, *snap, runs);
+  std::string exported;
   if (!o.export_path.empty()) {
     auto it = std::find_if(allocs->begin(), allocs->end(),
                            [](const auto& a) { return a.first == "torch_caching"; });
@@ -217,14 +208,11 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
       err << "memsim replay: --export: " << bytes.error().message << "\n";
       return kExitRunFailure;
     }
-    std::ofstream f(o.export_path, std::ios::binary);
-    f << *bytes;
-    if (!f) {
-      err << "memsim replay: --export: cannot write " << o.export_path << "\n";
-      return kExitRunFailure;
-    }
-    out << "exported " << (it != allocs->end() ? it->first : allocs->front().first)
-        << "'s replay as a snapshot: " << o.export_path << " (open it in pytorch.org/memory_viz)\n";
+    write_file_atomically(o.export_path, *bytes);
+    exported = fmt::format(
+        "exported {}'s replay as a snapshot: {} (open it in "
+        "pytorch.org/memory_viz)",
+        it != allocs->end() ? it->first : allocs->front().first, o.export_path);
   }
   if (o.cuda) {
 #if MEMSIM_HAVE_CUDA
@@ -235,7 +223,10 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
     return kExitConfigError;
 #endif
   }
-  out << run_plot_script(o.snapshot, "plot_allocators.py", dir, {}, {"allocators.png"}) << "\n";
+  dir.add_note(run_plot_script("plot_allocators.py", dir, {}, {"allocators.png"}));
+  dir.commit();
+  out << dir.report();
+  if (!exported.empty()) out << exported << "\n";
   return failed ? kExitRunFailure : 0;
 }
 

@@ -3,8 +3,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <ostream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -17,9 +17,8 @@ namespace memsim {
 
 int replay_on_cuda(const AllocTrace& trace,
                    const std::vector<std::pair<std::string, AllocatorFactory>>& allocators,
-                   const GpuSpec& gpu, const std::string& dir, std::ostream& out,
-                   std::ostream& err) {
-  std::ofstream csv(std::filesystem::path(dir) / "cuda_replay.csv");
+                   const GpuSpec& gpu, OutputDir& dir, std::ostream& out, std::ostream& err) {
+  std::ostringstream csv;
   csv << "allocator,op,reserved_bytes,device_used_bytes\n";
   out << fmt::format(
       "on the GPU (--backend cuda): device used bytes (cudaMemGetInfo) against "
@@ -75,7 +74,7 @@ int replay_on_cuda(const AllocTrace& trace,
     out << fmt::format("{:<18} {:>8} {:>8} {:>14} {:>14} {:>10.1f}  {}\n", name, ops, equal,
                        human_bytes(max_delta), human_bytes(peak_used), ms, note);
   }
-  out << fmt::format("wrote {}/cuda_replay.csv\n", dir);
+  dir.write("cuda_replay.csv", csv.str());
   return all_ok ? 0 : 1;
 }
 

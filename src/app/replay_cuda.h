@@ -10,6 +10,7 @@
 #include "backends/sim/cost_model.h"
 #include "sim/workload/alloc_trace.h"
 #include "src/alloc/registry.h"
+#include "src/app/output.h"
 
 namespace memsim {
 
@@ -19,7 +20,6 @@ namespace memsim {
 // DIR/cuda_replay.csv. Returns 0 when every allocator matched at every op and left nothing.
 int replay_on_cuda(const AllocTrace& trace,
                    const std::vector<std::pair<std::string, AllocatorFactory>>& allocators,
-                   const GpuSpec& gpu, const std::string& dir, std::ostream& out,
-                   std::ostream& err);
+                   const GpuSpec& gpu, OutputDir& dir, std::ostream& out, std::ostream& err);
 
 }  // namespace memsim

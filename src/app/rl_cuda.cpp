@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <ostream>
+#include <sstream>
 
 #include "backends/cuda/cuda_backend.h"
 #include "src/app/writers.h"
@@ -26,11 +26,8 @@ std::string outcome(const RlRunResult& r) {
 
 }  // namespace
 
-int run_rl_on_cuda(const RlConfig& c, const std::string& dir, std::ostream& out,
-                   std::ostream& err) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  std::ofstream csv(std::filesystem::path(dir) / "cuda_rl.csv");
+int run_rl_on_cuda(const RlConfig& c, OutputDir& dir, std::ostream& out, std::ostream& /*err*/) {
+  std::ostringstream csv;
   csv << "model,run,iteration,phase,simulated_bytes,device_used_bytes\n";
   const uint64_t host_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                               static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
@@ -87,8 +84,8 @@ int run_rl_on_cuda(const RlConfig& c, const std::string& dir, std::ostream& out,
         ++phases;
         equal += delta == 0 ? 1 : 0;
         max_delta = std::max(max_delta, delta);
-        csv << fmt::format("{},{},{},{},{},{}\n", m.name, run.label, p.iteration, p.name, simulated,
-                           used);
+        csv << fmt::format("{},{},{},{},{},{}\n", csv_cell(m.name), csv_cell(run.label),
+                           p.iteration, p.name, simulated, used);
       };
       hooks.after_teardown = [&](Backend&) {
         auto obs = cuda->observe();
@@ -127,7 +124,7 @@ int run_rl_on_cuda(const RlConfig& c, const std::string& dir, std::ostream& out,
          "synchronized) against the cost model:\n";
   out << fmt::format("{:<20} {:>9} {:>13} {:>13} {:>7}\n", "primitive", "calls", "measured ms",
                      "simulated ms", "ratio");
-  std::ofstream prim(std::filesystem::path(dir) / "cuda_rl_primitives.csv");
+  std::ostringstream prim;
   prim << "primitive,calls,measured_ns,simulated_ns\n";
   for (size_t k = 0; k < totals.size(); ++k) {
     const Totals& t = totals[k];
@@ -139,11 +136,8 @@ int run_rl_on_cuda(const RlConfig& c, const std::string& dir, std::ostream& out,
         static_cast<double>(t.measured) / 1e6, static_cast<double>(t.simulated) / 1e6,
         t.simulated > 0 ? static_cast<double>(t.measured) / static_cast<double>(t.simulated) : 0.0);
   }
-  out << fmt::format("wrote {}/cuda_rl.csv, cuda_rl_primitives.csv\n", dir);
-  if (!csv) {
-    err << "memsim: cannot write cuda_rl.csv in " << dir << "\n";
-    return 1;
-  }
+  dir.write("cuda_rl.csv", csv.str());
+  dir.write("cuda_rl_primitives.csv", prim.str());
   return all_ok ? 0 : 1;
 }
 

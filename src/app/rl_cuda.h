@@ -6,6 +6,7 @@
 #include <iosfwd>
 #include <string>
 
+#include "src/app/output.h"
 #include "src/rl/rl_timeline.h"
 
 namespace memsim {
@@ -15,6 +16,6 @@ namespace memsim {
 // said so), prints a table, writes DIR/cuda_rl.csv. Returns 0 when every run that ran had the
 // device's used bytes equal to the simulated ones at every phase boundary, valid graphs and
 // nothing left after teardown, and the same outcome as the simulation.
-int run_rl_on_cuda(const RlConfig& c, const std::string& dir, std::ostream& out, std::ostream& err);
+int run_rl_on_cuda(const RlConfig& c, OutputDir& dir, std::ostream& out, std::ostream& err);
 
 }  // namespace memsim

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <ostream>
 
+#include "src/app/plots.h"
 #include "src/app/writers.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
@@ -17,6 +17,10 @@
 namespace memsim {
 
 namespace fs = std::filesystem;
+
+bool is_rl_config(const ConfigNode& root) {
+  return root.is_map() && root.has("train") && root.has("rollout");
+}
 
 bool is_rl_config(const std::string& path) {
   try {
@@ -166,12 +170,16 @@ std::string gib(uint64_t b) {
 RlConfig load_rl_config(const std::string& path, const std::vector<std::string>& overrides) {
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
+  return load_rl_config(root);
+}
+
+RlConfig load_rl_config(const ConfigNode& root) {
   root.expect_keys({"experiment", "gpu", "models", "iterations", "allocator", "train", "rollout",
                     "weight_sync", "interconnect_gbps", "network_gbps", "runs", "seed",
                     "max_utilization", "grid"});
   RlConfig c;
-  c.source = path;
-  if (auto v = root.find("experiment")) c.experiment = v->as_string();
+  c.source = root.file();
+  if (auto v = root.find("experiment")) c.experiment = v->as_plain_name();
   c.gpu = load_gpu_spec(
       ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
   for (const ConfigNode& m : root["models"].items())
@@ -181,8 +189,9 @@ RlConfig load_rl_config(const std::string& path, const std::vector<std::string>&
   if (auto v = root.find("max_utilization")) c.max_utilization = v->as_bool();
   if (auto v = root.find("iterations"))
     c.iterations = static_cast<uint32_t>(v->as_uint_in(1, 1000));
-  const ConfigNode alloc =
-      root.find("allocator") ? root["allocator"] : ConfigNode::parse("{impl: torch_caching}", path);
+  const ConfigNode alloc = root.find("allocator")
+                               ? root["allocator"]
+                               : ConfigNode::parse("{impl: torch_caching}", root.file());
   {
     const ConfigNode impl = alloc["impl"];
     impl.as_choice(caching_allocator_names());
@@ -288,12 +297,8 @@ std::string format_rl_table(const RlConfig& c, const RlResults& res) {
   return out;
 }
 
-std::string write_rl_outputs(const RlConfig& c, const RlResults& res, const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
-  {
-    std::ofstream f(fs::path(dir) / "summary.json");
+void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
+  dir.write("summary.json", [&](std::ostream& f) {
     f << "{\n  \"experiment\": \"" << json_escape(c.experiment) << "\",\n  \"gpu\": \""
       << json_escape(c.gpu.name) << "\",\n  \"capacity_bytes\": " << c.gpu.capacity
       << ",\n  \"iterations\": " << c.iterations << ",\n  \"runs\": [\n";
@@ -331,48 +336,36 @@ std::string write_rl_outputs(const RlConfig& c, const RlResults& res, const std:
           i + 1 < res.runs.size() ? "," : "");
     }
     f << "  ]\n}\n";
-    if (!f) return "cannot write summary.json in " + dir;
-  }
-  {
-    std::ofstream f(fs::path(dir) / "phases.csv");
+  });
+  dir.write("phases.csv", [&](std::ostream& f) {
     f << "model,run,iteration,phase,start_s,end_s,peak_bytes\n";
     for (const RlRunResult& r : res.runs)
       for (const RlPhase& p : r.phases)
-        f << fmt::format("{},{},{},{},{:.6f},{:.6f},{}\n", r.model, r.label, p.iteration, p.name,
-                         static_cast<double>(p.start) / 1e9, static_cast<double>(p.end) / 1e9,
-                         p.peak);
-    if (!f) return "cannot write phases.csv in " + dir;
-  }
-  {
-    // Wide rows: one per sample, one column per tag.
-    std::ofstream f(fs::path(dir) / "timeseries.csv");
+        f << fmt::format("{},{},{},{},{:.6f},{:.6f},{}\n", csv_cell(r.model), csv_cell(r.label),
+                         p.iteration, p.name, static_cast<double>(p.start) / 1e9,
+                         static_cast<double>(p.end) / 1e9, p.peak);
+  });
+  // Wide rows: one per sample, one column per tag.
+  dir.write("timeseries.csv", [&](std::ostream& f) {
     f << "model,run,gpu,time_s,phase";
     for (size_t t = 0; t < kRlTagCount; ++t) f << "," << to_string(static_cast<RlTag>(t));
     f << ",physical\n";
     for (const RlRunResult& r : res.runs)
       for (const RlSample& s : r.samples) {
-        f << fmt::format("{},{},{},{:.6f},{}", r.model, r.label,
+        f << fmt::format("{},{},{},{:.6f},{}", csv_cell(r.model), csv_cell(r.label),
                          r.gpus == 1 ? "shared" : (s.gpu == 0 ? "train" : "rollout"),
                          static_cast<double>(s.t) / 1e9, r.phases[s.phase].name);
         for (uint64_t b : s.bytes) f << "," << b;
         f << "," << s.physical << "\n";
       }
-    if (!f) return "cannot write timeseries.csv in " + dir;
-  }
-  return {};
+  });
 }
 
-int run_rl_experiment(const RlConfig& c, const std::string& out_dir, std::ostream& out,
-                      std::ostream& err) {
+int run_rl_experiment(const RlConfig& c, OutputDir& dir, std::ostream& out, std::ostream&) {
   const RlResults res = run_rl(c);
   out << format_rl_table(c, res);
-  const std::string dir = (fs::path(out_dir) / c.experiment).string();
-  if (std::string e = write_rl_outputs(c, res, dir); !e.empty()) {
-    err << "memsim: " << e << "\n";
-    return 1;
-  }
-  out << fmt::format("wrote {}/summary.json, phases.csv, timeseries.csv\n", dir);
-  out << run_plot_script(c.source, "plot_rl.py", dir, {}, {"rl_timeline.png"}) << "\n";
+  write_rl_outputs(c, res, dir);
+  dir.add_note(run_plot_script("plot_rl.py", dir, {}, {"rl_timeline.png"}));
   for (const RlRunResult& r : res.runs)
     if (!r.error.empty()) return 1;
   return 0;

@@ -5,22 +5,27 @@
 #include <string>
 #include <vector>
 
+#include "src/app/output.h"
+#include "src/config/config_node.h"
 #include "src/rl/rl_timeline.h"
 
 namespace memsim {
 
 // A config with top-level `train:` and `rollout:` maps.
 bool is_rl_config(const std::string& path);
+bool is_rl_config(const ConfigNode& root);
 // Throws ConfigError naming file, line and key.
 RlConfig load_rl_config(const std::string& path, const std::vector<std::string>& overrides);
+// The same from a loaded tree whose overrides are applied (paths resolve from its base_dir()).
+RlConfig load_rl_config(const ConfigNode& root);
 
 std::string format_rl_table(const RlConfig& c, const RlResults& r);
-// summary.json, phases.csv, timeseries.csv (time, run, gpu, phase, tag, bytes) into `dir`.
-std::string write_rl_outputs(const RlConfig& c, const RlResults& r, const std::string& dir);
+// summary.json, phases.csv, timeseries.csv (time, run, gpu, phase, tag, bytes) into `dir`'s
+// staging folder; throws OutputError.
+void write_rl_outputs(const RlConfig& c, const RlResults& r, OutputDir& dir);
 
-// Runs, prints, writes OUT/<experiment>/ and the timeline plot. Exit code: 0, or 1 when a run
-// failed other than by running out of memory.
-int run_rl_experiment(const RlConfig& c, const std::string& out_dir, std::ostream& out,
-                      std::ostream& err);
+// Runs, prints, writes `dir` (uncommitted: the caller commits) and the timeline plot. Exit
+// code: 0, or 1 when a run failed other than by running out of memory.
+int run_rl_experiment(const RlConfig& c, OutputDir& dir, std::ostream& out, std::ostream& err);
 
 }  // namespace memsim

@@ -2,7 +2,6 @@
 #include "src/app/serving_writers.h"
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -10,6 +9,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 
+#include "src/app/plots.h"
 #include "src/app/writers.h"
 
 namespace memsim {
@@ -114,12 +114,18 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
   std::set<std::string> sources;
   for (const ServingRunResult& r : results.runs)
     if (!r.result.step_time_source.empty()) sources.insert(r.result.step_time_source);
-  for (const std::string& s : sources)
-    o << "step time: " << s
-      << (s == "roofline"   ? ""
-          : s == "measured" ? " (the GPU's wall time of each model step)"
-                            : fmt::format(" ({})", c.step_profile_path))
-      << "\n";
+  for (const std::string& s : sources) {
+    std::string why;
+    if (s == "roofline")
+      why = c.step_profile ? " (engine.step_time: roofline)" : " (" + c.step_profile_note + ")";
+    else if (s == "measured")
+      why = " (the GPU's wall time of each model step)";
+    else
+      why = c.step_profile_note.empty()
+                ? fmt::format(" ({})", c.step_profile_path)
+                : fmt::format(" ({}; {})", c.step_profile_path, c.step_profile_note);
+    o << "step time: " << s << why << "\n";
+  }
   o << fmt::format(
       "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>9} {:>8} {:>8} {:>8}  "
       "{}\n",
@@ -165,98 +171,96 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
   return o.str();
 }
 
-std::string write_serving_outputs(const ServingConfig& c, const ServingResults& results,
-                                  const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
+namespace {
+
+// summary.json: the experiment's identity and one record per run (budget, validation, figures).
+void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingResults& results) {
+  f << "{\n  \"experiment\": " << json_string(c.experiment)
+    << ",\n  \"source\": " << json_string(c.source) << ",\n  \"gpu\": " << json_string(c.gpu.name)
+    << ",\n  \"model\": " << json_string(c.model.name) << ",\n  \"requests\": [";
+  for (size_t i = 0; i < c.request_sets.size(); ++i)
+    f << (i ? ", " : "") << json_string(c.request_sets[i].summary.describe());
+  f << "],\n  \"runs\": [\n";
+  for (size_t i = 0; i < results.runs.size(); ++i) {
+    const ServingRunResult& r = results.runs[i];
+    const KvBudget& b = r.budget;
+    f << "    {\"label\": " << json_string(r.spec.label)
+      << ", \"kv\": " << json_string(r.spec.kv_impl)
+      << ", \"kv_params\": " << json_string(r.spec.kv_params)
+      << ", \"scheduler\": " << json_string(r.spec.scheduler)
+      << ", \"step_time\": " << json_string(r.result.step_time_source)
+      << ", \"outcome\": " << json_string(outcome(r))
+      << ", \"error\": " << json_string(r.result.error.empty() ? r.budget_error : r.result.error)
+      << ",\n     \"budget\": {\"capacity\": " << b.capacity << ", \"usable\": " << b.usable
+      << ", \"weights\": " << b.weights << ", \"activation_peak\": " << b.activation_peak
+      << ", \"graph_memory\": " << b.graph_memory << ", \"kv_bytes\": " << b.kv_bytes
+      << ", \"graph_strategy\": " << json_string(b.graph_strategy) << "},\n     ";
+    if (r.result.executed) {
+      const ExecutorReport& v = r.result.validation;
+      f << "\"validation\": {\"kind\": " << json_string(v.kind) << ", \"steps\": " << v.steps
+        << ", \"checked_steps\": " << v.checked_steps << ", \"checked_seqs\": " << v.checked_seqs
+        << ", \"swaps\": " << v.swaps << ", \"failure\": " << json_string(v.failure) << "},\n     ";
+    }
+    const auto figs = figures(r);
+    for (size_t j = 0; j < figs.size(); ++j)
+      f << (j ? ", " : "") << json_string(figs[j].first) << ": " << num(figs[j].second);
+    f << "}" << (i + 1 < results.runs.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+}
+
+}  // namespace
+
+void write_serving_outputs(const ServingConfig& c, const ServingResults& results, OutputDir& dir) {
   // engine.export_snapshot: each run's profile-run allocator timeline as a PyTorch snapshot.
   for (const auto& r : results.runs) {
     if (r.budget.profile_snapshot.empty()) continue;
-    fs::create_directories(fs::path(dir) / "snapshots", ec);
+    std::error_code ec;
+    fs::create_directories(dir.staged("snapshots"), ec);
+    if (ec)
+      throw OutputError(fmt::format("cannot create {}/snapshots: {}", dir.path(), ec.message()));
     std::string name = r.spec.label;
     for (char& ch : name)
       if (ch == '/' || ch == ' ') ch = '_';
-    std::ofstream f(fs::path(dir) / "snapshots" / (name + "_profile_run.pickle"), std::ios::binary);
-    f << r.budget.profile_snapshot;
-    if (!f) return "cannot write snapshots/" + name + "_profile_run.pickle";
+    dir.write("snapshots/" + name + "_profile_run.pickle",
+              [&](std::ostream& f) { f << r.budget.profile_snapshot; });
   }
-  {
-    std::ofstream f(fs::path(dir) / "summary.json");
-    f << "{\n  \"experiment\": " << json_string(c.experiment)
-      << ",\n  \"source\": " << json_string(c.source) << ",\n  \"gpu\": " << json_string(c.gpu.name)
-      << ",\n  \"model\": " << json_string(c.model.name) << ",\n  \"requests\": [";
-    for (size_t i = 0; i < c.request_sets.size(); ++i)
-      f << (i ? ", " : "") << json_string(c.request_sets[i].summary.describe());
-    f << "],\n  \"runs\": [\n";
-    for (size_t i = 0; i < results.runs.size(); ++i) {
-      const ServingRunResult& r = results.runs[i];
-      const KvBudget& b = r.budget;
-      f << "    {\"label\": " << json_string(r.spec.label)
-        << ", \"kv\": " << json_string(r.spec.kv_impl)
-        << ", \"kv_params\": " << json_string(r.spec.kv_params)
-        << ", \"scheduler\": " << json_string(r.spec.scheduler)
-        << ", \"step_time\": " << json_string(r.result.step_time_source)
-        << ", \"outcome\": " << json_string(outcome(r))
-        << ", \"error\": " << json_string(r.result.error.empty() ? r.budget_error : r.result.error)
-        << ",\n     \"budget\": {\"capacity\": " << b.capacity << ", \"usable\": " << b.usable
-        << ", \"weights\": " << b.weights << ", \"activation_peak\": " << b.activation_peak
-        << ", \"graph_memory\": " << b.graph_memory << ", \"kv_bytes\": " << b.kv_bytes
-        << ", \"graph_strategy\": " << json_string(b.graph_strategy) << "},\n     ";
-      if (r.result.executed) {
-        const ExecutorReport& v = r.result.validation;
-        f << "\"validation\": {\"kind\": " << json_string(v.kind) << ", \"steps\": " << v.steps
-          << ", \"checked_steps\": " << v.checked_steps << ", \"checked_seqs\": " << v.checked_seqs
-          << ", \"swaps\": " << v.swaps << ", \"failure\": " << json_string(v.failure)
-          << "},\n     ";
-      }
-      const auto figs = figures(r);
-      for (size_t j = 0; j < figs.size(); ++j)
-        f << (j ? ", " : "") << json_string(figs[j].first) << ": " << num(figs[j].second);
-      f << "}" << (i + 1 < results.runs.size() ? "," : "") << "\n";
-    }
-    f << "  ]\n}\n";
-    if (!f) return "cannot write summary.json";
-  }
-  {
-    // Host timings: the one output that differs between identical reruns, kept apart.
-    std::ofstream f(fs::path(dir) / "timing.json");
+  dir.write("summary.json", [&](std::ostream& f) { write_summary_json(f, c, results); });
+  // Host timings: the one output that differs between identical reruns, kept apart.
+  dir.write("timing.json", [&](std::ostream& f) {
     f << "{\n  \"wall_seconds\": " << num(results.wall_seconds) << ",\n  \"runs\": [";
     for (size_t i = 0; i < results.runs.size(); ++i)
       f << (i ? ", " : "") << "{\"label\": " << json_string(results.runs[i].spec.label)
         << ", \"wall_seconds\": " << num(results.runs[i].result.wall_seconds) << "}";
     f << "]\n}\n";
-    if (!f) return "cannot write timing.json";
-  }
-  {
-    std::ofstream f(fs::path(dir) / "curves.csv");
+  });
+  dir.write("curves.csv", [&](std::ostream& f) {
     f << "run,kv,kv_params,scheduler,outcome";
     if (!results.runs.empty())
       for (const auto& [name, v] : figures(results.runs[0])) f << "," << name;
     f << "\n";
     for (const ServingRunResult& r : results.runs) {
-      f << fmt::format("\"{}\",{},\"{}\",{},\"{}\"", r.spec.label, r.spec.kv_impl, r.spec.kv_params,
-                       r.spec.scheduler, outcome(r));
+      f << csv_quoted(r.spec.label) << "," << csv_cell(r.spec.kv_impl) << ","
+        << csv_quoted(r.spec.kv_params) << "," << csv_cell(r.spec.scheduler) << ","
+        << csv_quoted(outcome(r));
       for (const auto& [name, v] : figures(r)) f << "," << num(v);
       f << "\n";
     }
-    if (!f) return "cannot write curves.csv";
-  }
-  {
-    std::ofstream f(fs::path(dir) / "timeseries.csv");
+  });
+  dir.write("timeseries.csv", [&](std::ostream& f) {
     f << "time_s,strategy,metric,value\n";
-    for (const ServingRunResult& r : results.runs)
+    for (const ServingRunResult& r : results.runs) {
+      const std::string label = csv_quoted(r.spec.label);
       for (const MetricsRecorder::Sample& s : r.result.samples)
-        f << num(double(s.time) / 1e9) << ",\"" << r.spec.label << "\","
-          << r.result.series[s.series] << "," << num(s.value) << "\n";
-    if (!f) return "cannot write timeseries.csv";
-  }
-  return {};
+        f << num(double(s.time) / 1e9) << "," << label << "," << r.result.series[s.series] << ","
+          << num(s.value) << "\n";
+    }
+  });
 }
 
-std::string plot_serving(const ServingConfig& c, const std::string& dir) {
+std::string plot_serving(const ServingConfig&, const OutputDir& dir) {
   return run_plot_script(
-      c.source, "plot_kv.py", dir, {},
+      "plot_kv.py", dir, {},
       {"kv_summary.png", "kv_summary.svg", "kv_timeseries.png", "kv_timeseries.svg"});
 }
 

@@ -4,14 +4,16 @@
 
 #include <string>
 
+#include "src/app/output.h"
 #include "src/serve/serving_experiment.h"
 
 namespace memsim {
 
 std::string format_serving_table(const ServingConfig& config, const ServingResults& results);
-// Writes summary.json, curves.csv, timeseries.csv into `dir`; an error message or empty.
-std::string write_serving_outputs(const ServingConfig& config, const ServingResults& results,
-                                  const std::string& dir);
-std::string plot_serving(const ServingConfig& config, const std::string& dir);
+// Writes summary.json, timing.json, curves.csv, timeseries.csv (and snapshots/) into `dir`'s
+// staging folder; throws OutputError.
+void write_serving_outputs(const ServingConfig& config, const ServingResults& results,
+                           OutputDir& dir);
+std::string plot_serving(const ServingConfig& config, const OutputDir& dir);
 
 }  // namespace memsim

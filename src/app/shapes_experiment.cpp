@@ -100,12 +100,16 @@ ShapesConfig load_shapes_config(const std::string& path,
                                 const std::vector<std::string>& overrides) {
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
+  return load_shapes_config(root);
+}
+
+ShapesConfig load_shapes_config(const ConfigNode& root) {
   root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
                     "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
                     "timeseries", "strategies", "graph_body", "program", "export_snapshots",
                     "validation_rounds", "grid"});
   ShapesConfig c;
-  c.source = path;
+  c.source = root.file();
   c.experiment = root["experiment"].as_choice({"shapes"});
   c.gpu = load_gpu_spec(
       ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));

@@ -69,6 +69,8 @@ struct ShapesConfig {
 // Loads and validates; throws ConfigError naming file, line and key. `overrides` are --set
 // assignments applied before validation.
 ShapesConfig load_shapes_config(const std::string& path, const std::vector<std::string>& overrides);
+// The same from a loaded tree whose overrides are applied (paths resolve from its base_dir()).
+ShapesConfig load_shapes_config(const ConfigNode& root);
 
 struct RunRecord {
   const StrategySpec* strategy = nullptr;

@@ -1,31 +1,20 @@
-// memsim sweep / merge: grid parsing and expansion, validation of every point, the points run as
-// child processes (parallel, resumable, sharded), and sweep.csv gathered from their summaries.
+// memsim sweep's records: grid parsing and expansion, each point resolved and hashed, the
+// points' states, grid.json, and sweep.csv gathered from the points' summaries (merge).
 #include "src/app/sweep.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <spawn.h>
-#include <sys/file.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <sstream>
-#include <thread>
 
-#include "src/app/allocators_experiment.h"
-#include "src/app/rl_experiment.h"
-#include "src/app/shapes_experiment.h"
-#include "src/serve/serving_experiment.h"
-
-extern char** environ;
+#include "src/app/experiment.h"
+#include "src/app/output.h"
 
 namespace memsim {
 
@@ -137,69 +126,44 @@ std::vector<SweepPoint> expand_grid(const std::vector<SweepAxis>& axes) {
   return points;
 }
 
-void load_experiment_config(const std::string& path, const std::vector<std::string>& overrides) {
-  if (is_allocators_config(path))
-    (void)load_allocators_config(path, overrides);
-  else if (is_rl_config(path))
-    (void)load_rl_config(path, overrides);
-  else if (is_serving_config(path))
-    (void)load_serving_config(path, overrides);
-  else
-    (void)load_shapes_config(path, overrides);
-}
-
 namespace {
 
-std::vector<std::string> overrides_of(const SweepPoint& p, const std::vector<std::string>& sets) {
-  std::vector<std::string> out = sets;
-  for (const auto& [k, v] : p.assignments) out.push_back(k + "=" + v);
-  return out;
+std::string hex64(uint64_t v) {
+  return fmt::format("{:016x}", v);
 }
 
-std::string describe(const SweepPoint& p) {
-  std::string s;
-  for (const auto& [k, v] : p.assignments) s += fmt::format("{}{}={}", s.empty() ? "" : " ", k, v);
-  return s.empty() ? "(the base config)" : s;
-}
-
-// Loads the point's config with the experiment's typed loader: empty when valid.
-std::string validate(const std::string& path, const std::vector<std::string>& ov) {
-  try {
-    load_experiment_config(path, ov);
-  } catch (const ConfigError& e) {
-    return e.what();
+// FNV-1a, 64 bits: a fingerprint of a point's config (not a defence against forgery).
+uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
   }
-  return {};
+  return h;
 }
 
-std::string point_dir(const std::string& dir, size_t i) {
-  return (fs::path(dir) / "points" / fmt::format("p{:05d}", i)).string();
-}
-
-std::string read_status(const std::string& pdir) {
-  std::ifstream f(fs::path(pdir) / "status");
+std::string read_first_line(const fs::path& path) {
+  std::ifstream f(path);
   std::string s;
   std::getline(f, s);
   return s;
 }
 
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
-  std::ofstream(tmp) << text;
-  fs::rename(tmp, path);
-}
-
-std::string self_exe() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("memsim") : p.string();
-}
-
-std::string csv_cell(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
+// The summary.json of a point, parsed; nullopt when it is missing or not a JSON object with a
+// list of runs.
+std::optional<json> read_summary(const fs::path& path, std::string* why) {
+  std::ifstream f(path);
+  if (!f) {
+    *why = "outputs missing";
+    return std::nullopt;
+  }
+  try {
+    json s = json::parse(f);
+    if (s.is_object() && s.contains("runs") && s["runs"].is_array()) return s;
+    *why = "summary.json has no list of runs";
+  } catch (const json::exception&) {
+    *why = "summary.json does not parse";
+  }
+  return std::nullopt;
 }
 
 std::string json_cell(const json& v) {
@@ -208,53 +172,156 @@ std::string json_cell(const json& v) {
   return v.dump();
 }
 
-// sweep.csv from DIR/grid.json and the points' summaries: one row per (point, run) of the
-// complete points, columns point, the swept keys, then the runs' fields (nested objects one
-// level deep as parent.child). Host wall times are left out: the file is the same whatever -j,
-// sharding or machine produced it.
-std::string write_sweep_csv(const std::string& dir, size_t* complete, size_t* total) {
-  std::ifstream gf(fs::path(dir) / "grid.json");
-  if (!gf) return fmt::format("{}: no grid.json (not a sweep folder)", dir);
-  json grid;
-  try {
-    gf >> grid;
-  } catch (const json::exception& e) {
-    return fmt::format("{}/grid.json: {}", dir, e.what());
+}  // namespace
+
+std::vector<ResolvedPoint> resolve_points(const ConfigNode& root,
+                                          const std::vector<SweepPoint>& points,
+                                          const std::vector<std::string>& sets) {
+  std::vector<ResolvedPoint> out;
+  out.reserve(points.size());
+  for (const SweepPoint& p : points) {
+    ResolvedPoint r;
+    r.point = p;
+    try {
+      ConfigNode c = root.clone();
+      for (const std::string& s : sets) c.apply_override(s);
+      for (const auto& [k, v] : p.assignments) c.apply_override(k + "=" + v);
+      r.experiment = validate_experiment(c);
+      // The grid is not part of a point: a point keeps its hash when other values are added.
+      if (c.is_map()) c.erase("grid");
+      r.config_text = yaml_text(c.raw()) + "\n";
+      // The point's process reads the text back: it must mean the same tree.
+      const ConfigNode back = ConfigNode::parse(r.config_text, "config.yaml", root.base_dir());
+      if (yaml_text(back.raw()) + "\n" != r.config_text)
+        r.error = "its resolved config does not read back the same (a YAML round trip)";
+      r.hash = hex64(fnv1a(r.config_text, fnv1a(root.base_dir() + "\n")));
+    } catch (const ConfigError& e) {
+      r.error = e.what();
+    }
+    out.push_back(std::move(r));
   }
-  std::vector<std::string> keys;
-  for (const auto& a : grid["axes"])
-    for (const auto& k : a["keys"]) keys.push_back(k.get<std::string>());
+  return out;
+}
+
+SweepRecord make_sweep_record(const std::vector<SweepAxis>& axes,
+                              const std::vector<ResolvedPoint>& points) {
+  SweepRecord r;
+  for (const SweepAxis& a : axes) r.keys.insert(r.keys.end(), a.keys.begin(), a.keys.end());
+  uint64_t h = fnv1a("memsim-grid-1\n");
+  for (const ResolvedPoint& p : points) {
+    SweepRecord::Point q{p.point.index, {}, p.hash, p.experiment};
+    for (const auto& [k, v] : p.point.assignments) q.values.push_back(v);
+    h = fnv1a(fmt::format("{} {} {}\n", p.point.index, p.hash, p.experiment), h);
+    r.points.push_back(std::move(q));
+  }
+  r.grid_hash = hex64(h);
+  return r;
+}
+
+std::string point_dir(const std::string& dir, size_t i) {
+  return (fs::path(dir) / "points" / fmt::format("p{:05d}", i)).string();
+}
+
+PointState point_state(const std::string& dir, const SweepRecord::Point& p) {
+  const fs::path pdir = point_dir(dir, p.index);
+  const std::string status = read_first_line(pdir / "status");
+  if (status.empty()) return {false, "new or interrupted"};
+  if (status.rfind("done", 0) != 0) return {false, "failed before"};
+  if (status != "done " + p.hash) return {false, "config changed"};
+  std::string why;
+  if (!read_summary(pdir / p.experiment / "summary.json", &why)) return {false, why};
+  return {true, {}};
+}
+
+std::string grid_json_text(const SweepRecord& record, const std::string& config,
+                           const std::vector<std::string>& sets,
+                           const std::vector<SweepAxis>& axes) {
+  json g;
+  g["config"] = config;
+  g["sets"] = sets;
+  g["grid_hash"] = record.grid_hash;
+  g["axes"] = json::array();
+  for (const SweepAxis& a : axes) g["axes"].push_back({{"name", a.name}, {"keys", a.keys}});
+  g["keys"] = record.keys;
+  g["points"] = json::array();
+  for (const SweepRecord::Point& p : record.points)
+    g["points"].push_back({{"index", p.index},
+                           {"values", p.values},
+                           {"config_hash", p.hash},
+                           {"experiment", p.experiment}});
+  return g.dump(1) + "\n";
+}
+
+SweepRecord read_grid_json(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "grid.json").string();
+  std::ifstream f(path);
+  if (!f) throw OutputError(fmt::format("{}: no grid.json (not a sweep folder)", dir));
+  const auto bad = [&](const std::string& what) {
+    return OutputError(
+        fmt::format("{}: {} (written by another memsim version, or edited?)", path, what));
+  };
+  json g;
+  try {
+    g = json::parse(f);
+  } catch (const json::exception& e) {
+    throw OutputError(fmt::format("{}: {}", path, e.what()));
+  }
+  const auto strings = [&](const json& v, const char* what) {
+    if (!v.is_array()) throw bad(fmt::format("'{}' is not a list", what));
+    std::vector<std::string> out;
+    for (const json& x : v) {
+      if (!x.is_string()) throw bad(fmt::format("'{}' holds a non-string", what));
+      out.push_back(x.get<std::string>());
+    }
+    return out;
+  };
+  if (!g.is_object()) throw bad("not a JSON object");
+  if (!g.contains("grid_hash") || !g["grid_hash"].is_string()) throw bad("no 'grid_hash'");
+  if (!g.contains("keys") || !g.contains("points") || !g["points"].is_array())
+    throw bad("no 'keys' or 'points' list");
+  SweepRecord r;
+  r.grid_hash = g["grid_hash"].get<std::string>();
+  r.keys = strings(g["keys"], "keys");
+  for (const json& p : g["points"]) {
+    if (!p.is_object() || !p.contains("index") || !p["index"].is_number_unsigned() ||
+        !p.contains("config_hash") || !p["config_hash"].is_string() || !p.contains("experiment") ||
+        !p["experiment"].is_string() || !p.contains("values"))
+      throw bad("a point without index, values, config_hash and experiment");
+    SweepRecord::Point q;
+    q.index = p["index"].get<size_t>();
+    q.values = strings(p["values"], "values");
+    q.hash = p["config_hash"].get<std::string>();
+    q.experiment = p["experiment"].get<std::string>();
+    if (q.values.size() != r.keys.size()) throw bad("a point whose values do not match 'keys'");
+    if (!check_plain_name(q.experiment).empty()) throw bad("a point's experiment is not a name");
+    r.points.push_back(std::move(q));
+  }
+  return r;
+}
+
+// sweep.csv: one row per (point, run) of the complete points, columns point, the swept keys,
+// then the runs' fields (nested objects one level deep as parent.child). Host wall times are
+// left out: the file is the same whatever -j, sharding or machine produced it.
+size_t write_sweep_csv(const std::string& dir, const SweepRecord& record) {
   std::vector<std::string> fields;
   std::set<std::string> known;
   struct Row {
     size_t point;
-    std::vector<std::string> values;
+    const std::vector<std::string>* values;
     std::map<std::string, std::string> cells;
   };
   std::vector<Row> rows;
-  *complete = 0;
-  *total = grid["points"].size();
-  for (const auto& p : grid["points"]) {
-    const size_t i = p["index"].get<size_t>();
-    const std::string pdir = point_dir(dir, i);
-    if (read_status(pdir) != "done") continue;
-    fs::path summary;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(pdir, ec))
-      if (e.is_directory() && fs::exists(e.path() / "summary.json"))
-        summary = e.path() / "summary.json";
-    if (summary.empty()) continue;
-    json s;
-    try {
-      std::ifstream(summary) >> s;
-    } catch (const json::exception& e) {
-      return fmt::format("{}: {}", summary.string(), e.what());
-    }
-    ++*complete;
-    std::vector<std::string> values;
-    for (const auto& kv : p["assignments"]) values.push_back(kv[1].get<std::string>());
-    for (const auto& run : s.value("runs", json::array())) {
-      Row r{i, values, {}};
+  size_t complete = 0;
+  for (const SweepRecord::Point& p : record.points) {
+    if (!point_state(dir, p).complete) continue;
+    std::string why;
+    const fs::path summary = fs::path(point_dir(dir, p.index)) / p.experiment / "summary.json";
+    const std::optional<json> s = read_summary(summary, &why);
+    if (!s) throw OutputError(fmt::format("{}: {}", summary.string(), why));
+    ++complete;
+    for (const auto& run : (*s)["runs"]) {
+      if (!run.is_object()) continue;
+      Row r{p.index, &p.values, {}};
       auto add = [&](const std::string& name, const json& v) {
         if (name.find("wall") != std::string::npos) return;
         if (known.insert(name).second) fields.push_back(name);
@@ -273,353 +340,41 @@ std::string write_sweep_csv(const std::string& dir, size_t* complete, size_t* to
   }
   std::ostringstream csv;
   csv << "point";
-  for (const std::string& k : keys) csv << "," << csv_cell(k);
+  for (const std::string& k : record.keys) csv << "," << csv_cell(k);
   for (const std::string& f : fields) csv << "," << csv_cell(f);
   csv << "\n";
   for (const Row& r : rows) {
     csv << r.point;
-    for (const std::string& v : r.values) csv << "," << csv_cell(v);
+    for (const std::string& v : *r.values) csv << "," << csv_cell(v);
     for (const std::string& f : fields) {
       auto it = r.cells.find(f);
       csv << "," << (it == r.cells.end() ? "" : csv_cell(it->second));
     }
     csv << "\n";
   }
-  write_file_atomically(fs::path(dir) / "sweep.csv", csv.str());
-  return {};
+  write_file_atomically((fs::path(dir) / "sweep.csv").string(), csv.str());
+  return complete;
 }
-
-std::string clock_text(double s) {
-  const auto t = static_cast<long>(s + 0.5);
-  return fmt::format("{:02d}:{:02d}:{:02d}", t / 3600, (t / 60) % 60, t % 60);
-}
-
-}  // namespace
 
 int run_merge_command(const std::string& dir, std::ostream& out, std::ostream& err) {
-  size_t complete = 0, total = 0;
-  if (std::string e = write_sweep_csv(dir, &complete, &total); !e.empty()) {
-    err << "memsim merge: " << e << "\n";
-    return 1;
-  }
-  out << fmt::format("memsim merge: {} of {} points complete; wrote {}/sweep.csv\n", complete,
-                     total, dir);
-  return complete > 0 ? 0 : 1;
-}
-
-namespace {
-
-// K/N from --shard or a Slurm job array's environment; {0, 1} = every point.
-bool parse_shard(const SweepOptions& o, size_t* k, size_t* n, std::string* error) {
-  *k = 0;
-  *n = 1;
-  std::string text = o.shard;
-  if (text.empty()) {
-    const char* id = std::getenv("SLURM_ARRAY_TASK_ID");
-    const char* count = std::getenv("SLURM_ARRAY_TASK_COUNT");
-    const char* min = std::getenv("SLURM_ARRAY_TASK_MIN");
-    if (id == nullptr || count == nullptr) return true;
-    const long first = min != nullptr ? std::atol(min) : 0;
-    text = fmt::format("{}/{}", std::atol(id) - first, count);
-  }
-  const size_t slash = text.find('/');
   try {
-    if (slash == std::string::npos) throw std::invalid_argument("no /");
-    *k = std::stoul(text.substr(0, slash));
-    *n = std::stoul(text.substr(slash + 1));
-  } catch (const std::exception&) {
-    *error = fmt::format("--shard {}: expected K/N with 0 <= K < N", text);
-    return false;
-  }
-  if (*n == 0 || *k >= *n) {
-    *error = fmt::format("--shard {}: expected K/N with 0 <= K < N", text);
-    return false;
-  }
-  return true;
-}
-
-std::string experiment_name(const ConfigNode& root, const std::string& path) {
-  if (auto v = root.find("experiment"); v && v->is_scalar()) return v->as_string();
-  return fs::path(path).stem().string();
-}
-
-// The Slurm array script: each task runs its shard of the grid (the shard is taken from the
-// array's environment), all writing into the same folder; `memsim merge` then gathers them.
-int write_slurm(const SweepOptions& o, const std::string& dir, size_t points, std::ostream& out,
-                std::ostream& err) {
-  const size_t tasks = o.tasks ? std::min<size_t>(o.tasks, points) : std::min<size_t>(points, 64);
-  std::string cmd = fmt::format("{} sweep --config {} --out {} --no-progress", self_exe(),
-                                fs::absolute(o.config).string(), fs::absolute(o.out_dir).string());
-  if (o.jobs) cmd += fmt::format(" -j {}", o.jobs);
-  auto quote = [](const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
-  for (const std::string& a : o.axes) cmd += " --sweep " + quote(a);
-  for (const std::string& s : o.sets) cmd += " --set " + quote(s);
-  const std::string script = fmt::format(
-      "#!/bin/bash\n"
-      "# memsim sweep as a Slurm job array: task K of N runs the grid points i with i % N == K.\n"
-      "# When every task has finished: memsim merge {dir}\n"
-      "#SBATCH --job-name=memsim-sweep\n"
-      "#SBATCH --array=0-{last}\n"
-      "#SBATCH --cpus-per-task={cpus}\n"
-      "#SBATCH --output={dir}/slurm-%A_%a.out\n"
-      "cd {cwd}\n"
-      "exec {cmd}\n",
-      fmt::arg("dir", fs::absolute(dir).string()), fmt::arg("last", tasks - 1),
-      fmt::arg("cpus", o.jobs ? o.jobs : 1), fmt::arg("cwd", quote(fs::current_path().string())),
-      fmt::arg("cmd", cmd));
-  const fs::path path = fs::path(dir) / "sweep.sbatch";
-  std::ofstream(path) << script;
-  fs::permissions(path, fs::perms::owner_exec, fs::perm_options::add);
-  out << fmt::format("wrote {} ({} array tasks over {} points)\n", path.string(), tasks, points);
-  if (!o.submit) {
-    out << fmt::format("submit it with: sbatch {}; then: memsim merge {}\n", path.string(), dir);
-    return 0;
-  }
-  const std::string sub = "sbatch " + quote(path.string());
-  out << "$ " << sub << "\n" << std::flush;
-  const int rc = std::system(sub.c_str());
-  if (rc != 0) {
-    err << "memsim sweep: sbatch failed (exit " << rc << ")\n";
-    return 1;
-  }
-  return 0;
-}
-
-struct Running {
-  pid_t pid;
-  size_t point;
-  std::chrono::steady_clock::time_point start;
-};
-
-// Starts `memsim --config C --out PDIR --set ...` for point `p` (stdout/stderr into PDIR).
-pid_t spawn_point(const SweepOptions& o, const std::string& pdir, const SweepPoint& p) {
-  std::vector<std::string> args = {self_exe(), "--config", o.config, "--out", pdir};
-  if (!o.plots) args.push_back("--no-plots");
-  for (const std::string& s : overrides_of(p, o.sets)) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  const std::string so = (fs::path(pdir) / "stdout.txt").string();
-  const std::string se = (fs::path(pdir) / "stderr.txt").string();
-  posix_spawn_file_actions_addopen(&fa, 1, so.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, se.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
-}
-
-}  // namespace
-
-int run_sweep_command(const SweepOptions& o, std::ostream& out, std::ostream& err) {
-  std::vector<SweepAxis> axes;
-  std::string experiment;
-  try {
-    const ConfigNode root = ConfigNode::load_file(o.config);
-    axes = parse_grid(root, o.axes);
-    experiment = experiment_name(root, o.config);
-  } catch (const ConfigError& e) {
-    err << "memsim sweep: config error: " << e.what() << "\n";
-    return 2;
-  }
-  if (axes.empty()) {
-    err << "memsim sweep: " << o.config
-        << ": nothing to sweep (give a grid: section or --sweep key=v1,v2,...)\n";
-    return 2;
-  }
-  const std::vector<SweepPoint> points = expand_grid(axes);
-  size_t shard_k = 0, shard_n = 1;
-  std::string shard_error;
-  if (!parse_shard(o, &shard_k, &shard_n, &shard_error)) {
-    err << "memsim sweep: " << shard_error << "\n";
-    return 2;
-  }
-  // Every point is validated before any runs.
-  size_t invalid = 0;
-  for (const SweepPoint& p : points) {
-    const std::string e = validate(o.config, overrides_of(p, o.sets));
-    if (e.empty()) continue;
-    if (invalid++ < 5)
-      err << fmt::format("memsim sweep: point {} ({}): {}\n", p.index, describe(p), e);
-  }
-  if (invalid > 0) {
-    err << fmt::format("memsim sweep: {} of {} points are invalid; nothing was run\n", invalid,
-                       points.size());
-    return 2;
-  }
-  const std::string dir = (fs::path(o.out_dir) / (experiment + "-sweep")).string();
-  out << fmt::format(
-      "sweep {}: {} points ({} axes: {}), all valid; folder {}\n", o.config, points.size(),
-      axes.size(),
-      [&] {
-        std::string s;
-        for (const SweepAxis& a : axes)
-          s += fmt::format("{}{} x{}", s.empty() ? "" : ", ", a.name, a.steps.size());
-        return s;
-      }(),
-      dir);
-  if (o.dry_run) {
-    for (const SweepPoint& p : points) out << fmt::format("  {:5d}  {}\n", p.index, describe(p));
-    return 0;
-  }
-  std::error_code ec;
-  fs::create_directories(fs::path(dir) / "points", ec);
-  if (ec) {
-    err << "memsim sweep: cannot create " << dir << ": " << ec.message() << "\n";
-    return 1;
-  }
-  {
-    json g;
-    g["config"] = fs::absolute(o.config).string();
-    g["experiment"] = experiment;
-    g["sets"] = o.sets;
-    for (const SweepAxis& a : axes) g["axes"].push_back({{"name", a.name}, {"keys", a.keys}});
-    for (const SweepPoint& p : points) {
-      json as = json::array();
-      for (const auto& [k, v] : p.assignments) as.push_back({k, v});
-      g["points"].push_back({{"index", p.index}, {"assignments", as}});
-    }
-    write_file_atomically(fs::path(dir) / "grid.json", g.dump(1) + "\n");
-  }
-  if (o.slurm) return write_slurm(o, dir, points.size(), out, err);
-
-  // One sweep per shard at a time: a second one would run the same points into the same folders.
-  const std::string lock_path =
-      (fs::path(dir) / fmt::format(".lock-{}-of-{}", shard_k, shard_n)).string();
-  const int lock_fd = open(lock_path.c_str(), O_CREAT | O_RDWR, 0644);
-  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    err << fmt::format("memsim sweep: another sweep is running shard {}/{} of {} (lock {})\n",
-                       shard_k, shard_n, dir, lock_path);
-    if (lock_fd >= 0) close(lock_fd);
-    return 1;
-  }
-  // This shard's points not yet complete.
-  std::vector<size_t> todo;
-  size_t mine = 0, already = 0;
-  for (const SweepPoint& p : points) {
-    if (p.index % shard_n != shard_k) continue;
-    ++mine;
-    if (read_status(point_dir(dir, p.index)) == "done")
-      ++already;
-    else
-      todo.push_back(p.index);
-  }
-  if (shard_n > 1) out << fmt::format("shard {}/{}: {} points\n", shard_k, shard_n, mine);
-  if (already > 0)
-    out << fmt::format("{} of {} points already complete (skipped)\n", already, mine);
-  const unsigned jobs = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
-  const bool tty = o.progress && isatty(STDERR_FILENO);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Running> running;
-  size_t next = 0, done = 0, failed = 0;
-  std::vector<std::string> failures;
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  auto draw = [&] {
-    const double e = elapsed();
-    const size_t finished = done + failed;
-    const double eta = finished > 0 ? e / finished * (todo.size() - finished) : 0;
-    const size_t width = 30;
-    const size_t fill = todo.empty() ? width : width * finished / todo.size();
-    err << fmt::format("\r[{}{}] {}/{} done, {} running, {} failed, {} elapsed, ETA {}   ",
-                       std::string(fill, '#'), std::string(width - fill, '.'), done, todo.size(),
-                       running.size(), failed, clock_text(e),
-                       finished > 0 ? clock_text(eta) : std::string("--:--:--"))
-        << std::flush;
-  };
-  auto last_draw = t0;
-  while (next < todo.size() || !running.empty()) {
-    while (running.size() < jobs && next < todo.size()) {
-      const size_t i = todo[next++];
-      const std::string pdir = point_dir(dir, i);
-      fs::create_directories(pdir, ec);
-      fs::remove(fs::path(pdir) / "status", ec);
-      {
-        // The point's resolved config, for the record.
-        try {
-          ConfigNode c = ConfigNode::load_file(o.config);
-          for (const std::string& s : overrides_of(points[i], o.sets)) c.apply_override(s);
-          std::ofstream(fs::path(pdir) / "config.yaml") << yaml_text(c.raw()) << "\n";
-        } catch (const ConfigError&) {
-        }
-      }
-      const pid_t pid = spawn_point(o, pdir, points[i]);
-      if (pid < 0) {
-        ++failed;
-        failures.push_back(
-            fmt::format("point {} ({}): could not start {}", i, describe(points[i]), self_exe()));
-        continue;
-      }
-      running.push_back({pid, i, std::chrono::steady_clock::now()});
-    }
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (tty && std::chrono::steady_clock::now() - last_draw > std::chrono::milliseconds(250)) {
-        draw();
-        last_draw = std::chrono::steady_clock::now();
-      }
-      continue;
-    }
-    auto it = std::find_if(running.begin(), running.end(),
-                           [&](const Running& r) { return r.pid == pid; });
-    if (it == running.end()) continue;
-    const size_t i = it->point;
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - it->start).count();
-    running.erase(it);
-    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    const std::string pdir = point_dir(dir, i);
-    if (rc == 0) {
-      ++done;
-      write_file_atomically(fs::path(pdir) / "status", "done\n");
-    } else {
-      ++failed;
-      write_file_atomically(fs::path(pdir) / "status", fmt::format("failed {}\n", rc));
-      std::string last;
-      std::ifstream e(fs::path(pdir) / "stderr.txt");
-      for (std::string line; std::getline(e, line);)
-        if (!line.empty()) last = line;
-      failures.push_back(
-          fmt::format("point {} ({}): exit {}: {}", i, describe(points[i]), rc, last));
-    }
-    if (tty) {
-      draw();
-    } else if (o.progress) {
-      out << fmt::format("point {} {} in {:.1f} s ({}/{}, {} failed)\n", i,
-                         rc == 0 ? "done" : "FAILED", secs, done + failed, todo.size(), failed)
-          << std::flush;
-    }
-  }
-  if (tty) {
-    draw();
-    err << "\n";
-  }
-  for (const std::string& f : failures) err << "memsim sweep: " << f << "\n";
-  out << fmt::format("{} points run in {}: {} done, {} failed\n", todo.size(),
-                     clock_text(elapsed()), done, failed);
-  if (shard_n > 1) {
-    out << fmt::format("when every shard has finished: memsim merge {}\n", dir);
-  } else {
-    size_t complete = 0, total = 0;
-    if (std::string e = write_sweep_csv(dir, &complete, &total); !e.empty()) {
-      err << "memsim sweep: " << e << "\n";
+    const SweepRecord record = read_grid_json(dir);
+    const size_t complete = write_sweep_csv(dir, record);
+    const size_t total = record.points.size();
+    out << fmt::format("memsim merge: {} of {} points complete; wrote {}/sweep.csv\n", complete,
+                       total, dir);
+    if (complete < total) {
+      err << fmt::format(
+          "memsim merge: {} points are not complete (run the sweep or its missing shards again: "
+          "it resumes); sweep.csv holds the {} that are\n",
+          total - complete, complete);
       return 1;
     }
-    out << fmt::format("wrote {}/sweep.csv ({} of {} points complete)\n", dir, complete, total);
+    return 0;
+  } catch (const OutputError& e) {
+    err << "memsim merge: " << e.what() << "\n";
+    return 1;
   }
-  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace memsim

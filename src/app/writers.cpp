@@ -1,12 +1,10 @@
 // Writers: tables for people, JSON/CSV for tools, plots through tools/plot_shapes.py.
 #include "src/app/writers.h"
-#include "src/config/loaders.h"
+#include "src/app/plots.h"
 
 #include <fmt/format.h>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <ostream>
 
 namespace memsim {
 namespace fs = std::filesystem;
@@ -116,29 +114,15 @@ std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res)
   return out;
 }
 
-std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res,
-                                 const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return fmt::format("cannot create {}: {}", dir, ec.message());
+namespace {
 
-  if (!res.snapshots.empty()) {
-    fs::create_directories(fs::path(dir) / "snapshots", ec);
-    for (const auto& [label, bytes] : res.snapshots) {
-      std::string name = label;
-      std::replace(name.begin(), name.end(), '/', '_');
-      std::ofstream f(fs::path(dir) / "snapshots" / (name + ".pickle"), std::ios::binary);
-      f << bytes;
-      if (!f) return "cannot write snapshots/" + name + ".pickle";
-    }
-  }
-
-  std::ofstream js(fs::path(dir) / "summary.json");
+// summary.json: the config's identity, the standalone references and one record per run.
+void write_summary_json(std::ostream& js, const ShapesConfig& c, const ShapesResults& res) {
   js << "{\n";
   js << fmt::format("  \"experiment\": \"{}\",\n  \"config\": \"{}\",\n", c.experiment,
                     json_escape(c.source));
-  js << fmt::format("  \"gpu\": \"{}\",\n  \"model\": \"{}\",\n  \"seed\": {},\n", c.gpu.name,
-                    c.model.name, c.seed);
+  js << fmt::format("  \"gpu\": \"{}\",\n  \"model\": \"{}\",\n  \"seed\": {},\n",
+                    json_escape(c.gpu.name), json_escape(c.model.name), c.seed);
   js << fmt::format("  \"capture_sizes\": [{}],\n", fmt::join(c.capture_sizes, ", "));
   js << fmt::format("  \"table_variant\": \"{}\",\n", c.table.name());
   js << "  \"references\": [\n";
@@ -168,38 +152,51 @@ std::string write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res
         "\"graphs\": {}, \"launches\": {}, \"outcome\": \"{}\", \"out_of_memory\": {}, "
         "\"failed_batch\": {}, \"bytes_short\": {}, \"invariant_violation\": \"{}\", "
         "\"released_all\": {}, \"held_outputs_preserved\": {}}}{}\n",
-        r.strategy->label, r.strategy->impl, to_string(r.strategy->order), r.variant.name(),
-        to_string(r.variant.outputs), to_string(r.variant.arrival), to_string(r.variant.graphs),
-        to_string(r.variant.inputs), x.peak_physical, x.peak_virtual_mapped,
-        x.peak_virtual_reserved, x.peak_strategy_reserved, r.reference_max, r.reference_sum,
-        r.own_max, ratio(x.peak_physical, r.reference_max), ratio(x.peak_physical, r.reference_sum),
-        us(x.capture_time), us(x.switch_time), us(x.end_time), x.shapes_captured, x.graphs,
-        x.launches, json_escape(outcome(x)), x.out_of_memory, x.failed_batch, x.bytes_short,
-        json_escape(x.invariant_violation), x.released_all, x.held_outputs_preserved,
-        i + 1 < res.runs.size() ? "," : "");
+        json_escape(r.strategy->label), r.strategy->impl, to_string(r.strategy->order),
+        r.variant.name(), to_string(r.variant.outputs), to_string(r.variant.arrival),
+        to_string(r.variant.graphs), to_string(r.variant.inputs), x.peak_physical,
+        x.peak_virtual_mapped, x.peak_virtual_reserved, x.peak_strategy_reserved, r.reference_max,
+        r.reference_sum, r.own_max, ratio(x.peak_physical, r.reference_max),
+        ratio(x.peak_physical, r.reference_sum), us(x.capture_time), us(x.switch_time),
+        us(x.end_time), x.shapes_captured, x.graphs, x.launches, json_escape(outcome(x)),
+        x.out_of_memory, x.failed_batch, x.bytes_short, json_escape(x.invariant_violation),
+        x.released_all, x.held_outputs_preserved, i + 1 < res.runs.size() ? "," : "");
   }
   js << "  ]\n}\n";
-  if (!js) return "cannot write summary.json";
+}
 
-  std::ofstream cv(fs::path(dir) / "curves.csv");
-  cv << "variant,strategy,shapes_captured,batch,time_us,physical_bytes,virtual_bytes,"
-        "strategy_bytes\n";
-  for (const RunRecord& r : res.runs)
-    for (const CurvePoint& p : r.result.curve)
-      cv << fmt::format("{},{},{},{},{:.3f},{},{},{}\n", r.variant.name(), r.strategy->label,
-                        p.shapes_captured, p.batch, us(p.time), p.physical, p.virtual_mapped,
-                        p.strategy_reserved);
-  if (!cv) return "cannot write curves.csv";
+}  // namespace
 
-  std::ofstream ts(fs::path(dir) / "timeseries.csv");
-  ts << "time_us,strategy,variant,metric,value\n";
-  for (const TimeseriesRow& row : res.timeseries) {
-    const RunRecord& r = res.runs[row.run];
-    ts << fmt::format("{:.3f},{},{},{},{}\n", us(row.time), r.strategy->label, r.variant.name(),
-                      row.metric, row.value);
+void write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res, OutputDir& dir) {
+  if (!res.snapshots.empty()) {
+    std::error_code ec;
+    fs::create_directories(dir.staged("snapshots"), ec);
+    if (ec)
+      throw OutputError(fmt::format("cannot create {}/snapshots: {}", dir.path(), ec.message()));
+    for (const auto& [label, bytes] : res.snapshots) {
+      std::string name = label;
+      std::replace(name.begin(), name.end(), '/', '_');
+      dir.write("snapshots/" + name + ".pickle", [&](std::ostream& f) { f << bytes; });
+    }
   }
-  if (!ts) return "cannot write timeseries.csv";
-  return {};
+  dir.write("summary.json", [&](std::ostream& js) { write_summary_json(js, c, res); });
+  dir.write("curves.csv", [&](std::ostream& cv) {
+    cv << "variant,strategy,shapes_captured,batch,time_us,physical_bytes,virtual_bytes,"
+          "strategy_bytes\n";
+    for (const RunRecord& r : res.runs)
+      for (const CurvePoint& p : r.result.curve)
+        cv << fmt::format("{},{},{},{},{:.3f},{},{},{}\n", csv_cell(r.variant.name()),
+                          csv_cell(r.strategy->label), p.shapes_captured, p.batch, us(p.time),
+                          p.physical, p.virtual_mapped, p.strategy_reserved);
+  });
+  dir.write("timeseries.csv", [&](std::ostream& ts) {
+    ts << "time_us,strategy,variant,metric,value\n";
+    for (const TimeseriesRow& row : res.timeseries) {
+      const RunRecord& r = res.runs[row.run];
+      ts << fmt::format("{:.3f},{},{},{},{}\n", us(row.time), csv_cell(r.strategy->label),
+                        csv_cell(r.variant.name()), row.metric, row.value);
+    }
+  });
 }
 
 std::string binary_source_root() {
@@ -208,41 +205,8 @@ std::string binary_source_root() {
   return ec ? std::string() : (exe.parent_path() / "..").string();
 }
 
-std::string run_plot_script(const std::string& config_source, const std::string& script_name,
-                            const std::string& dir, const std::vector<std::string>& args,
-                            const std::vector<std::string>& outputs) {
-  if (const char* off = std::getenv("MEMSIM_NO_PLOTS"); off != nullptr && *off != '\0')
-    return "plots skipped (--no-plots)";
-  // The script sits in tools/ of the source tree: MEMSIM_ROOT, next to the experiment's folder,
-  // the current folder, or beside the binary's build folder.
-  std::vector<fs::path> candidates;
-  if (const char* root = std::getenv("MEMSIM_ROOT"))
-    candidates.push_back(fs::path(root) / "tools" / script_name);
-  candidates.push_back(fs::path(config_source).parent_path() / ".." / "tools" / script_name);
-  candidates.push_back(fs::path("tools") / script_name);
-  if (const std::string root = binary_source_root(); !root.empty())
-    candidates.push_back(fs::path(root) / "tools" / script_name);
-  std::string os_reason;  // plots are optional: a missing script only skips them
-  const fs::path script = first_regular_file(candidates, &os_reason).value_or(fs::path());
-  if (script.empty()) return fmt::format("plots skipped: tools/{} not found", script_name);
-  // The first python3 that has matplotlib (PATH's, then the system one).
-  for (const char* py : {"python3", "/usr/bin/python3"}) {
-    const std::string probe = fmt::format("{} -c 'import matplotlib' >/dev/null 2>&1", py);
-    if (std::system(probe.c_str()) != 0) continue;
-    std::string cmd = fmt::format("{} '{}' '{}'", py, script.string(), dir);
-    for (const std::string& a : args) cmd += fmt::format(" '{}'", a);
-    cmd += " >/dev/null";
-    if (std::system(cmd.c_str()) != 0) return "plots failed: " + cmd;
-    std::string line = "plots:";
-    for (size_t i = 0; i < outputs.size(); ++i)
-      line += fmt::format("{} {}/{}", i ? "," : "", dir, outputs[i]);
-    return line;
-  }
-  return "plots skipped: no python3 with matplotlib (apt-get install python3-matplotlib)";
-}
-
-std::string plot_shapes(const ShapesConfig& c, const std::string& dir) {
-  return run_plot_script(c.source, "plot_shapes.py", dir, {"--variant", c.table.name()},
+std::string plot_shapes(const ShapesConfig& c, const OutputDir& dir) {
+  return run_plot_script("plot_shapes.py", dir, {"--variant", c.table.name()},
                          {"footprint.png", "footprint.svg"});
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 namespace memsim {
 
@@ -37,10 +38,36 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   return best_d <= limit ? best : std::string();
 }
 
-ConfigNode ConfigNode::load_file(const std::string& path) {
+namespace {
+
+std::shared_ptr<const std::string> base_of(const std::string& file, const std::string& base_dir) {
+  return std::make_shared<const std::string>(
+      base_dir.empty() ? std::filesystem::path(file).parent_path().string() : base_dir);
+}
+
+}  // namespace
+
+std::string check_plain_name(std::string_view name) {
+  if (name.empty()) return "an empty name";
+  if (name.size() > 128) return fmt::format("a name of {} characters (at most 128)", name.size());
+  if (name.front() == '.')
+    return fmt::format("'{}' starts with '.' (a hidden file, or a path out of the folder)", name);
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok)
+      return fmt::format(
+          "'{}' is not a plain file name (letters, digits, '-', '_' and '.' only: it names the "
+          "results folder)",
+          name);
+  }
+  return {};
+}
+
+ConfigNode ConfigNode::load_file(const std::string& path, const std::string& base_dir) {
   auto file = std::make_shared<const std::string>(path);
   try {
-    return ConfigNode(YAML::LoadFile(path), file, "", 0,
+    return ConfigNode(YAML::LoadFile(path), file, base_of(path, base_dir), "", 0,
                       std::make_shared<std::vector<std::string>>());
   } catch (const YAML::BadFile&) {
     throw ConfigError(fmt::format("{}: cannot open file", path));
@@ -49,10 +76,12 @@ ConfigNode ConfigNode::load_file(const std::string& path) {
   }
 }
 
-ConfigNode ConfigNode::parse(const std::string& text, const std::string& name) {
+ConfigNode ConfigNode::parse(const std::string& text, const std::string& name,
+                             const std::string& base_dir) {
   auto file = std::make_shared<const std::string>(name);
   try {
-    return ConfigNode(YAML::Load(text), file, "", 0, std::make_shared<std::vector<std::string>>());
+    return ConfigNode(YAML::Load(text), file, base_of(name, base_dir), "", 0,
+                      std::make_shared<std::vector<std::string>>());
   } catch (const YAML::ParserException& e) {
     throw ConfigError(fmt::format("{}:{}: YAML syntax error: {}", name, e.mark.line + 1, e.msg));
   }
@@ -121,7 +150,7 @@ std::optional<ConfigNode> ConfigNode::find(std::string_view key) const {
     if (it->first.Scalar() != key) continue;
     // The child's fallback line is its key's line (for empty values and --set nodes).
     const YAML::Mark km = it->first.Mark();
-    ConfigNode c(it->second, file_, child_path(key), km.is_null() ? line() : km.line + 1,
+    ConfigNode c(it->second, file_, base_, child_path(key), km.is_null() ? line() : km.line + 1,
                  overrides_);
     return c;
   }
@@ -236,6 +265,12 @@ uint64_t ConfigNode::as_bytes() const {
                    s));
 }
 
+std::string ConfigNode::as_plain_name() const {
+  const std::string s = as_string();
+  if (std::string why = check_plain_name(s); !why.empty()) fail(why);
+  return s;
+}
+
 std::string ConfigNode::as_choice(const std::vector<std::string>& choices) const {
   const std::string s = as_string();
   if (std::find(choices.begin(), choices.end(), s) != choices.end()) return s;
@@ -291,6 +326,15 @@ void ConfigNode::apply_override(const std::string& assignment) {
   }
   chain.back()[parts.back()] = value;
   overrides_->push_back(key);
+}
+
+bool ConfigNode::overridden(std::string_view key_path) const {
+  return std::find(overrides_->begin(), overrides_->end(), key_path) != overrides_->end();
+}
+
+ConfigNode ConfigNode::clone() const {
+  return ConfigNode(YAML::Clone(node_), file_, base_, path_, parent_line_,
+                    std::make_shared<std::vector<std::string>>(*overrides_));
 }
 
 }  // namespace memsim

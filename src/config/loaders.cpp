@@ -93,8 +93,20 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
   const ConfigNode costs = node["costs"];
   const std::vector<std::string> names = primitive_names();
   costs.expect_keys(names);
-  for (size_t i = 0; i < names.size(); ++i)
-    if (auto c = costs.find(names[i])) g.costs[i] = load_cost_term(*c);
+  // Every primitive is priced: a term left out would cost nothing without a word. One that is
+  // free on purpose says so with a zero term.
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (auto c = costs.find(names[i]))
+      g.costs[i] = load_cost_term(*c);
+    else
+      missing.push_back(names[i]);
+  }
+  if (!missing.empty())
+    costs.fail(fmt::format(
+        "no cost for {} of the {} primitives: {} (every primitive needs a term; `{}: "
+        "{{per_call_us: 0}}` prices one at 0 on purpose; memsim calibrate measures them)",
+        missing.size(), names.size(), fmt::join(missing, ", "), missing.front()));
   g.compute = load_compute_spec(node["compute"]);
   return g;
 }
@@ -142,16 +154,11 @@ ModelShape load_model_shape(const ConfigNode& node) {
 std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
                                 const std::string& kind) {
   std::vector<fs::path> candidates;
-  const fs::path base = fs::path(at.file()).parent_path();
+  const fs::path base(at.base_dir());
   const std::string ext = fs::path(ref).extension().string();
   const bool bare = ref.find('/') == std::string::npos && ext != ".yaml" && ext != ".yml";
   if (bare) {
-    const std::string file = ref + ".yaml";
-    if (const char* root = std::getenv("MEMSIM_ROOT"))
-      candidates.push_back(fs::path(root) / "configs" / kind / file);
-    candidates.push_back(base / ".." / "configs" / kind / file);
-    candidates.push_back(base / "configs" / kind / file);
-    candidates.push_back(fs::path("configs") / kind / file);
+    for (const fs::path& d : config_dirs(at, kind)) candidates.push_back(d / (ref + ".yaml"));
   } else {
     candidates.push_back(base / ref);
     candidates.push_back(fs::path(ref));
@@ -161,6 +168,17 @@ std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
   at.fail(fmt::format("cannot find {} config '{}' (looked in {}){}", kind, ref,
                       candidates.front().lexically_normal().string(),
                       why.empty() ? std::string() : ": " + why));
+}
+
+std::vector<fs::path> config_dirs(const ConfigNode& at, const std::string& kind) {
+  const fs::path base(at.base_dir());
+  std::vector<fs::path> dirs;
+  if (const char* root = std::getenv("MEMSIM_ROOT"))
+    dirs.push_back(fs::path(root) / "configs" / kind);
+  dirs.push_back(base / ".." / "configs" / kind);
+  dirs.push_back(base / "configs" / kind);
+  dirs.push_back(fs::path("configs") / kind);
+  return dirs;
 }
 
 std::optional<fs::path> first_regular_file(const std::vector<fs::path>& candidates,

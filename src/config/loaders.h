@@ -43,5 +43,8 @@ std::optional<std::filesystem::path> first_regular_file(
 // or the folder holding `base_file`'s experiments/ parent). Fails at `at` when nothing exists.
 std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
                                 const std::string& kind);
+// The folders a bare name of `kind` is looked up in (configs/<kind>/ under MEMSIM_ROOT, beside
+// `at`'s experiments/ folder, under `at`'s folder, under the current folder), in that order.
+std::vector<std::filesystem::path> config_dirs(const ConfigNode& at, const std::string& kind);
 
 }  // namespace memsim

@@ -196,7 +196,7 @@ std::string resolve_data_path(const ConfigNode& at, const std::string& ref) {
   if (given.is_absolute()) {
     candidates.push_back(given);
   } else {
-    const fs::path base = fs::path(at.file()).parent_path();
+    const fs::path base(at.base_dir());
     candidates.push_back(base / given);
     candidates.push_back(given);
     if (const char* root = std::getenv("MEMSIM_ROOT")) candidates.push_back(fs::path(root) / given);

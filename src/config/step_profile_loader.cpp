@@ -1,5 +1,6 @@
 // Step-time profile files: typed load with located errors, YAML write, file location.
 #include "src/config/step_profile_loader.h"
+#include "src/config/loaders.h"
 
 #include <fmt/format.h>
 
@@ -79,6 +80,29 @@ std::string step_profile_path(const std::string& gpu_file, const std::string& mo
   return (g.parent_path() / (g.stem().string() + ".profiles") /
           (model + (graphs ? ".graphs.yaml" : ".yaml")))
       .string();
+}
+
+ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_file,
+                                  const std::string& gpu_name, const std::string& model,
+                                  bool graphs) {
+  namespace fs = std::filesystem;
+  const std::string file = model + (graphs ? ".graphs.yaml" : ".yaml");
+  const fs::path beside = step_profile_path(gpu_file, model, graphs);
+  std::vector<fs::path> by_name;
+  for (const fs::path& d : config_dirs(at, "gpus"))
+    by_name.push_back(d / (gpu_name + ".profiles") / file);
+  std::string os_reason;
+  if (first_regular_file({beside}, &os_reason)) return {beside.string(), ""};
+  if (auto found = first_regular_file(by_name, &os_reason)) {
+    const std::string p = found->lexically_normal().string();
+    return {p,
+            fmt::format("found by the GPU's name {}: there is none beside {}", gpu_name, gpu_file)};
+  }
+  return {beside.string(),
+          fmt::format("no measured profile of {} on {}: none at {} or {} ({})", model, gpu_name,
+                      beside.string(),
+                      (fs::path("configs/gpus") / (gpu_name + ".profiles") / file).string(),
+                      "memsim calibrate --backend cuda --model writes one")};
 }
 
 }  // namespace memsim

@@ -19,4 +19,17 @@ std::string format_step_profile(const StepProfile& p, const std::vector<std::str
 std::string step_profile_path(const std::string& gpu_file, const std::string& model,
                               bool graphs = false);
 
+// Where the profile of `model` on the GPU named `gpu_name` (read from `gpu_file`) is: beside the
+// GPU file (step_profile_path), else in <name>.profiles/ of the folders a bare `gpu:` name is
+// looked up in (config_dirs of `at`, the gpu: key), so that a copy of configs/gpus/h200.yaml
+// elsewhere keeps h200's profiles. `path` is empty when there is none; `note` says where it
+// was found and why there, or where it looked.
+struct ProfileLocation {
+  std::string path;
+  std::string note;
+};
+ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_file,
+                                  const std::string& gpu_name, const std::string& model,
+                                  bool graphs = false);
+
 }  // namespace memsim

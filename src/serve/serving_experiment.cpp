@@ -126,6 +126,10 @@ SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
   return base;
 }
 
+bool is_serving_config(const ConfigNode& root) {
+  return root.is_map() && (root.has("requests") || root.has("runs"));
+}
+
 bool is_serving_config(const std::string& path) {
   try {
     const ConfigNode root = ConfigNode::load_file(path);
@@ -139,11 +143,15 @@ ServingConfig load_serving_config(const std::string& path,
                                   const std::vector<std::string>& overrides) {
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);
+  return load_serving_config(root);
+}
+
+ServingConfig load_serving_config(const ConfigNode& root) {
   root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
                     "sample_interval_ms", "seed", "grid", "step_profile_scale"});
   ServingConfig c;
-  c.source = path;
-  c.experiment = root["experiment"].as_string();
+  c.source = root.file();
+  c.experiment = root["experiment"].as_plain_name();
   const std::string gpu_file = resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus");
   c.gpu = load_gpu_spec(ConfigNode::load_file(gpu_file));
   c.model = load_model_shape(ConfigNode::load_file(
@@ -161,10 +169,13 @@ ServingConfig load_serving_config(const std::string& path,
     if (std::string why = check_step_profile(prof); !why.empty()) pnode.fail(why);
     return prof;
   };
-  c.step_profile_path = step_profile_path(gpu_file, c.model.name);
+  const ProfileLocation eager = find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name);
+  c.step_profile_path = eager.path;
+  c.step_profile_note = eager.note;
   if (auto prof = load_profile(c.step_profile_path, "eager"))
     c.step_profile = std::make_shared<const ProfiledStepTime>(std::move(*prof));
-  c.graph_profile_path = step_profile_path(gpu_file, c.model.name, true);
+  c.graph_profile_path =
+      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, true).path;
   if (auto prof = load_profile(c.graph_profile_path, "graphs"))
     c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
   if (auto sc = root.find("step_profile_scale")) {
@@ -192,8 +203,7 @@ ServingConfig load_serving_config(const std::string& path,
   // `--seed N` (the override seed=N) is the experiment's seed: it also draws every synthetic
   // request set, over its own requests.seed.
   std::optional<uint64_t> cli_seed;
-  for (const std::string& o : overrides)
-    if (o.rfind("seed=", 0) == 0) cli_seed = root["seed"].as_uint();
+  if (root.overridden("seed")) cli_seed = root["seed"].as_uint();
   auto add_requests = [&](const ConfigNode& node) {
     RequestsConfig rc = load_requests_config(node);
     if (cli_seed && rc.source == RequestSource::kSynthetic) rc.synthetic.seed = *cli_seed;

@@ -53,6 +53,7 @@ struct ServingConfig {
   ModelShape model;
   SimTime sample_interval = 100'000'000;
   std::string step_profile_path;  // where the (gpu, model) profile is or would be
+  std::string step_profile_note;  // how it was found (by the GPU's name), or why there is none
   std::shared_ptr<const ProfiledStepTime> step_profile;  // null: none exists
   // The profile of decode steps replayed as CUDA graphs (calibrate --graphs), used for the
   // decode steps of runs that capture graphs (not enforce_eager); null: none exists.
@@ -102,8 +103,11 @@ SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base);
 // Throws ConfigError (file:line: key: message) for any bad input; `overrides` are --set
 // assignments applied before validation.
 bool is_serving_config(const std::string& path);
+bool is_serving_config(const ConfigNode& root);
 ServingConfig load_serving_config(const std::string& path,
                                   const std::vector<std::string>& overrides);
+// The same from a loaded tree whose overrides are applied (paths resolve from its base_dir()).
+ServingConfig load_serving_config(const ConfigNode& root);
 // The config with its profiles scaled by `decode` and `prefill` (on top of any scale it has);
 // without a profile it is returned unchanged. Throws std::invalid_argument unless both factors
 // are positive and finite.

@@ -1,0 +1,70 @@
+// Starting other programs without a shell: posix_spawnp with an argument vector, output
+// redirected by file actions, and the child's exit status decoded.
+#include "src/app/spawn.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <csignal>
+
+#include <cerrno>
+#include <cstring>
+
+extern char** environ;
+
+namespace memsim {
+
+pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& o,
+                    std::string* error) {
+  if (argv.empty()) {
+    *error = "no program to start";
+    return -1;
+  }
+  std::vector<std::string> args = argv;  // posix_spawn takes char* const[]
+  std::vector<char*> ptrs;
+  for (std::string& a : args) ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC;
+  if (!o.stdout_path.empty())
+    posix_spawn_file_actions_addopen(&fa, 1, o.stdout_path.c_str(), kFlags, 0644);
+  if (!o.stderr_path.empty())
+    posix_spawn_file_actions_addopen(&fa, 2, o.stderr_path.c_str(), kFlags, 0644);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGINT, SIGTERM, SIGPIPE}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const char* file = o.program.empty() ? ptrs[0] : o.program.c_str();
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, file, &fa, &attr, ptrs.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    *error = std::strerror(rc);
+    return -1;
+  }
+  return pid;
+}
+
+int run_process(const std::vector<std::string>& argv, const SpawnOptions& o, std::string* error) {
+  const pid_t pid = spawn_process(argv, o, error);
+  if (pid < 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      *error = std::strerror(errno);
+      return -1;
+    }
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + WTERMSIG(status);
+}
+
+}  // namespace memsim
