@@ -112,19 +112,30 @@ void write_file_atomically(const std::string& path, std::string_view text,
       throw OutputError(
           fmt::format("{} was not written (what was there is unchanged): {}", path, why));
   }
-  const std::string tmp = temp_beside(path);
+  // A link is followed (the file it names is replaced, not the link), and what is not a
+  // regular file (a device, a FIFO) is written in place: renaming over it would replace it.
+  std::error_code ec;
+  std::string target = path;
+  if (fs::is_symlink(path, ec)) {
+    const fs::path resolved = fs::weakly_canonical(path, ec);
+    if (!ec) target = resolved.string();
+  }
+  const fs::file_status st = fs::status(target, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st)) {
+    write_file(target, text);
+    return;
+  }
+  const std::string tmp = temp_beside(target);
   try {
     write_file(tmp, text);
   } catch (const OutputError&) {
-    std::error_code ec;
     fs::remove(tmp, ec);
     throw;
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int err = errno;
-    std::error_code ec;
     fs::remove(tmp, ec);
-    fail_write(path, err);
+    fail_write(target, err);
   }
 }
 
