@@ -3,11 +3,19 @@
 # file (tables, JSON, CSV, PNG, SVG, snapshots) must match byte for byte; only timing.json (host
 # wall times) may differ. Experiments with random inputs also run with another seed, whose
 # summary.json must differ (the seed matters).
-# Usage: test_reruns.sh /path/to/memsim   (MEMSIM_SOURCE_ROOT: the source tree)
+# Usage: test_reruns.sh /path/to/memsim [--no-plots] [NAME...]   (MEMSIM_SOURCE_ROOT: the source
+# tree). NAMEs pick experiments (default: all); --no-plots leaves the plots out (the quick suite).
 set -u
 
 MEMSIM=$1
+shift
 case $MEMSIM in /*) ;; *) MEMSIM=$PWD/$MEMSIM ;; esac
+PLOTS=()
+if [ "${1:-}" = --no-plots ]; then
+  PLOTS=(--no-plots)
+  shift
+fi
+ONLY=" $* "
 ROOT=${MEMSIM_SOURCE_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/memsim_reruns.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT
@@ -26,8 +34,9 @@ fail() {
 
 for cfg in "$ROOT"/experiments/*.yaml; do
   name=$(basename "$cfg" .yaml)
+  [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $name "* ]] || continue
   for run in a b; do
-    (cd "$TMP" && "$MEMSIM" --config "$cfg" --seed 1 --out "$TMP/$run" \
+    (cd "$TMP" && "$MEMSIM" --config "$cfg" --seed 1 --out "$TMP/$run" "${PLOTS[@]}" \
       > "$TMP/$name.$run.out" 2> "$TMP/$name.$run.err")
     echo $? > "$TMP/$name.$run.rc"
   done
@@ -56,7 +65,7 @@ for cfg in "$ROOT"/experiments/*.yaml; do
   [ "$files" -gt 0 ] || fail "$name: no output files (exit $(cat "$TMP/$name.a.rc"))"
   if [[ " $SEEDED " == *" $name "* ]]; then
     checks=$((checks + 1))
-    (cd "$TMP" && "$MEMSIM" --config "$cfg" --seed 2 --out "$TMP/c" > /dev/null 2>&1)
+    (cd "$TMP" && "$MEMSIM" --config "$cfg" --seed 2 --out "$TMP/c" "${PLOTS[@]}" >/dev/null 2>&1)
     s1=$(find "$TMP/a" -name summary.json | head -1)
     s2=$(find "$TMP/c" -name summary.json | head -1)
     if [ -z "$s2" ] || cmp -s "$s1" "$s2"; then
