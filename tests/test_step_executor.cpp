@@ -165,7 +165,7 @@ TEST_CASE("a swap-in that does not fit releases what it regrew without caching i
   }
   ServeState state(*rig.kv, ServeOptions{}, groups);
   state.swapped.push_back(0);
-  CHECK_FALSE(state.swap_in(0));
+  CHECK_FALSE(state.swap_in(0, 1));  // its 49 tokens back plus the step's one
   rig.check();
   const KvStats s = rig.kv->stats();
   CHECK(s.used_blocks == 0);

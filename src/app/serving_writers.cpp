@@ -158,6 +158,10 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
           x.validation.kind, x.validation.steps, x.validation.checked_steps,
           x.validation.checked_seqs, x.validation.swaps,
           x.validation.failure.empty() ? "" : ", FAILED");
+    if (!x.rejections.empty())  // the first one, with its reason (the engine keeps them all)
+      o << "    rejected: " << x.rejections.front()
+        << (x.rejections.size() > 1 ? fmt::format(" (and {} more)", x.rejections.size() - 1) : "")
+        << "\n";
     if (!x.error.empty()) o << "    error: " << x.error << "\n";
   }
   double sim = 0, wall = 0;

@@ -9,20 +9,28 @@ namespace memsim {
 void ContinuousBatching::schedule(ServeState& state, StepPlan& plan) {
   const ServeOptions& o = state.options();
   uint32_t budget = o.max_num_batched_tokens;
-  // 1. Running requests, in order: the rest of a prefill (chunked) or one token per sequence.
+  // 1. Running requests, in order: each gets min(its tokens left, the budget left).
   const bool preempted = schedule_running(state, plan, &budget);
 
-  // 2. Swapped requests come back before new ones (vLLM V0), and block them while any wait.
+  // 2. Swapped requests come back before new ones (vLLM V0 _schedule_swapped), and block them
+  // while any wait. A single sequence swapped out in the middle of its prefill comes back with a
+  // chunk under the budget, as the running phase would give it: V0's chunked-prefill scheduler
+  // swaps in unchunked, so a remainder above max_num_batched_tokens never came back there (V0
+  // swaps single sequences only when told to; by default it recomputes them).
   if (!preempted) {
-    while (!state.swapped.empty()) {
+    while (!state.swapped.empty() && budget > 0) {
       const uint32_t g = state.swapped.front();
       Group& G = state.group(g);
-      const uint32_t cost = (G.num_tokens() - G.computed) * G.live();
-      if (cost > budget || state.running_seqs + G.live() > o.max_num_seqs) break;
-      if (!state.swap_in(g)) break;
+      const uint32_t per_seq = state.step_tokens(G, budget);
+      if (per_seq == 0) {
+        state.refusal = {Refusal::Kind::kStep, g, G.num_tokens() - G.computed, G.live(), budget};
+        break;
+      }
+      if (state.running_seqs + G.live() > o.max_num_seqs) break;
+      if (!state.swap_in(g, per_seq)) break;
       state.swapped.pop_front();
-      plan.groups.push_back({g, G.num_tokens() - G.computed});
-      budget -= cost;
+      plan.groups.push_back({g, per_seq});
+      budget -= per_seq * G.live();
     }
   }
 

@@ -63,6 +63,9 @@ class Engine {
   ServingResult run();
 
  private:
+  bool start();   // the scheduler, KV manager, backend, swap space, executor (false: r_.error)
+  void loop();    // the event loop: arrivals, steps, completions, samples
+  void report();  // the run's figures, then every byte back
   void build_groups();
   void complete_step(const StepPlan& plan);
   void fork_children(Group& G);
@@ -80,6 +83,15 @@ class Engine {
   // as computed.
   Status execute(const StepPlan& plan, const StepShape& shape);
   std::string events_since_check();  // what happened since the last check (empty: nothing)
+  // The step planned nothing (see the Scheduler contract): goes on when the scheduler moved
+  // otherwise, advances to the next arrival, or ends / fails on the request nothing can place.
+  // false: the run fails (r_.error names the request and why).
+  bool on_empty_plan(bool preempted, bool ended, size_t next);
+  bool place_swapped(uint32_t g);     // nothing runs: g heads the swapped queue
+  bool place_waiting(uint32_t g);     // nothing runs: g heads the waiting queue
+  std::string who(uint32_t g) const;  // "request R (group g)"
+  std::string describe(const Refusal& why) const;
+  std::string unplaced(uint32_t g, const char* where) const;
 
   const EngineConfig& c_;
   const std::vector<RequestSpec>& requests_;
@@ -87,8 +99,11 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   MetricsRecorder metrics_;
   StepTimeModel model_;
+  std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<ServeState> state_;
+  DevPtr swap_space_ = 0;
+  bool idle_retry_ = false;  // the last step preempted everything and planned nothing
   std::vector<Group> groups_;
   SeqId next_seq_ = 0;
   uint64_t forks_ = 0;
@@ -220,6 +235,130 @@ std::string Engine::events_since_check() {
   add(now.swap_ins != checked_at_.swap_ins, "swap-in");
   checked_at_ = now;
   return why;
+}
+
+std::string Engine::who(uint32_t g) const {
+  return fmt::format("request {} (group {})", groups_[g].spec.id, g);
+}
+
+std::string Engine::describe(const Refusal& why) const {
+  const char* each = why.seqs > 1 ? " per sequence" : "";
+  switch (why.kind) {
+    case Refusal::Kind::kNone:
+      break;
+    case Refusal::Kind::kBudget:
+      return fmt::format(
+          "needs {} tokens in one step with chunked prefill off; the token budget "
+          "is {} (max_num_batched_tokens {})",
+          why.tokens, why.budget, c_.serve.max_num_batched_tokens);
+    case Refusal::Kind::kStep:
+      return fmt::format(
+          "steps its {} sequences together ({} x {} tokens); the token budget is {} "
+          "(max_num_batched_tokens {})",
+          why.seqs, why.seqs, why.tokens, why.budget, c_.serve.max_num_batched_tokens);
+    case Refusal::Kind::kMemory:
+    case Refusal::Kind::kSwapIn:
+    case Refusal::Kind::kPreempt: {
+      // Blocks (slots, pages) of the pool's unit; the pool's own count leaves out reserved ones
+      // (vLLM's null block) as kv_capacity_tokens does.
+      const uint64_t unit = std::max<uint64_t>(1, kv_->stats().block_tokens);
+      return fmt::format(
+          "needs KV for {} tokens{} ({} blocks of {}{}); the pool holds {} tokens "
+          "({} blocks)",
+          why.tokens, each, (why.tokens + unit - 1) / unit, unit, each, r_.kv_capacity_tokens,
+          r_.kv_capacity_tokens / unit);
+    }
+  }
+  return "the scheduler gave no reason";
+}
+
+std::string Engine::unplaced(uint32_t g, const char* where) const {
+  const Refusal& why = state_->refusal;
+  return fmt::format("scheduler '{}': {} {} and cannot be placed with nothing running: {}",
+                     c_.scheduler, who(g), where,
+                     why.group == g ? describe(why) : std::string("the scheduler gave no reason"));
+}
+
+// Nothing runs, so no KV is held and the whole budget is free: what failed now fails forever.
+bool Engine::place_swapped(uint32_t g) {
+  const Group& G = groups_[g];
+  const Refusal& why = state_->refusal;
+  if (G.live() > c_.serve.max_num_seqs) {
+    r_.error = fmt::format(
+        "scheduler '{}': {} is swapped out with {} sequences, more than "
+        "max_num_seqs {}: it can never come back",
+        c_.scheduler, who(g), G.live(), c_.serve.max_num_seqs);
+    return false;
+  }
+  // vLLM V0 _schedule_swapped: a group whose KV can never fit (AllocStatus.NEVER) is failed
+  // (FINISHED_IGNORED) and the others go on; memsim counts it rejected.
+  if (why.group == g &&
+      (why.kind == Refusal::Kind::kSwapIn || why.kind == Refusal::Kind::kPreempt)) {
+    state_->drop_swapped(g, describe(why));
+    return true;
+  }
+  r_.error = unplaced(g, "is swapped out");
+  return false;
+}
+
+bool Engine::place_waiting(uint32_t g) {
+  const Group& G = groups_[g];
+  const Refusal& why = state_->refusal;
+  // vLLM V0 _schedule_prefills ignores (FINISHED_IGNORED) a prompt over its limit (the budget,
+  // without chunked prefill) or whose blocks can never be allocated (AllocStatus.NEVER).
+  if (why.group == g && (why.kind == Refusal::Kind::kBudget || why.kind == Refusal::Kind::kMemory ||
+                         why.kind == Refusal::Kind::kPreempt)) {
+    state_->reject(g, describe(why));
+    return true;
+  }
+  if (G.width > c_.serve.max_num_seqs) {
+    r_.error = fmt::format(
+        "scheduler '{}': {} asks for {} sequences (n / beam_width), more than "
+        "max_num_seqs {}: no batch can hold it",
+        c_.scheduler, who(g), G.width, c_.serve.max_num_seqs);
+    return false;
+  }
+  r_.error = unplaced(g, "waits");
+  return false;
+}
+
+bool Engine::on_empty_plan(bool preempted, bool ended, size_t next) {
+  ServeState& st = *state_;
+  // Progress without a step: the scheduler ended requests, or preempted (a step that preempts
+  // admits nothing; the freed KV is tried next step). While groups still run, each such step
+  // shrinks `running` (no scheduler refills it then); once none run, one more try decides.
+  if (ended) {
+    idle_retry_ = false;
+    return true;
+  }
+  if (preempted && (!st.running.empty() || !idle_retry_)) {
+    idle_retry_ = st.running.empty();
+    return true;
+  }
+  idle_retry_ = false;
+  if (!st.running.empty()) {
+    const uint32_t g = st.running.front();
+    const Group& G = groups_[g];
+    const Refusal& why = st.refusal;
+    r_.error = fmt::format(
+        "scheduler '{}' scheduled nothing while {} requests run: {} {}", c_.scheduler,
+        st.running.size(), who(g),
+        why.group == g && why.kind != Refusal::Kind::kNone
+            ? describe(why)
+            : fmt::format("was neither scheduled nor preempted ({} new tokens x {} sequences, "
+                          "max_num_batched_tokens {})",
+                          G.num_tokens() - G.computed, G.live(), c_.serve.max_num_batched_tokens));
+    return false;
+  }
+  if (!st.swapped.empty()) return place_swapped(st.swapped.front());
+  if (!st.waiting.empty()) return place_waiting(st.waiting.front());
+  if (next < groups_.size()) {
+    clock_.advance_to(t0_ + requests_[next].arrival);
+    return true;
+  }
+  r_.error = fmt::format("{} of {} requests are neither waiting, running, swapped nor finished",
+                         groups_.size() - done_, groups_.size());
+  return false;
 }
 
 Status Engine::execute(const StepPlan& plan, const StepShape& shape) {
@@ -419,12 +558,12 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
   return k;
 }
 
-ServingResult Engine::run() {
+bool Engine::start() {
   r_.label = c_.label;
   r_.step_time_source = c_.measured_clock ? "measured" : model_.source();
   if (c_.measured_clock && !c_.executor) {
     r_.error = "measured_clock needs a step executor that times its steps";
-    return r_;
+    return false;
   }
   r_.kv_impl = c_.kv_impl;
   r_.scheduler = c_.scheduler;
@@ -432,9 +571,9 @@ ServingResult Engine::run() {
   const SchedulerInfo* info = find_scheduler(c_.scheduler);
   if (!info) {
     r_.error = fmt::format("unknown scheduler '{}'", c_.scheduler);
-    return r_;
+    return false;
   }
-  std::unique_ptr<Scheduler> scheduler = info->make();
+  scheduler_ = info->make();
   kv_ = c_.kv_factory();
   KvInit init;
   init.layers = c_.model.layers;
@@ -446,7 +585,7 @@ ServingResult Engine::run() {
     auto made = c_.backend(c_.gpu, clock_);
     if (!made.ok()) {
       r_.error = fmt::format("backend: {}", made.error().message);
-      return r_;
+      return false;
     }
     backend_ = std::move(made).value();
   } else {
@@ -454,32 +593,31 @@ ServingResult Engine::run() {
   }
   if (Status s = kv_->init(*backend_, init); !s.ok()) {
     r_.error = fmt::format("KV cache init: {}", s.error().message);
-    return r_;
+    return false;
   }
   // The pinned swap space exists whenever a group can be swapped: in swap mode, and for requests
   // with several samples or beams, which are swapped whatever the mode (vLLM V0).
   const bool multi = std::any_of(requests_.begin(), requests_.end(), [](const RequestSpec& q) {
     return std::max(q.n, q.beam_width) > 1;
   });
-  DevPtr swap_space = 0;
   if ((c_.serve.preemption == Preemption::kSwap || multi) && c_.serve.swap_space) {
     auto host = backend_->host_malloc_pinned(c_.serve.swap_space);
     if (!host.ok()) {
       r_.error = fmt::format("swap space: {}", host.error().message);
-      return r_;
+      return false;
     }
-    swap_space = *host;
+    swap_space_ = *host;
   }
   build_groups();
   state_ = std::make_unique<ServeState>(*kv_, c_.serve, groups_);
   r_.kv_capacity_tokens = kv_->free_token_capacity();
   if (c_.executor) {
     executor_ = c_.executor();
-    if (Status s = executor_->begin(*kv_, *backend_, swap_space, c_.serve.swap_space); !s.ok()) {
+    if (Status s = executor_->begin(*kv_, *backend_, swap_space_, c_.serve.swap_space); !s.ok()) {
       r_.error = fmt::format("step executor: {}", s.error().message);
       executor_.reset();
       (void)kv_->shutdown();
-      return r_;
+      return false;
     }
     r_.executed = true;
     validate_rng_.seed(c_.serve.seed ^ 0x76616c6964617465ull);
@@ -496,10 +634,12 @@ ServingResult Engine::run() {
       return {};
     };
   }
+  return true;
+}
+
+void Engine::loop() {
   // Background KV work runs once per step, which the fast path (steps taken together) skips.
   const bool fast = c_.fast_decode && !executor_ && !kv_->has_background();
-
-  const auto wall0 = std::chrono::steady_clock::now();
   t0_ = last_sample_ = clock_.now();
   SimTime next_sample = t0_;
   size_t next = 0;
@@ -509,7 +649,10 @@ ServingResult Engine::run() {
       while (next < groups_.size() && t0_ + requests_[next].arrival <= clock_.now()) {
         const uint32_t g = static_cast<uint32_t>(next++);
         if (groups_[g].spec.prompt_tokens >= c_.serve.max_model_len) {
-          state_->reject(g);  // vLLM refuses prompts that leave no room to generate
+          // vLLM refuses prompts that leave no room to generate.
+          state_->reject(g, fmt::format("its prompt of {} tokens leaves no room to generate under "
+                                        "max_model_len {}",
+                                        groups_[g].spec.prompt_tokens, c_.serve.max_model_len));
           continue;
         }
         groups_[g].status = GroupStatus::kWaiting;
@@ -527,8 +670,13 @@ ServingResult Engine::run() {
       plan.clear();
       state_->step_swap_bytes = 0;
       const SimTime kv0 = clock_.now();  // the scheduler advances the clock only by KV calls
-      scheduler->schedule(*state_, plan);
+      const uint64_t preemptions0 = state_->counters().preemptions;
+      const size_t ended0 = state_->finished_now.size();  // rejected on arrival
+      state_->refusal = {};
+      scheduler_->schedule(*state_, plan);
       r_.kv_critical_time += clock_.now() - kv0;
+      const bool preempted = state_->counters().preemptions != preemptions0;
+      const bool ended = state_->finished_now.size() > ended0;  // by the scheduler
       for (uint32_t g : state_->finished_now) finish(g);
       state_->finished_now.clear();
       if (!state_->hook_error.ok()) {
@@ -537,25 +685,12 @@ ServingResult Engine::run() {
       }
       if (state_->step_swap_bytes) clock_.advance(model_.pcie_transfer(state_->step_swap_bytes));
       if (plan.groups.empty()) {
-        if (!state_->running.empty()) {
-          r_.error = fmt::format(
-              "scheduler '{}' scheduled nothing while {} requests run (max_num_batched_tokens {} "
-              "below a group's decode width?)",
-              c_.scheduler, state_->running.size(), c_.serve.max_num_batched_tokens);
-          break;
-        }
-        if (!state_->swapped.empty()) {  // nothing runs, yet it cannot be swapped back in
-          state_->drop_swapped(state_->swapped.front());
-        } else if (!state_->waiting.empty()) {  // nothing runs, yet the head cannot start
-          state_->reject(state_->waiting.front());
-        } else if (next < groups_.size()) {
-          clock_.advance_to(t0_ + requests_[next].arrival);
-          continue;
-        }
+        if (!on_empty_plan(preempted, ended, next)) break;
         for (uint32_t g : state_->finished_now) finish(g);
         state_->finished_now.clear();
         continue;
       }
+      idle_retry_ = false;
       const StepShape shape = shape_of(plan);
       const SimTime exec0 = clock_.now();
       // The host clock at the step's issue, for measured runs only (not on the sim's hot path).
@@ -597,7 +732,9 @@ ServingResult Engine::run() {
   } catch (const std::logic_error& e) {
     r_.error = e.what();
   }
-  r_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+}
+
+void Engine::report() {
   r_.sim_time = clock_.now() - t0_;
 
   std::string why;
@@ -618,6 +755,7 @@ ServingResult Engine::run() {
     }
   }
   r_.rejected = r_.counters.rejected;
+  r_.rejections = state_->rejections;
   r_.length_capped = length_capped_;
   r_.ttft_ms = percentiles(std::move(ttft));
   r_.tpot_ms = percentiles(std::move(tpot));
@@ -640,13 +778,21 @@ ServingResult Engine::run() {
     r_.error =
         fmt::format("{} KV slots still allocated after the last request", r_.kv.slots_allocated);
   if (Status s = kv_->shutdown(); !s.ok() && r_.error.empty()) r_.error = s.error().message;
-  if (swap_space) (void)backend_->host_free_pinned(swap_space);
+  if (swap_space_) (void)backend_->host_free_pinned(swap_space_);
   if (r_.error.empty() && backend_->usage().physical_bytes != 0)
     r_.error =
         fmt::format("{} device bytes still held after shutdown", backend_->usage().physical_bytes);
   r_.samples = metrics_.samples();
   for (size_t i = 0; i < metrics_.series_count(); ++i)
     r_.series.push_back(metrics_.name(static_cast<MetricsRecorder::SeriesId>(i)));
+}
+
+ServingResult Engine::run() {
+  if (!start()) return r_;
+  const auto wall0 = std::chrono::steady_clock::now();
+  loop();
+  r_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  report();
   return r_;
 }
 

@@ -10,19 +10,24 @@
 
 namespace memsim {
 
+// vLLM V1 Scheduler.schedule() (vllm/v1/core/sched/scheduler.py), running-request loop: each
+// request gets min(num_new_tokens, token_budget) whatever it is computing, so a request resumed
+// after preemption by recompute that has produced output tokens catches up in chunks like a
+// prefill (V1 knows no decode phase: num_computed_tokens chases num_tokens). memsim does not
+// model long_prefill_token_threshold (V1's default 0: no cap besides the budget).
 bool schedule_running(ServeState& state, StepPlan& plan, uint32_t* budget) {
   bool preempted = false;
   for (size_t i = 0; i < state.running.size() && *budget > 0;) {
     const uint32_t g = state.running[i];
     Group& G = state.group(g);
-    uint32_t per_seq = G.num_tokens() - G.computed;
-    if (G.live() > 1 || !G.in_prefill()) {
-      if (per_seq * G.live() > *budget) break;  // a decode step is never split
-    } else {
-      per_seq = std::min(per_seq, *budget);
+    const uint32_t per_seq = state.step_tokens(G, *budget);
+    if (per_seq == 0) {  // samples or beams stepping together exceed what is left of the budget
+      state.refusal = {Refusal::Kind::kStep, g, G.num_tokens() - G.computed, G.live(), *budget};
+      break;
     }
+    const uint32_t target = G.computed + per_seq;
     bool scheduled = true;
-    while (!state.grow_group(g, G.computed + per_seq)) {
+    while (!state.grow_group(g, target)) {
       preempted = true;
       const size_t v = state.pick_victim();
       const uint32_t victim = state.running[v];
@@ -34,7 +39,8 @@ bool schedule_running(ServeState& state, StepPlan& plan, uint32_t* budget) {
         --i;
       }
       state.preempt(victim);
-      if (victim == g) {
+      if (victim == g) {  // it was its own victim (vLLM: "Cannot schedule this request")
+        state.refusal = {Refusal::Kind::kPreempt, g, target, G.live(), 0};
         scheduled = false;
         break;
       }

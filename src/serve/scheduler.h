@@ -31,8 +31,11 @@ struct StepPlan {
 //   to state.running; groups it preempts or truncates leave running through ServeState.
 // - A step computes at most options().max_num_batched_tokens tokens and runs at most
 //   options().max_num_seqs sequences; a group appears at most once.
-// - An empty plan means nothing can run now; the engine then advances to the next arrival, or
-//   rejects the head of the waiting queue when nothing is running (its KV can never fit).
+// - An empty plan means nothing can run now. The engine then goes on only if the scheduler
+//   made progress otherwise (it ended a request, or preempted one: the freed KV is tried next
+//   step), else advances to the next arrival; with nothing running it ends the head of the
+//   swapped or waiting queue (it can never fit, per `state.refusal`) or fails naming it.
+//   A group left in `running` unscheduled with no preemption fails the run, named.
 // - Deterministic: the same state gives the same plan (random choices use state.rng()).
 class Scheduler {
  public:
@@ -42,10 +45,12 @@ class Scheduler {
 };
 
 // vLLM V1's first scheduling phase, shared by the batching schedulers: every running group in
-// order gets the rest of its prefill (chunked under *budget) or one token per sequence; when KV
-// runs out, the victim (options().victim) is preempted and the allocation retried; if the victim
-// is the group itself, the phase stops. A victim scheduled earlier in this step is taken back
-// out of the plan. Returns whether anything was preempted.
+// order gets ServeState::step_tokens() under *budget (a single sequence: the rest of its prefill
+// or of its recompute, chunked, or one decode token; samples and beams: one token each, unsplit,
+// and the phase stops at a group they do not fit); when KV runs out, the victim
+// (options().victim) is preempted and the allocation retried; if the victim is the group itself,
+// the phase stops. A victim scheduled earlier in this step is taken back out of the plan.
+// Returns whether anything was preempted.
 bool schedule_running(ServeState& state, StepPlan& plan, uint32_t* budget);
 
 using SchedulerFactory = std::function<std::unique_ptr<Scheduler>()>;

@@ -73,6 +73,12 @@ uint32_t ServeState::pending_tokens(const Group& g) const {
   return (g.num_tokens() - g.computed) * g.live();
 }
 
+uint32_t ServeState::step_tokens(const Group& g, uint32_t budget) const {
+  const uint32_t rest = g.num_tokens() - g.computed;
+  if (g.live() == 1) return std::min(rest, budget);
+  return uint64_t{rest} * g.live() <= budget ? rest : 0;
+}
+
 AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_tokens) {
   Group& G = groups_[g];
   Sequence& s = G.seqs[0];
@@ -80,12 +86,20 @@ AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_t
   const uint32_t prefix = kv_.lookup_prefix(s.content.slice(0, known));
   uint32_t chunk = known - prefix;
   if (chunk > token_budget) {
-    if (!options_.chunked_prefill) return AdmitResult::kNoBudget;
+    if (!options_.chunked_prefill) {
+      refusal = {Refusal::Kind::kBudget, g, chunk, 1, token_budget};
+      return AdmitResult::kNoBudget;
+    }
     chunk = token_budget;
   }
+  // lookup_prefix leaves the last token uncached (the KV manager contract), so a request always
+  // computes at least one token; only a budget of 0 leaves nothing to admit.
   if (chunk == 0) return AdmitResult::kNoBudget;
   // A request waiting for memory is not an out-of-memory event (it is retried every step).
-  if (!grow_seq(s, prefix + chunk, prefix, false)) return AdmitResult::kNoMemory;
+  if (!grow_seq(s, prefix + chunk, prefix, false)) {
+    refusal = {Refusal::Kind::kMemory, g, prefix + chunk, 1, token_budget};
+    return AdmitResult::kNoMemory;
+  }
   G.computed = prefix;
   G.prefix_hit = prefix;
   counters_.prefix_query_tokens += known;
@@ -164,12 +178,14 @@ void ServeState::preempt(uint32_t g) {
   waiting.push_front(g);
 }
 
-bool ServeState::swap_in(uint32_t g) {
+bool ServeState::swap_in(uint32_t g, uint32_t new_tokens) {
   Group& G = groups_[g];
   // The swapped-in KV ([0, computed)) plus room for the tokens the group computes in this very
   // step (the scheduler schedules it at once): vLLM V0 swaps the blocks in, then appends slots.
+  const uint32_t tokens = G.computed + new_tokens;
   for (size_t i = 0; i < G.seqs.size(); ++i) {
-    if (!grow_seq(G.seqs[i], G.num_tokens(), 0, false)) {
+    if (!grow_seq(G.seqs[i], tokens, 0, false)) {
+      refusal = {Refusal::Kind::kSwapIn, g, tokens, G.live(), 0};
       for (size_t j = 0; j < i; ++j) {
         // Nothing was swapped back into the KV it grew: it holds no tokens to cache.
         kv_.release(G.seqs[j].id, G.seqs[j].content.slice(0, 0));
@@ -195,13 +211,13 @@ void ServeState::run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens,
   if (Status st = swap_hook(s, source, tokens, e); !st.ok()) hook_error = st;
 }
 
-void ServeState::drop_swapped(uint32_t g) {
+void ServeState::drop_swapped(uint32_t g, const std::string& why) {
   Group& G = groups_[g];
   swapped.erase(std::find(swapped.begin(), swapped.end(), g));
   for (Sequence& s : G.seqs) run_swap_hook(s, s.id, G.computed, SwapEvent::kDrop);
   swap_used -= G.swapped_bytes;
   G.swapped_bytes = 0;
-  reject(g);
+  reject(g, why);
 }
 
 void ServeState::release_group(uint32_t g) {
@@ -223,8 +239,9 @@ void ServeState::truncate(uint32_t g) {
   finished_now.push_back(g);
 }
 
-void ServeState::reject(uint32_t g) {
+void ServeState::reject(uint32_t g, const std::string& why) {
   Group& G = groups_[g];
+  rejections.push_back(fmt::format("request {} (group {}): {}", G.spec.id, g, why));
   if (auto w = std::find(waiting.begin(), waiting.end(), g); w != waiting.end()) waiting.erase(w);
   release_seqs(G);
   G.rejected = true;

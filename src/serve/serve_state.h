@@ -55,7 +55,24 @@ struct Group {
 
   uint32_t num_tokens() const { return spec.prompt_tokens + outputs; }  // known tokens
   uint32_t live() const { return static_cast<uint32_t>(seqs.size()); }
-  bool in_prefill() const { return computed < num_tokens() && outputs == 0; }
+};
+
+// Why the scheduler last failed to place a group, for the engine to name when nothing can run
+// (numbers only: admission is refused every step while a request waits for memory).
+struct Refusal {
+  enum class Kind : uint8_t {
+    kNone,
+    kBudget,   // admit: the first chunk exceeds the token budget and chunked prefill is off
+    kStep,     // a multi-sequence group's lockstep step exceeds the token budget
+    kMemory,   // admit: no KV for the cached prefix plus the first chunk
+    kSwapIn,   // swap_in: no KV for the swapped tokens plus the step's new ones
+    kPreempt,  // a running group could not grow and was its own victim (preempted)
+  };
+  Kind kind = Kind::kNone;
+  uint32_t group = 0;
+  uint32_t tokens = 0;  // kBudget, kStep: new tokens per sequence; else KV tokens per sequence
+  uint32_t seqs = 1;    // sequences that needed them
+  uint32_t budget = 0;  // the token budget left (kBudget, kStep)
 };
 
 struct ServeOptions {
@@ -102,10 +119,12 @@ class ServeState {
   std::deque<uint32_t> waiting;
   std::vector<uint32_t> running;  // in scheduling order
   std::deque<uint32_t> swapped;
-  uint32_t running_seqs = 0;           // sequences of running groups
-  uint64_t swap_used = 0;              // host swap bytes in use
-  uint64_t step_swap_bytes = 0;        // PCIe bytes moved by this step (swap out + in)
-  std::vector<uint32_t> finished_now;  // ended by the scheduler (truncated / rejected)
+  uint32_t running_seqs = 0;            // sequences of running groups
+  uint64_t swap_used = 0;               // host swap bytes in use
+  uint64_t step_swap_bytes = 0;         // PCIe bytes moved by this step (swap out + in)
+  std::vector<uint32_t> finished_now;   // ended by the scheduler (truncated / rejected)
+  Refusal refusal;                      // the last placement that failed (reset by the engine)
+  std::vector<std::string> rejections;  // "request R (group g): why", one per rejected group
   // Optional (step executors): called for every sequence of a group before its KV is released
   // to the host swap space (kOut: reads `source`'s rows; a sample not yet forked reads its
   // parent's), after it regrew at swap-in (kIn), or when a swapped group is dropped without
@@ -115,30 +134,38 @@ class ServeState {
   std::function<Status(const Sequence& s, SeqId source, uint32_t tokens, SwapEvent e)> swap_hook;
   Status hook_error;
   // Drops swapped group g (its KV can never come back): frees its swap space, rejects it.
-  void drop_swapped(uint32_t g);
+  void drop_swapped(uint32_t g, const std::string& why);
 
   // Makes every sequence of g hold `tokens` tokens (forking pending samples/beams first).
   // All-or-nothing per call is not required; false = out of KV memory (counted).
   bool grow_group(uint32_t g, uint32_t tokens);
   // Admission (or re-admission after recompute) of a waiting group: prefix-cache lookup, then
   // KV for the cached prefix plus the first prefill chunk (at most token_budget tokens, or the
-  // whole rest without chunked prefill). Sets *new_tokens to the chunk on success.
+  // whole rest without chunked prefill). Sets *new_tokens to the chunk on success; a refusal is
+  // recorded in `refusal`.
   AdmitResult admit(uint32_t g, uint32_t token_budget, uint32_t* new_tokens);
   // Tokens the group's next step would compute if unlimited (prefill rest or 1 per sequence).
   uint32_t pending_tokens(const Group& g) const;
+  // Tokens per sequence group g computes in its next step under `budget` tokens (vLLM V1
+  // Scheduler.schedule(): min(num_new_tokens, token_budget) for every request, a prefill chunk,
+  // a decode, or the recompute of a request resumed after preemption alike). A group of several
+  // sequences (samples, beams) steps them together unsplit (vLLM V0 _get_num_new_tokens: more
+  // than one sequence means a decode, never chunked): 0 when that exceeds the budget.
+  uint32_t step_tokens(const Group& g, uint32_t budget) const;
   // Preempts running group g (removing it from `running`): recompute or swap per the options.
   void preempt(uint32_t g);
   // Picks the victim among the running groups per options().victim; its index in running.
   size_t pick_victim() const;
-  // Swaps a swapped group back in with room for its pending tokens (num_tokens(): the step
-  // that swaps it in computes them); false when that does not fit now.
-  bool swap_in(uint32_t g);
+  // Swaps a swapped group back in with room for the `new_tokens` per sequence that the step
+  // swapping it in computes (step_tokens()); false (and a refusal) when that does not fit now.
+  bool swap_in(uint32_t g, uint32_t new_tokens);
   // Releases all KV of g (finished), caching its prefix where the strategy does.
   void release_group(uint32_t g);
   // Ends g now with what it generated (KV exhausted: single_sequence), or rejects a waiting g
-  // whose KV can never fit. Both release its KV and queue it in finished_now.
+  // that can never run, saying why in `rejections`. Both release its KV and queue it in
+  // finished_now.
   void truncate(uint32_t g);
-  void reject(uint32_t g);
+  void reject(uint32_t g, const std::string& why);
   // Tells the KV manager every lazily grown token of the running groups.
   void sync_all();
   void sync(Sequence& s);

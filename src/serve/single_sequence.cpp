@@ -1,8 +1,6 @@
 // single_sequence: admit the head request when idle, run it alone, truncate on exhaustion.
 #include "src/serve/single_sequence.h"
 
-#include <algorithm>
-
 namespace memsim {
 
 void SingleSequence::schedule(ServeState& state, StepPlan& plan) {
@@ -27,8 +25,11 @@ void SingleSequence::schedule(ServeState& state, StepPlan& plan) {
   }
   const uint32_t g = state.running.front();
   Group& G = state.group(g);
-  uint32_t per_seq = G.num_tokens() - G.computed;
-  if (G.in_prefill()) per_seq = std::min(per_seq, budget);
+  const uint32_t per_seq = state.step_tokens(G, budget);  // the batching schedulers' rule
+  if (per_seq == 0) {  // its samples or beams step together and exceed the budget
+    state.refusal = {Refusal::Kind::kStep, g, G.num_tokens() - G.computed, G.live(), budget};
+    return;
+  }
   if (!state.grow_group(g, G.computed + per_seq)) {
     state.truncate(g);  // stop generating, keep what was produced
     return;
