@@ -82,7 +82,7 @@ struct ServingResult {
   std::string step_time_source;  // StepTimeModel::source(), or "measured" (measured_clock)
   uint64_t requests = 0, finished = 0, truncated = 0, rejected = 0;
   uint64_t length_capped = 0;  // outputs cut at max_model_len (vLLM finish reason "length")
-  std::vector<std::string> rejections;  // why each rejected request was: "request R (group g): ..."
+  std::vector<std::string> rejections;  // why the first rejected requests were (up to 100)
   uint64_t steps = 0;
   SimTime sim_time = 0;  // first arrival to last completion
   double wall_seconds = 0;

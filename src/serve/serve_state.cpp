@@ -241,7 +241,8 @@ void ServeState::truncate(uint32_t g) {
 
 void ServeState::reject(uint32_t g, const std::string& why) {
   Group& G = groups_[g];
-  rejections.push_back(fmt::format("request {} (group {}): {}", G.spec.id, g, why));
+  if (rejections.size() < kKeptRejections)
+    rejections.push_back(fmt::format("request {} (group {}): {}", G.spec.id, g, why));
   if (auto w = std::find(waiting.begin(), waiting.end(), g); w != waiting.end()) waiting.erase(w);
   release_seqs(G);
   G.rejected = true;

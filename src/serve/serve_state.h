@@ -124,7 +124,10 @@ class ServeState {
   uint64_t step_swap_bytes = 0;         // PCIe bytes moved by this step (swap out + in)
   std::vector<uint32_t> finished_now;   // ended by the scheduler (truncated / rejected)
   Refusal refusal;                      // the last placement that failed (reset by the engine)
-  std::vector<std::string> rejections;  // "request R (group g): why", one per rejected group
+  // "request R (group g): why" for the first kKeptRejections rejected groups (counters count all:
+  // a trace of millions of requests over max_model_len keeps its memory).
+  static constexpr size_t kKeptRejections = 100;
+  std::vector<std::string> rejections;
   // Optional (step executors): called for every sequence of a group before its KV is released
   // to the host swap space (kOut: reads `source`'s rows; a sample not yet forked reads its
   // parent's), after it regrew at swap-in (kIn), or when a swapped group is dropped without
