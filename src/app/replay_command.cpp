@@ -3,11 +3,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <ostream>
 
 #include <fmt/format.h>
 
 #include "memsim_config.h"
+#include "sim/host_memory.h"
 #include "sim/trace_recorder.h"
 #include "sim/trace_replay.h"
 #include "sim/workload/alloc_trace.h"
@@ -126,9 +128,7 @@ std::string write_outputs(const std::string& dir, const ReplayCommandOptions& o,
   return {};
 }
 
-}  // namespace
-
-int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::ostream& err) {
+int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& err) {
   Result<Snapshot> snap = read_snapshot_file(o.snapshot);
   if (!snap.ok()) {
     err << "memsim replay: " << snap.error().message << "\n";
@@ -237,6 +237,19 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
   }
   out << run_plot_script(o.snapshot, "plot_allocators.py", dir, {}, {"allocators.png"}) << "\n";
   return failed ? kExitRunFailure : 0;
+}
+
+}  // namespace
+
+int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::ostream& err) {
+  try {
+    return run_replay(o, out, err);
+  } catch (const HostMemoryError& e) {
+    err << e.what() << "\n";
+  } catch (const std::bad_alloc&) {
+    err << fmt::format("memsim: out of host memory while replaying {}\n", o.snapshot);
+  }
+  return kExitRunFailure;
 }
 
 }  // namespace memsim

@@ -13,9 +13,11 @@
 #include "sim/clock.h"
 #include "sim/metrics.h"
 #include "sim/workload/model_shape.h"
+#include "sim/workload/request_table.h"
 #include "sim/workload/requests.h"
 #include "sim/workload/step_profile.h"
 #include "src/kv/registry.h"
+#include "src/serve/latency_samples.h"
 #include "src/serve/serve_state.h"
 #include "src/serve/step_executor.h"
 
@@ -72,10 +74,6 @@ struct MeasuredStep {
   double gpu_ms = 0;  // the GPU's share of `measured` (StepExecutor::measured_step_gpu_ms)
 };
 
-struct Percentiles {
-  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
-};
-
 struct ServingResult {
   std::string label, kv_impl, scheduler;
   std::string error;  // a broken invariant or internal error: the run failed (not an outcome)
@@ -104,10 +102,14 @@ struct ServingResult {
   bool executed = false;                     // an executor ran every step
   ExecutorReport validation;                 // what it did and checked
   std::vector<MeasuredStep> measured_steps;  // measured_clock: every step
-  std::vector<MetricsRecorder::Sample> samples;
-  std::vector<std::string> series;  // sample.series -> name
+  SampleLog samples;                         // packed gauge samples (see SampleLog)
+  std::vector<std::string> series;           // sample.series -> name
 };
 
+// Runs `requests` (ids in arrival order) through the engine. Each request's state is built when
+// it arrives and freed when it finishes; what the run keeps per request is its latencies
+// (LatencySamples, 24 bytes).
+ServingResult run_serving(const EngineConfig& config, const RequestTable& requests);
 ServingResult run_serving(const EngineConfig& config, const std::vector<RequestSpec>& requests);
 
 }  // namespace memsim

@@ -109,6 +109,8 @@ ServingConfig load_serving_config(const std::string& path,
 // are positive and finite.
 ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill);
 
+// Runs every run of the config (in parallel unless hooks.serial). A run that exhausts host
+// memory throws HostMemoryError (sim/host_memory.h) once all runs have ended.
 ServingResults run_serving_experiment(const ServingConfig& config,
                                       const ServingRunHooks& hooks = {});
 
