@@ -1,7 +1,7 @@
 // The serving engine end to end on small workloads: every KV strategy and scheduler finishes
 // cleanly, the fast decode path equals the step-by-step path exactly, preemption (recompute and
-// swap), copy-on-write for parallel samples, single_sequence truncation (seed 10.4), and the packed
-// latency percentiles.
+// swap), copy-on-write for parallel samples, single_sequence truncation (seed 10.4), the packed
+// latency percentiles and the progress hook.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -231,6 +231,28 @@ TEST_CASE("packed latency samples give exactly the percentiles of the doubles") 
     CHECK(same(packed.e2e_ms(), reference_percentiles(e2e)));
     CHECK(same(packed.tpot_ms(), reference_percentiles(tpot)));
   }
+}
+
+TEST_CASE("the engine reports its progress through the hook, which changes nothing") {
+  const auto reqs = workload(3000, 50);
+  EngineConfig e = engine("{impl: paged_block_pool}", 8 * kGiB);
+  const ServingResult plain = run_serving(e, reqs);
+  std::vector<EngineProgress> seen;
+  e.progress = [&](const EngineProgress& p) { seen.push_back(p); };
+  const ServingResult hooked = run_serving(e, reqs);
+  require_clean(hooked, reqs.size());
+  CHECK(hooked.sim_time == plain.sim_time);
+  CHECK(hooked.steps == plain.steps);
+  CHECK(hooked.e2e_ms.p99 == plain.e2e_ms.p99);
+  CHECK(hooked.samples.size() == plain.samples.size());
+  REQUIRE(seen.size() >= 3);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    CHECK(seen[i].requests == reqs.size());
+    CHECK(seen[i].finished < reqs.size());
+    if (i > 0) CHECK(seen[i].finished >= seen[i - 1].finished);
+    if (i > 0) CHECK(seen[i].simulated >= seen[i - 1].simulated);
+  }
+  CHECK(seen.back().finished > 0);
 }
 
 }  // namespace memsim::test

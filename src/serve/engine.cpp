@@ -85,6 +85,7 @@ class Engine {
   std::vector<SeqLength> after_step_;
   uint64_t done_ = 0;
   uint64_t length_capped_ = 0;
+  uint64_t loops_ = 0;  // scheduling loops, for the progress hook
   SimTime t0_ = 0, last_sample_ = 0;
   double waste_integral_ = 0, waste_last_ = 0, running_integral_ = 0;
   ServingResult r_;
@@ -502,6 +503,8 @@ ServingResult Engine::run() {
   StepPlan plan;
   try {
     while (done_ < requests_.size()) {
+      if (c_.progress && (++loops_ & 1023) == 0)
+        c_.progress({done_, requests_.size(), clock_.now() - t0_});
       while (next < requests_.size() && t0_ + requests_.arrival(next) <= clock_.now()) {
         const uint32_t g = static_cast<uint32_t>(next++);
         add_group(g);

@@ -23,6 +23,13 @@
 
 namespace memsim {
 
+// Where a run stands, for a progress display (the engine itself prints nothing).
+struct EngineProgress {
+  uint64_t finished = 0;  // requests finished (completed, truncated or rejected)
+  uint64_t requests = 0;  // requests of the run
+  SimTime simulated = 0;  // simulated time since the run started
+};
+
 struct EngineConfig {
   std::string label;
   ModelShape model;
@@ -61,6 +68,9 @@ struct EngineConfig {
   // Fraction of steps validated besides those after a fork, copy-on-write, swap-in, preemption
   // or eviction (seeded from serve.seed; never changes what is simulated).
   double validate_sample = 0.1;
+  // Called every 1024 scheduling loops with the run's progress (null: never). It runs on the
+  // engine's thread and should return quickly (throttle output by wall time itself).
+  std::function<void(const EngineProgress&)> progress;
 };
 
 // A step of a measured-clock run: its shape, the step-time model's prediction and the time the

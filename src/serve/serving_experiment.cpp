@@ -319,7 +319,11 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
   parallel_for(c.runs.size(), hooks.serial ? 1 : 0, [&](size_t i) {
     ServingRunResult& o = out.runs[i];
     const RequestTable& requests = c.request_sets[o.spec.requests].requests;
-    if (!o.budget_error.empty()) return;
+    const EngineProgress ended{requests.size(), requests.size(), 0};
+    if (!o.budget_error.empty()) {
+      if (hooks.progress) hooks.progress(i, ended);
+      return;
+    }
     EngineConfig e;
     e.label = o.spec.label;
     e.model = c.model;
@@ -339,12 +343,14 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
     e.validate_sample = o.spec.validate_sample;
     if (hooks.customize) hooks.customize(o.spec, e);
+    if (hooks.progress) e.progress = [&hooks, i](const EngineProgress& p) { hooks.progress(i, p); };
     try {
       o.result = run_serving(e, requests);
     } catch (const std::bad_alloc&) {
       o.result = ServingResult();  // frees what the run held
       out_of_memory[i] = 1;
     }
+    if (hooks.progress) hooks.progress(i, ended);
   });
   for (size_t i = 0; i < c.runs.size(); ++i)
     if (out_of_memory[i])

@@ -83,6 +83,10 @@ struct ServingResults {
 struct ServingRunHooks {
   std::function<void(const ServingRunSpec&, EngineConfig&)> customize;
   bool serial = false;
+  // Progress of run `run` (index into config.runs): every 1024 scheduling loops of its engine
+  // (EngineConfig::progress), and once when it ends (finished == requests). Runs may call it
+  // from several threads at once. Null: none.
+  std::function<void(size_t run, const EngineProgress&)> progress;
 };
 
 // A `kv:` map ({impl, ...the strategy's keys}) and a `scheduler:` map, parsed and validated
