@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "backends/cuda/cuda_backend.h"
+#include "bench/bench_cli.h"
 #include "sim/workload/alloc_program.h"
 #include "src/alloc/torch_caching.h"
 #include "src/config/loaders.h"
@@ -13,9 +14,19 @@
 
 using namespace memsim;
 
-int main(int argc, char** argv) {
-  const uint64_t physical = (argc > 1 ? std::stoull(argv[1]) : 4096) << 20;  // MiB -> bytes
-  const int switches = argc > 2 ? std::stoi(argv[2]) : 8;
+namespace {
+
+const std::string kUsage =
+    "usage: memsim-alias-bench [PHYSICAL_MIB [SWITCHES]]\n"
+    "  Times vmm_alias's switch to a new virtual space over PHYSICAL_MIB MiB of physical memory\n"
+    "  (default 4096), SWITCHES times per handle size (default 8). Exits 77 without a GPU.\n";
+
+int run(int argc, char** argv) {
+  if (argc > 3) throw bench::UsageError("takes at most two arguments");
+  const uint64_t physical =  // MiB -> bytes
+      (argc > 1 ? bench::parse_count(argv[1], "PHYSICAL_MIB", 2, 1ull << 30) : 4096) << 20;
+  const int switches =
+      argc > 2 ? static_cast<int>(bench::parse_count(argv[2], "SWITCHES", 1, 1000000)) : 8;
   SimClock probe_clock;
   auto probe = CudaBackend::create(unpriced_gpu_spec("alias-bench"), probe_clock, nullptr);
   if (!probe.ok()) {
@@ -105,4 +116,11 @@ int main(int argc, char** argv) {
     (void)spaces.release_all();
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return memsim::bench::guarded_main("memsim-alias-bench", kUsage, argc, argv,
+                                     [&] { return run(argc, argv); });
 }

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/bench_cli.h"
 #include "kernels/attention.h"
 
 namespace {
@@ -230,9 +231,7 @@ std::string pct(double x) {
   return x > 0 ? fmt::format("{:.1f}%", 100 * x) : "-";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "memsim-attn-bench: paged decode/prefill attention vs PyTorch SDPA and the "
       "read-bandwidth ceiling"};
@@ -251,7 +250,11 @@ int main(int argc, char** argv) {
   app.add_option("--csv", csv, "also write the figures to this CSV file");
   app.add_option("--sweep-splits", sweep, "also time paged decode at these split counts")
       ->delimiter(',');
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : memsim::bench::kExitBadInput;
+  }
 
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -334,4 +337,11 @@ int main(int argc, char** argv) {
   if (!sdpa_err.empty()) std::printf("SDPA: %s\n", sdpa_err.c_str());
   cudaStreamDestroy(st);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return memsim::bench::guarded_main("memsim-attn-bench", "", argc, argv,
+                                     [&] { return run(argc, argv); });
 }

@@ -8,10 +8,19 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "bench/bench_cli.h"
 
 using namespace memsim;
 
-int main() {
+namespace {
+
+const std::string kUsage =
+    "usage: memsim-graphmem-probe\n"
+    "  Captures small alloc/free scenarios into CUDA graphs and prints the driver's reserved\n"
+    "  graph memory next to memsim's model. Exits 77 without a GPU.\n";
+
+int run(int argc, char**) {
+  if (argc > 1) throw bench::UsageError("takes no arguments");
   // Ops: "aN" allocates N KiB (the i-th allocation), "fI" frees allocation I, inside one graph.
   const std::vector<std::string> scenarios = {
       "a102400 f0 a204800",                    // a freed 100 MiB, then 200 MiB
@@ -68,4 +77,11 @@ int main() {
     (void)cuda.graph_mem_trim();
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return memsim::bench::guarded_main("memsim-graphmem-probe", kUsage, argc, argv,
+                                     [&] { return run(argc, argv); });
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "sim/workload/requests.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
@@ -17,22 +18,24 @@
 
 namespace {
 
-std::string root() {
-  const char* r = std::getenv("MEMSIM_ROOT");
-  return r ? r : ".";
-}
+constexpr const char* kName = "memsim-kv-bench";
+const std::string kUsage =
+    "usage: memsim-kv-bench [COUNT [RATE ...]]\n"
+    "  Replays COUNT synthetic requests (default 100000) on Llama-3.1-8B / H200 through\n"
+    "  continuous batching and a paged KV pool at each RATE in requests/s (default 2 5 10 20),\n"
+    "  and prints wall time, simulated time and their ratio. Configs are read from MEMSIM_ROOT,\n"
+    "  the current folder or the source tree of this binary.\n";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   using namespace memsim;
-  const uint64_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 100000;
+  const uint64_t count = argc > 1 ? bench::parse_count(argv[1], "COUNT") : 100000;
   std::vector<double> rates;  // optional: memsim-kv-bench COUNT RATE... runs only those loads
-  for (int i = 2; i < argc; ++i) rates.push_back(std::strtod(argv[i], nullptr));
+  for (int i = 2; i < argc; ++i) rates.push_back(bench::parse_positive(argv[i], "RATE"));
   if (rates.empty()) rates = {2.0, 5.0, 10.0, 20.0};
+  const std::string root = bench::source_root("configs/gpus/h200.yaml");
   const ModelShape model =
-      load_model_shape(ConfigNode::load_file(root() + "/configs/models/llama-3.1-8b.yaml"));
-  const GpuSpec gpu = load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/h200.yaml"));
+      load_model_shape(ConfigNode::load_file(root + "/configs/models/llama-3.1-8b.yaml"));
+  const GpuSpec gpu = load_gpu_spec(ConfigNode::load_file(root + "/configs/gpus/h200.yaml"));
 
   KvBudgetInput in;
   in.model = model;
@@ -59,7 +62,7 @@ int main(int argc, char** argv) {
     s.arrival.rate = rate;
     s.prompt = {LengthDist::kLognormal, 0, 16, 8192, 1024, 0.8};
     s.output = {LengthDist::kLognormal, 0, 8, 2048, 256, 0.8};
-    const std::vector<RequestSpec> requests = generate_requests(s);
+    const RequestTable requests = generate_request_set(s).requests;
     EngineConfig e;
     e.label = fmt::format("rate {}", rate);
     e.model = model;
@@ -79,4 +82,10 @@ int main(int argc, char** argv) {
                r.output_tokens_per_s);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return memsim::bench::guarded_main(kName, kUsage, argc, argv, [&] { return run(argc, argv); });
 }

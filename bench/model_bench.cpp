@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "backends/cuda/cuda_backend.h"
+#include "bench/bench_cli.h"
 #include "kernels/attention.h"
 #include "sim/workload/step_time.h"
 #include "src/config/config_node.h"
@@ -150,9 +151,7 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
   std::printf("check: %u steps written to %s\n", decodes + 2, dir.c_str());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"memsim-model-bench: the model-shaped step on the GPU"};
   std::string model_name = "llama-3.1-8b", gpu_name = "h200", check_dir;
   uint32_t layers = 0, block_size = 16, reps = 5, decodes = 4;
@@ -176,7 +175,11 @@ int main(int argc, char** argv) {
   app.add_option("--pool-gib", pool_gib, "KV pool of the check runs");
   app.add_option("--check", check_dir, "write a check run for tools/model_check.py to DIR");
   app.add_option("--check-decodes", decodes, "decode steps of the check run");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : memsim::bench::kExitBadInput;
+  }
 
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -275,4 +278,11 @@ int main(int argc, char** argv) {
   std::printf("activation peak reserved: %.1f MiB\n",
               double(step->activation_stats().peak_reserved_bytes) / (1 << 20));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return memsim::bench::guarded_main("memsim-model-bench", "", argc, argv,
+                                     [&] { return run(argc, argv); });
 }

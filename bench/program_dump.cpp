@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "bench/bench_cli.h"
 #include "sim/workload/alloc_program.h"
 #include "sim/workload/model_shape.h"
 #include "src/alloc/torch_caching.h"
@@ -28,47 +29,51 @@ class CountingSource final : public SegmentSource {
   DevPtr next_ = 1ull << 40;
 };
 
+const std::string kUsage =
+    "usage: memsim-program-dump MODEL.yaml BATCH [full|piecewise]\n"
+    "  Prints MODEL's decode allocation program at BATCH sequences as JSON, with the footprint\n"
+    "  memsim's torch_caching predicts for it (for tools/torch_reference.py).\n";
+
+int run(int argc, char** argv) {
+  if (argc < 3 || argc > 4) throw bench::UsageError("expects MODEL.yaml BATCH [full|piecewise]");
+  const std::string mode = argc > 3 ? argv[3] : "full";
+  if (mode != "full" && mode != "piecewise")
+    throw bench::UsageError(fmt::format("mode must be full or piecewise, got '{}'", mode));
+  const ModelShape model = load_model_shape(ConfigNode::load_file(argv[1]));
+  ProgramOptions o;
+  o.mode = mode == "piecewise" ? GraphMode::kPiecewise : GraphMode::kFull;
+  const auto batch = static_cast<uint32_t>(bench::parse_count(argv[2], "BATCH", 1, 1u << 20));
+  const ShapeProgram prog = make_decode_program(model, batch, o);
+  // One pool for all graphs of the shape (the tensors of one forward), outputs kept.
+  CountingSource source;
+  TorchCachingAllocator pool(source);
+  std::string ops;
+  for (size_t g = 0; g < prog.graphs.size(); ++g) {
+    const GraphProgram& graph = prog.graphs[g];
+    std::vector<DevPtr> ptr(graph.tensors.size());
+    for (const ProgramOp& op : graph.ops) {
+      const uint64_t id = g * 100000 + op.tensor;
+      if (op.kind == ProgramOp::Kind::kAlloc) {
+        ptr[op.tensor] = *pool.malloc(graph.tensors[op.tensor].bytes, StreamId{0});
+        ops += fmt::format("{}[\"a\",{},{}]", ops.empty() ? "" : ",", id,
+                           graph.tensors[op.tensor].bytes);
+      } else {
+        (void)pool.free(ptr[op.tensor]);
+        ops += fmt::format(",[\"f\",{}]", id);
+      }
+    }
+  }
+  const AllocatorStats s = pool.stats();
+  fmt::print(
+      "{{\"model\":\"{}\",\"batch\":{},\"reserved\":{},\"peak_allocated\":{},\"ops\":[{}]}}\n",
+      model.name, prog.batch, s.reserved_bytes, s.peak_allocated_bytes, ops);
+  (void)pool.release_all();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: memsim-program-dump MODEL.yaml BATCH [full|piecewise]\n");
-    return 2;
-  }
-  try {
-    const ModelShape model = load_model_shape(ConfigNode::load_file(argv[1]));
-    ProgramOptions o;
-    o.mode =
-        argc > 3 && std::string(argv[3]) == "piecewise" ? GraphMode::kPiecewise : GraphMode::kFull;
-    const ShapeProgram prog =
-        make_decode_program(model, static_cast<uint32_t>(std::stoul(argv[2])), o);
-    // One pool for all graphs of the shape (the tensors of one forward), outputs kept.
-    CountingSource source;
-    TorchCachingAllocator pool(source);
-    std::string ops;
-    for (size_t g = 0; g < prog.graphs.size(); ++g) {
-      const GraphProgram& graph = prog.graphs[g];
-      std::vector<DevPtr> ptr(graph.tensors.size());
-      for (const ProgramOp& op : graph.ops) {
-        const uint64_t id = g * 100000 + op.tensor;
-        if (op.kind == ProgramOp::Kind::kAlloc) {
-          ptr[op.tensor] = *pool.malloc(graph.tensors[op.tensor].bytes, StreamId{0});
-          ops += fmt::format("{}[\"a\",{},{}]", ops.empty() ? "" : ",", id,
-                             graph.tensors[op.tensor].bytes);
-        } else {
-          (void)pool.free(ptr[op.tensor]);
-          ops += fmt::format(",[\"f\",{}]", id);
-        }
-      }
-    }
-    const AllocatorStats s = pool.stats();
-    fmt::print(
-        "{{\"model\":\"{}\",\"batch\":{},\"reserved\":{},\"peak_allocated\":{},\"ops\":[{}]}}\n",
-        model.name, prog.batch, s.reserved_bytes, s.peak_allocated_bytes, ops);
-    (void)pool.release_all();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "memsim-program-dump: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+  return bench::guarded_main("memsim-program-dump", kUsage, argc, argv,
+                             [&] { return run(argc, argv); });
 }

@@ -5,22 +5,21 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "sim/clock.h"
+#include "sim/sample_log.h"
 
 namespace memsim {
 
 // Series are interned once (series()); set() is O(1) and appends a sample only if the value
-// differs from the series' last one, so long runs stay small. Peaks are tracked per series.
+// differs from the series' last one, so long runs stay small; samples are packed (SampleLog, a
+// few bytes each). Peaks are tracked per series.
 class MetricsRecorder {
  public:
   using SeriesId = uint32_t;
-  struct Sample {
-    SimTime time;
-    SeriesId series;
-    double value;
-  };
+  using Sample = GaugeSample;
 
   explicit MetricsRecorder(const SimClock& clock) : clock_(clock) {}
 
@@ -28,7 +27,9 @@ class MetricsRecorder {
   void set(SeriesId id, double value);
   void set(std::string_view name, double value) { set(series(name), value); }
 
-  const std::vector<Sample>& samples() const { return samples_; }
+  const SampleLog& samples() const { return samples_; }
+  // Moves the samples out (the recorder keeps none).
+  SampleLog take_samples() { return std::exchange(samples_, SampleLog()); }
   const std::string& name(SeriesId id) const { return names_[id]; }
   size_t series_count() const { return names_.size(); }
   double last(SeriesId id) const { return last_[id]; }
@@ -43,7 +44,7 @@ class MetricsRecorder {
   std::vector<double> last_;
   std::vector<double> peak_;
   std::vector<bool> seen_;
-  std::vector<Sample> samples_;
+  SampleLog samples_;
 };
 
 }  // namespace memsim

@@ -204,6 +204,14 @@ expect_rc kv_typo 2
 expect_in "$TMP/kv_typo.err" "kv_typo.yaml:9: runs[0].kv.blok_size" "kv typo: file, line and key"
 expect_in "$TMP/kv_typo.err" "block_size" "kv typo: closest key suggested"
 expect_absent "$TMP/out_kv_typo" "kv typo: --out dir created"
+# Special files as a trace are refused by type, before anything is read (a FIFO would block).
+mkfifo "$TMP/fifo"
+for special in /dev/zero "$TMP/fifo" "$TMP"; do
+  run kv_special --config "$KVCONF" --out "$TMP/out_kv_special" --set "requests.trace.path=$special"
+  expect_rc kv_special 2
+  expect_in "$TMP/kv_special.err" "requests.trace.path): $special is not a regular file (a" \
+    "kv trace $special: refused by its type"
+done
 # Serving on --backend cuda needs a GPU (tests run without one): refused with exit 2, nothing
 # written, and the message says why.
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -236,6 +244,17 @@ expect_absent "$TMP/out_trunc" "replay truncated: --out dir created"
 run replay_text replay "$CONFIG" --out "$TMP/out_text"
 expect_rc replay_text 2
 expect_in "$TMP/replay_text.err" "not a binary pickle" "replay: a YAML file is not a pickle"
+# /dev/zero and /dev/urandom never end and a FIFO blocks: refused unread (an address-space limit
+# keeps a regression from eating the machine's memory; timeout from blocking on the FIFO).
+for special in /dev/zero /dev/urandom "$TMP/fifo"; do
+  (ulimit -v 4194304; cd "$TMP" && exec timeout 20 "$MEMSIM" replay "$special" --no-min-capacity \
+    --out "$TMP/out_special") >"$TMP/replay_special.out" 2>"$TMP/replay_special.err"
+  rc=$?
+  expect_rc replay_special 2
+  expect_in "$TMP/replay_special.err" "memsim replay: $special is not a regular file (a" \
+    "replay $special: refused by its type"
+done
+expect_absent "$TMP/out_special" "replay of a special file: --out dir created"
 run replay_alloc replay "$SNAP" --allocator torch_cachin --out "$TMP/out_alloc"
 expect_rc replay_alloc 2
 expect_in "$TMP/replay_alloc.err" "did you mean 'torch_caching'" "replay: unknown allocator"

@@ -1,8 +1,13 @@
-// Tests of EventQueue (time, sequence) ordering, clock movement, determinism, and MetricsRecorder.
+// Tests of EventQueue (time, sequence) ordering, clock movement, determinism, MetricsRecorder and
+// its packed SampleLog.
 #include <catch2/catch.hpp>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -257,6 +262,96 @@ TEST_CASE("metrics: peak and last are tracked per series", "[metrics]") {
   CHECK(m.peak(b) == 3);
   CHECK(m.last(b) == 3);
   CHECK(m.samples().size() == 5);
+}
+
+// ---- SampleLog ----------------------------------------------------------------------------------
+
+TEST_CASE("sample log: every value and time comes back bit for bit", "[metrics]") {
+  std::vector<GaugeSample> in;
+  std::mt19937_64 rng(5);
+  const double specials[] = {0.0,
+                             -0.0,
+                             1.0,
+                             -1.0,
+                             0.5,
+                             1e300,
+                             -1e-300,
+                             0x1p53,
+                             0x1p53 - 1,
+                             0x1p60,
+                             123456789.0,
+                             std::nan(""),
+                             std::numeric_limits<double>::infinity()};
+  SimTime t = 0;
+  for (int i = 0; i < 20000; ++i) {
+    // Mostly steps forward (often 0), some backwards, some far.
+    const uint64_t r = rng();
+    if (r % 7 == 0)
+      t -= static_cast<SimTime>(r % 1000);
+    else if (r % 11 == 0)
+      t += static_cast<SimTime>(rng() >> 4);
+    else if (r % 3 == 0)
+      t += 100000000;
+    double v;
+    switch (rng() % 4) {
+      case 0:
+        v = static_cast<double>(rng() % 100000);
+        break;
+      case 1:
+        v = specials[rng() % std::size(specials)];
+        break;
+      case 2:
+        v = std::ldexp(static_cast<double>(rng() >> 11), -20);
+        break;
+      default:
+        v = static_cast<double>(rng());
+        break;
+    }
+    in.push_back(
+        {i == 7 ? INT64_MIN : (i == 8 ? INT64_MAX : t), static_cast<uint32_t>(rng() % 40), v});
+  }
+  in.push_back({0, 0xffffffffu, -2.5});
+  SampleLog log;
+  for (const GaugeSample& s : in) log.push_back(s);
+  REQUIRE(log.size() == in.size());
+  const auto same = [](const GaugeSample& a, const GaugeSample& b) {
+    return a.time == b.time && a.series == b.series &&
+           std::bit_cast<uint64_t>(a.value) == std::bit_cast<uint64_t>(b.value);
+  };
+  size_t i = 0;
+  for (const GaugeSample& s : log) CHECK(same(s, in[i++]));
+  CHECK(i == in.size());
+  for (size_t k :
+       {size_t{0}, size_t{1}, size_t{255}, size_t{256}, size_t{257}, size_t{9999}, in.size() - 1})
+    CHECK(same(log[k], in[k]));
+  CHECK(same(log.back(), in.back()));
+  const SampleLog copy = log;
+  const std::vector<GaugeSample> out = copy.to_vector();
+  REQUIRE(out.size() == in.size());
+  for (size_t k = 0; k < in.size(); ++k) CHECK(same(out[k], in[k]));
+}
+
+TEST_CASE("sample log: a gauge sample costs a few bytes, not 24", "[metrics]") {
+  SimClock clock;
+  MetricsRecorder m(clock);
+  const auto used = m.series("kv.used_blocks");
+  const auto waiting = m.series("waiting");
+  for (int k = 0; k < 100000; ++k) {
+    clock.advance(100000000);  // sampled every 100 ms
+    m.set(used, 1000 + k % 5000);
+    m.set(waiting, k % 17);
+  }
+  REQUIRE(m.samples().size() == 200000);
+  CHECK(m.samples().bytes() < 200000 * 6);  // 7 + 3 bytes a pair, 24 + 24 unpacked
+  // Taking the samples leaves the recorder empty and recording.
+  const SampleLog taken = m.take_samples();
+  CHECK(taken.size() == 200000);
+  CHECK(m.samples().empty());
+  clock.advance(1);
+  m.set(used, 1);
+  REQUIRE(m.samples().size() == 1);
+  CHECK(m.samples()[0].time == clock.now());
+  CHECK(m.samples()[0].value == 1);
 }
 
 }  // namespace

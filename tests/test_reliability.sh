@@ -220,11 +220,25 @@ expect_in "$TMP/nofile.err" "Too many open files" "F27: the sweep names the OS's
 rc=$?
 expect_no_abort mem
 expect_rc mem 1
-expect_in "$TMP/mem.err" "out of host memory" "F11: out of host memory is a message"
+expect_in "$TMP/mem.err" "of host memory" "F11: out of host memory is a message"
 (cd "$TMP" && ulimit -v 1000000 && exec "$MEMSIM" replay /dev/zero --no-min-capacity \
   --out "$TMP/o_dz") > "$TMP/devzero.out" 2> "$TMP/devzero.err"
 rc=$?
 expect_no_abort devzero
+expect_rc devzero 2
+expect_in "$TMP/devzero.err" "/dev/zero is not a regular file (a character device)" \
+  "F20: a special file is refused by its type"
+
+# --- F13: a long run shows its progress on a terminal, and only there ----------------------------
+if command -v script > /dev/null; then
+  LONG=(--config "$SERVING" --set requests.count=600000 --out "$TMP/o_progress" --no-plots)
+  (cd "$TMP" && script -q -e -c "$(printf '%q ' "$MEMSIM" "${LONG[@]}")" /dev/null) \
+    > "$TMP/progress_tty.out" 2>&1
+  expect_re "$TMP/progress_tty.out" "run 1/1 .*: [0-9,]+ of 600,000 requests finished, simulated .*ETA" \
+    "F13: a long run on a terminal shows its progress"
+  run progress_pipe "${LONG[@]}"
+  check "F13: no progress line without a terminal" test ! -s "$TMP/progress_pipe.err"
+fi
 
 # --- F16: quiet traps in GPU files ----------------------------------------------------------------
 python3 - "$ROOT/configs/gpus/h200.yaml" "$TMP/h200_nomap.yaml" <<'EOF'

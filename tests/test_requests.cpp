@@ -1,18 +1,26 @@
 // Request workloads: the synthetic generator's statistics and determinism, exact trace parsing
-// (Azure timestamps, memsim CSV, the shipped Azure 2023 files), located errors, and the loader.
+// (Azure timestamps, memsim CSV, the shipped Azure 2023 files), located errors, the loader, the
+// packed request table, special files and host-memory limits.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <fmt/format.h>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "sim/host_memory.h"
 #include "sim/workload/requests.h"
 #include "src/config/config_node.h"
 #include "src/config/requests_loader.h"
 #include "tests/config_test_util.h"
+#include "tests/host_memory_test_util.h"
 #include "tests/temp_dir.h"
 
 using namespace memsim;
@@ -293,7 +301,7 @@ TEST_CASE("the shipped Azure 2023 traces load exactly", "[requests]") {
   CHECK(conv.summary.format == "azure");
   CHECK(conv.summary.zero_output_rows == 0u);
   CHECK(conv.summary.out_of_order_rows == 0u);
-  const std::vector<RequestSpec>& r = conv.requests;
+  const std::vector<RequestSpec> r = conv.requests.to_vector();
   CHECK(r[0].arrival == 0);
   CHECK(r[0].prompt_tokens == 374u);
   CHECK(r[0].output_tokens == 44u);
@@ -545,4 +553,144 @@ TEST_CASE("requests config errors name file, line and key", "[requests][config]"
       csv +
           ":2: TIMESTAMP: expected a time like 2023-11-16 18:15:46.6805900, got '1' (trace from " +
           bad_trace + ":4: requests.trace.path)");
+}
+
+// ------------------------------------------------------------------------------------------
+// The packed request table, special files, and host memory.
+
+namespace {
+
+// Requests whose optional fields start differing part-way (so each column turns from one
+// shared value into a value per request at another index), with ids = indices unless `ids`.
+std::vector<RequestSpec> varied_requests(size_t count, bool ids) {
+  std::vector<RequestSpec> v(count);
+  for (size_t i = 0; i < count; ++i) {
+    RequestSpec& r = v[i];
+    r.id = ids ? 1000 + 3 * i : i;
+    r.arrival = static_cast<SimTime>((i * 7919) % 1000) * 1000003;  // out of order, with ties
+    r.prompt_tokens = static_cast<uint32_t>(16 + i % 2000);
+    r.output_tokens = static_cast<uint32_t>(1 + (i * 31) % 512);
+    if (i >= count / 3 && i % 5 == 0) {
+      r.prefix_group = static_cast<int32_t>(i % 7);
+      r.prefix_tokens = 8;
+    }
+    if (i >= count / 2 && i % 3 == 0) r.n = 4;
+    if (i >= 2 * count / 3 && i % 4 == 1) r.beam_width = 2;
+  }
+  return v;
+}
+
+// A sparse file of `size` bytes whose first 64 KiB are memsim trace rows (the rest reads as
+// zeros): its rows look like size / 16 many, without taking the disk space.
+std::string sparse_trace(const TempDir& dir, uint64_t size) {
+  std::string rows = "arrival_s,prompt_tokens,output_tokens\n";
+  for (int i = 0; rows.size() < 65536; ++i) rows += fmt::format("{}.5,{},{}\n", i % 10, 100, 10);
+  const std::string path = dir.write("sparse.csv", rows);
+  fs::resize_file(path, size);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("the request table gives back exactly the requests it was given") {
+  for (const bool ids : {false, true}) {
+    const std::vector<RequestSpec> v = varied_requests(3000, ids);
+    const RequestTable t(v);
+    REQUIRE(t.size() == v.size());
+    CHECK(same(t.to_vector(), v));
+    size_t i = 0;
+    for (const RequestSpec& r : t) CHECK(same(r, v[i++]));
+    CHECK(i == v.size());
+    CHECK(same(t.front(), v.front()));
+    CHECK(same(t.back(), v.back()));
+    CHECK(t.any_parallel());
+    // Sorting by arrival is std::stable_sort's order, ids and all.
+    std::vector<RequestSpec> sorted = v;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const RequestSpec& a, const RequestSpec& b) {
+      return a.arrival < b.arrival;
+    });
+    RequestTable st(v);
+    st.stable_sort_by_arrival(/*renumber=*/false);
+    CHECK(same(st.to_vector(), sorted));
+    CHECK(RequestTable(sorted) == st);
+    // Renumbered (a trace's rows): ids are the new indices, nothing else changes.
+    for (size_t k = 0; k < sorted.size(); ++k) sorted[k].id = k;
+    st.stable_sort_by_arrival(/*renumber=*/true);
+    CHECK(same(st.to_vector(), sorted));
+  }
+}
+
+TEST_CASE("a request table costs 16 bytes a request while the optional fields are shared") {
+  SyntheticRequestsConfig c = base_config(10000);
+  c.prompt = uniform(16, 2048);
+  c.n = 2;  // one shared n for every request: still one value
+  const RequestSet set = generate_request_set(c);
+  CHECK(set.requests.bytes() == 10000 * RequestTable::kBytesPerRequest);
+  CHECK(same(set.requests.to_vector(), generate_requests(c)));
+  CHECK(set.requests.any_parallel());
+  // The trace reader sizes its columns from the file: no growth by doubling.
+  const RequestSet conv = read_ok(azure_file("conv.csv"));
+  CHECK(conv.requests.bytes() <= conv.requests.size() * RequestTable::kBytesPerRequest * 9 / 8);
+  const uint64_t size = fs::file_size(azure_file("conv.csv"));
+  const uint64_t rows = estimate_trace_rows(azure_file("conv.csv"), size);
+  CHECK(rows >= 19366 * 95 / 100);
+  CHECK(rows <= 19366 * 105 / 100);
+}
+
+TEST_CASE("special files are refused as traces before anything is read") {
+  TempDir dir;
+  CHECK(read_error("/dev/zero") == "/dev/zero is not a regular file (a character device)");
+  CHECK(read_error(dir.path().string()) ==
+        dir.path().string() + " is not a regular file (a directory)");
+  const std::string fifo = (dir.path() / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(read_error(fifo) == fifo + " is not a regular file (a FIFO)");  // would block if opened
+  CHECK_THAT(read_error((dir.path() / "absent.csv").string()), Catch::Contains("cannot open"));
+  // Named in a config: the key and the type, not "cannot find".
+  const std::string config = dir.write("zero.yaml", R"(requests:
+  source: trace
+  trace: {path: /dev/zero}
+)");
+  CHECK(config_error(config) == config +
+                                    ":3: requests.trace.path: /dev/zero is not a regular file (a "
+                                    "character device)");
+}
+
+TEST_CASE("a workload that cannot fit in host memory is refused with a message") {
+  constexpr uint64_t kHeadroom = 256ull << 20;
+  // requests.count: refused up front, before anything is generated.
+  const std::string count = host_memory_error_in_child(kHeadroom, [] {
+    const ConfigNode n = ConfigNode::parse(R"(requests:
+  source: synthetic
+  count: 50000000
+  arrival: {process: poisson, rate: 10}
+  prompt: {dist: fixed, value: 100}
+  output: {dist: fixed, value: 10}
+)",
+                                           "count.yaml");
+    build_request_set(load_requests_config(n["requests"]));
+  });
+  CHECK_THAT(count, Catch::StartsWith("memsim: simulating 50000000 synthetic requests "
+                                      "(requests.count) needs at least 1.9 GiB of host memory, "
+                                      "but only "));
+  CHECK_THAT(count, Catch::Contains("ulimit -v"));
+  // The generator itself: out of memory is a HostMemoryError, not std::bad_alloc.
+  CHECK_THAT(
+      host_memory_error_in_child(kHeadroom, [] { generate_request_set(base_config(100000000)); }),
+      Catch::StartsWith("memsim: out of host memory while generating 100000000 synthetic "
+                        "requests (0 generated"));
+  // A trace: refused up front from its size; read directly, out of memory names the rows read.
+  TempDir dir;
+  const std::string trace = sparse_trace(dir, 8ull << 30);
+  const std::string config =
+      dir.write("big.yaml", "requests:\n  source: trace\n  trace: {path: " + trace + "}\n");
+  CHECK_THAT(host_memory_error_in_child(kHeadroom,
+                                        [&] {
+                                          build_request_set(load_requests_config(
+                                              ConfigNode::load_file(config)["requests"]));
+                                        }),
+             Catch::StartsWith("memsim: simulating the trace " + trace + " (about "));
+  CHECK_THAT(host_memory_error_in_child(kHeadroom, [&] { (void)read_request_trace(trace, {}); }),
+             Catch::StartsWith("memsim: out of host memory while reading the trace " + trace +
+                               " (0 rows read"));
 }

@@ -94,7 +94,7 @@ TEST_CASE("500 conversation requests at once finish under recompute preemption (
   t.limit = 500;
   auto set = read_request_trace(std::string(root) + "/data/azure-llm-2023/conv.csv", t);
   REQUIRE(set.ok());
-  std::vector<RequestSpec> reqs = set->requests;
+  std::vector<RequestSpec> reqs = set->requests.to_vector();
   REQUIRE(reqs.size() == 500);
   for (RequestSpec& q : reqs) q.arrival = 0;
   // The CLI reproduction (time_scale: 1e-15) rounds every gap to 0 ns: the same requests.
@@ -290,8 +290,9 @@ TEST_CASE("admission of a fully cached prompt computes its last block or token")
   for (const Case& c : {Case{"{impl: paged_block_pool, block_size: 16}", 16},  // whole blocks
                         Case{"{impl: radix_token_pool}", 31}}) {               // 1-token pages
     KvRig rig(c.kv, init);
-    std::vector<Group> groups(2);
+    GroupWindow groups;
     for (uint32_t g = 0; g < 2; ++g) {
+      groups.add();
       groups[g].spec = request(g, 32, 4);
       Sequence s;
       s.id = g;

@@ -1,8 +1,12 @@
 // The serving engine end to end on small workloads: every KV strategy and scheduler finishes
 // cleanly, the fast decode path equals the step-by-step path exactly, preemption (recompute and
-// swap), copy-on-write for parallel samples, and single_sequence truncation (seed 10.4).
+// swap), copy-on-write for parallel samples, single_sequence truncation (seed 10.4), the packed
+// latency percentiles and the progress hook.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -183,4 +187,72 @@ TEST_CASE("static_batch runs batches to completion; an impossible request is rej
 }
 
 }  // namespace
+// The percentiles of the old engine: every latency as a double in ms, sorted.
+Percentiles reference_percentiles(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const size_t lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+  };
+  p.p50 = at(0.5);
+  p.p90 = at(0.9);
+  p.p99 = at(0.99);
+  double sum = 0;
+  for (double x : v) sum += x;
+  p.mean = sum / static_cast<double>(v.size());
+  return p;
+}
+
+TEST_CASE("packed latency samples give exactly the percentiles of the doubles") {
+  std::mt19937_64 rng(3);
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{101}, size_t{50000}}) {
+    LatencySamples packed;
+    std::vector<double> ttft, e2e, tpot;
+    for (size_t i = 0; i < n; ++i) {
+      // ns from 0 to ~10^13 (hours), many ties, and values doubles cannot tell apart.
+      const SimTime a = static_cast<SimTime>(rng() % 4 == 0 ? rng() % 1000 : rng() >> 21);
+      const SimTime b = a + static_cast<SimTime>(rng() >> 30) + (SimTime{1} << 53);
+      const double t = double(rng() >> 20) / 1e6 / double(1 + rng() % 500);
+      packed.add_ttft(a);
+      packed.add_e2e(b);
+      packed.add_tpot_ms(t);
+      ttft.push_back(double(a) / 1e6);
+      e2e.push_back(double(b) / 1e6);
+      tpot.push_back(t);
+    }
+    const auto same = [](const Percentiles& x, const Percentiles& y) {
+      return x.p50 == y.p50 && x.p90 == y.p90 && x.p99 == y.p99 && x.mean == y.mean;
+    };
+    CHECK(same(packed.ttft_ms(), reference_percentiles(ttft)));
+    CHECK(same(packed.e2e_ms(), reference_percentiles(e2e)));
+    CHECK(same(packed.tpot_ms(), reference_percentiles(tpot)));
+  }
+}
+
+TEST_CASE("the engine reports its progress through the hook, which changes nothing") {
+  const auto reqs = workload(3000, 50);
+  EngineConfig e = engine("{impl: paged_block_pool}", 8 * kGiB);
+  const ServingResult plain = run_serving(e, reqs);
+  std::vector<EngineProgress> seen;
+  e.progress = [&](const EngineProgress& p) { seen.push_back(p); };
+  const ServingResult hooked = run_serving(e, reqs);
+  require_clean(hooked, reqs.size());
+  CHECK(hooked.sim_time == plain.sim_time);
+  CHECK(hooked.steps == plain.steps);
+  CHECK(hooked.e2e_ms.p99 == plain.e2e_ms.p99);
+  CHECK(hooked.samples.size() == plain.samples.size());
+  REQUIRE(seen.size() >= 3);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    CHECK(seen[i].requests == reqs.size());
+    CHECK(seen[i].finished < reqs.size());
+    if (i > 0) CHECK(seen[i].finished >= seen[i - 1].finished);
+    if (i > 0) CHECK(seen[i].simulated >= seen[i - 1].simulated);
+  }
+  CHECK(seen.back().finished > 0);
+}
+
 }  // namespace memsim::test

@@ -1,7 +1,12 @@
 // Tests of the pickle reader/writer, PyTorch snapshot import, and torch_caching replaying real
 // snapshots recorded with PyTorch on an H200 (tests/data/snapshots, tools/record_snapshots.py).
 #include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -18,6 +23,7 @@
 #include "src/app/allocators_experiment.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
+#include "tests/host_memory_test_util.h"
 
 using namespace memsim;
 
@@ -171,6 +177,40 @@ TEST_CASE("snapshot: fields of a recorded snapshot, errors name the field", "[sn
   auto missing = read_snapshot_file(fixture("nope.pickle"));
   REQUIRE(!missing.ok());
   CHECK_THAT(missing.error().message, Catch::Contains("cannot open"));
+}
+
+TEST_CASE("snapshot: special files are refused before anything is read", "[snapshot]") {
+  // /dev/zero and /dev/urandom never end (reading them whole exhausted memory); a FIFO blocks.
+  for (const std::string dev : {"/dev/zero", "/dev/urandom"}) {
+    auto s = read_snapshot_file(dev);
+    REQUIRE(!s.ok());
+    CHECK(s.error().message == dev + " is not a regular file (a character device)");
+  }
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("memsim_snapshot_fifo_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/snap.pickle";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto f = read_snapshot_file(fifo);
+  auto d = read_snapshot_file(dir);
+  std::filesystem::remove_all(dir);
+  REQUIRE(!f.ok());
+  CHECK(f.error().message == fifo + " is not a regular file (a FIFO)");
+  REQUIRE(!d.ok());
+  CHECK(d.error().message == dir + " is not a regular file (a directory)");
+}
+
+TEST_CASE("snapshot: a pickle too large for host memory is refused up front", "[snapshot]") {
+  const std::string path = std::filesystem::temp_directory_path() /
+                           ("memsim_snapshot_big_" + std::to_string(::getpid()) + ".pickle");
+  std::ofstream(path) << "\x80\x04";  // a pickle's start; the rest a hole of zeros
+  std::filesystem::resize_file(path, 4ull << 30);
+  const std::string said = memsim::test::host_memory_error_in_child(
+      256ull << 20, [&] { (void)read_snapshot_file(path); });
+  std::filesystem::remove(path);
+  CHECK_THAT(said, Catch::StartsWith("memsim: reading the snapshot " + path +
+                                     " (4.0 GiB) needs at least 32.0 GiB of host memory, but "
+                                     "only "));
 }
 
 TEST_CASE("snapshot: torch_caching replays PyTorch's own reserved bytes exactly", "[snapshot]") {

@@ -148,8 +148,8 @@ TEST_CASE("a swap-in that does not fit releases what it regrew without caching i
   init.max_num_seqs = 8;
   init.max_model_len = 4096;
   KvRig rig("{impl: radix_token_pool}", init);
-  std::vector<Group> groups(1);
-  Group& G = groups[0];
+  GroupWindow groups;
+  Group& G = groups.add();
   G.spec.prompt_tokens = 40;
   G.spec.output_tokens = 20;
   G.spec.beam_width = G.width = 2;

@@ -6,12 +6,17 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <numbers>
 #include <random>
 #include <span>
 #include <stdexcept>
+
+#include "sim/host_memory.h"
+#include "sim/workload/input_file.h"
 
 namespace memsim {
 
@@ -64,9 +69,13 @@ const char* to_string(ZeroOutput z) {
 }
 
 std::string check_requests(const std::vector<RequestSpec>& requests) {
+  return check_requests(RequestTable(requests));
+}
+
+std::string check_requests(const RequestTable& requests) {
   SimTime previous = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    const RequestSpec& r = requests[i];
+    const RequestSpec r = requests[i];
     const auto bad = [&](const std::string& what) {
       return fmt::format("request {} (index {}): {}", r.id, i, what);
     };
@@ -85,7 +94,7 @@ std::string check_requests(const std::vector<RequestSpec>& requests) {
   return {};
 }
 
-void summarize_requests(const std::vector<RequestSpec>& r, RequestsSummary& s) {
+void summarize_requests(const RequestTable& r, RequestsSummary& s) {
   s.requests = r.size();
   s.grouped = 0;
   s.max_prompt_tokens = s.max_output_tokens = 0;
@@ -263,38 +272,45 @@ RequestSet generate_request_set(const SyntheticRequestsConfig& config) {
   RequestSet set;
   set.summary.source = set.summary.format = "synthetic";
   set.summary.rows = config.count;
-  set.requests.reserve(config.count);
-  SimTime t = 0;
-  for (uint64_t i = 0; i < config.count; ++i) {
-    if (i > 0) {
-      const double gap_ns = std::round(draw_gap(config.arrival, arrivals) * 1e9);
-      if (!(gap_ns < static_cast<double>(std::numeric_limits<SimTime>::max() - t)))
-        throw std::invalid_argument("synthetic requests: arrivals pass the simulated time range");
-      t += static_cast<SimTime>(gap_ns);
-    }
-    RequestSpec r;
-    r.id = i;
-    r.arrival = t;
-    r.prompt_tokens = draw_length(config.prompt, prompts);
-    r.output_tokens = draw_length(config.output, outputs);
-    if (config.prefix.groups > 0 && prefixes.unit() < config.prefix.fraction) {
-      r.prefix_group = static_cast<int32_t>(prefixes.below(config.prefix.groups));
-      r.prefix_tokens = config.prefix.tokens;
-      if (r.prompt_tokens <= r.prefix_tokens) {
-        r.prompt_tokens = r.prefix_tokens + 1;
-        ++set.summary.prompts_raised;
+  try {
+    set.requests.reserve(config.count);
+    SimTime t = 0;
+    for (uint64_t i = 0; i < config.count; ++i) {
+      if (i > 0) {
+        const double gap_ns = std::round(draw_gap(config.arrival, arrivals) * 1e9);
+        if (!(gap_ns < static_cast<double>(std::numeric_limits<SimTime>::max() - t)))
+          throw std::invalid_argument("synthetic requests: arrivals pass the simulated time range");
+        t += static_cast<SimTime>(gap_ns);
       }
+      RequestSpec r;
+      r.id = i;
+      r.arrival = t;
+      r.prompt_tokens = draw_length(config.prompt, prompts);
+      r.output_tokens = draw_length(config.output, outputs);
+      if (config.prefix.groups > 0 && prefixes.unit() < config.prefix.fraction) {
+        r.prefix_group = static_cast<int32_t>(prefixes.below(config.prefix.groups));
+        r.prefix_tokens = config.prefix.tokens;
+        if (r.prompt_tokens <= r.prefix_tokens) {
+          r.prompt_tokens = r.prefix_tokens + 1;
+          ++set.summary.prompts_raised;
+        }
+      }
+      r.n = config.n;
+      r.beam_width = config.beam_width;
+      set.requests.push_back(r);
     }
-    r.n = config.n;
-    r.beam_width = config.beam_width;
-    set.requests.push_back(r);
+  } catch (const std::bad_alloc&) {
+    throw HostMemoryError(
+        fmt::format("memsim: out of host memory while generating {} synthetic requests ({} "
+                    "generated, {} held)",
+                    config.count, set.requests.size(), format_host_bytes(set.requests.bytes())));
   }
   summarize_requests(set.requests, set.summary);
   return set;
 }
 
 std::vector<RequestSpec> generate_requests(const SyntheticRequestsConfig& config) {
-  return generate_request_set(config).requests;
+  return generate_request_set(config).requests.to_vector();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -416,13 +432,68 @@ constexpr std::array<std::string_view, 3> kAzureColumns = {"TIMESTAMP", "Context
 constexpr std::array<std::string_view, 5> kMemsimColumns = {
     "arrival_s", "prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens"};
 
+}  // namespace
+
+uint64_t estimate_trace_rows(const std::string& path, uint64_t size) {
+  constexpr uint64_t kWindow = 64 * 1024;
+  std::ifstream in(path, std::ios::binary);
+  if (!in || size == 0) return 0;
+  uint64_t bytes = 0, lines = 0;
+  std::string buf(kWindow, '\0');
+  // Lines of three windows (start, middle, end): arrival columns grow wider down a file.
+  for (const uint64_t at : {uint64_t{0}, size / 2, size > kWindow ? size - kWindow : 0}) {
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(at));
+    in.read(buf.data(), static_cast<std::streamsize>(kWindow));
+    const std::string_view window(buf.data(), static_cast<size_t>(in.gcount()));
+    // Whole lines only: from the first line start in the window to its last newline.
+    const size_t begin = at == 0 ? 0 : window.find('\n');
+    const size_t end = window.rfind('\n');
+    if (begin == std::string_view::npos || end == std::string_view::npos || end < begin) continue;
+    const std::string_view whole = window.substr(begin, end - begin);
+    bytes += whole.size() + (at == 0 ? 1 : 0);
+    lines += static_cast<uint64_t>(std::count(whole.begin(), whole.end(), '\n')) + (at == 0);
+  }
+  if (lines == 0 || bytes == 0) return 1;
+  return static_cast<uint64_t>(static_cast<double>(size) * static_cast<double>(lines) /
+                               static_cast<double>(bytes)) +
+         1;
+}
+
+namespace {
+
 // Reads one CSV file; every error is a Result carrying "path:line: ..." text.
 class TraceReader {
  public:
   TraceReader(std::string path, const TraceOptions& options)
       : path_(std::move(path)), options_(options) {}
 
+  // Refuses anything but a regular file before opening it, then reads it; running out of host
+  // memory on the way throws HostMemoryError (how many rows were read).
   Result<RequestSet> read() {
+    if (std::string e = special_file_error(path_); !e.empty())
+      return Error{ErrorCode::kInvalidArgument, e};
+    try {
+      // Room for every row at once: no copies of growing columns.
+      std::error_code ec;
+      const uint64_t size = std::filesystem::file_size(path_, ec);
+      const uint64_t rows = ec ? 0 : estimate_trace_rows(path_, size);
+      set_.requests.reserve(options_.limit > 0 ? std::min(rows, options_.limit) : rows);
+      Result<RequestSet> r = read_rows();
+      // A file whose first lines are shorter than the rest leaves room never used.
+      if (set_.requests.bytes() > set_.requests.size() * RequestTable::kBytesPerRequest * 9 / 8)
+        set_.requests.shrink_to_fit();
+      return r.ok() ? Result<RequestSet>(std::move(set_)) : r;
+    } catch (const std::bad_alloc&) {
+      throw HostMemoryError(fmt::format(
+          "memsim: out of host memory while reading the trace {} ({} rows read, {} held)", path_,
+          set_.summary.rows, format_host_bytes(set_.requests.bytes())));
+    }
+  }
+
+ private:
+  // Reads every row into set_ (returned empty on success: read() moves set_ out).
+  Result<RequestSet> read_rows() {
     std::ifstream in(path_, std::ios::binary);
     if (!in) return Error{ErrorCode::kInvalidArgument, fmt::format("{}: cannot open", path_)};
     if (auto e = check_options()) return *e;
@@ -447,10 +518,9 @@ class TraceReader {
     if (set_.requests.empty())
       return Error{ErrorCode::kInvalidArgument, fmt::format("{}: no requests", path_)};
     if (auto e = finish()) return *e;
-    return std::move(set_);
+    return RequestSet{};
   }
 
- private:
   Error located_error(const std::string& message) const {
     return Error{ErrorCode::kInvalidArgument, fmt::format("{}:{}: {}", path_, line_, message)};
   }
@@ -637,6 +707,7 @@ class TraceReader {
     }
     r.n = options_.n;
     r.beam_width = options_.beam_width;
+    r.id = set_.requests.size();
     set_.requests.push_back(r);
     return std::nullopt;
   }
@@ -667,21 +738,19 @@ class TraceReader {
     return std::nullopt;
   }
 
-  // Sorts by time, makes Azure times relative, scales gaps, numbers the requests.
+  // Sorts by time, makes Azure times relative, scales gaps (ids are the indices).
   std::optional<Error> finish() {
-    std::vector<RequestSpec>& r = set_.requests;
+    RequestTable& r = set_.requests;
     SimTime latest = std::numeric_limits<SimTime>::min();
-    for (const RequestSpec& q : r) {
-      if (q.arrival < latest) ++set_.summary.out_of_order_rows;
-      latest = std::max(latest, q.arrival);
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (r.arrival(i) < latest) ++set_.summary.out_of_order_rows;
+      latest = std::max(latest, r.arrival(i));
     }
-    std::stable_sort(r.begin(), r.end(), [](const RequestSpec& a, const RequestSpec& b) {
-      return a.arrival < b.arrival;
-    });
-    const SimTime first = r.front().arrival;
+    r.stable_sort_by_arrival(/*renumber=*/true);
+    const SimTime first = r.arrival(0);
     const SimTime origin = format_ == TraceFormat::kAzure ? 0 : first;
     for (size_t i = 0; i < r.size(); ++i) {
-      SimTime gap = r[i].arrival - first;
+      SimTime gap = r.arrival(i) - first;
       if (options_.time_scale != 1.0) {
         const double scaled = std::round(static_cast<double>(gap) * options_.time_scale);
         if (scaled > static_cast<double>(kMaxTraceArrival - origin))
@@ -690,8 +759,7 @@ class TraceReader {
                                    options_.time_scale)};
         gap = static_cast<SimTime>(scaled);
       }
-      r[i].arrival = origin + gap;
-      r[i].id = i;
+      r.set_arrival(i, origin + gap);
     }
     set_.summary.source = path_;
     set_.summary.format = to_string(format_);

@@ -10,29 +10,15 @@
 
 #include "backends/backend.h"
 #include "backends/result.h"
+#include "sim/workload/request_spec.h"
+#include "sim/workload/request_table.h"
 
 namespace memsim {
-
-// One request of a serving workload.
-struct RequestSpec {
-  uint64_t id = 0;             // 0..N-1 in arrival order
-  SimTime arrival = 0;         // simulated ns
-  uint32_t prompt_tokens = 0;  // >= 1
-  uint32_t output_tokens = 0;  // >= 1 (tokens to generate per sample/beam)
-  // -1: none; else the requests of a group share one token sequence, of which each request's
-  // first prefix_tokens prompt tokens are a copy (1 <= prefix_tokens < prompt_tokens).
-  int32_t prefix_group = -1;
-  uint32_t prefix_tokens = 0;  // 0 when prefix_group == -1
-  uint32_t n = 1;              // parallel samples (fork after prefill)
-  uint32_t beam_width = 1;     // beam search width (n == 1 when beam_width > 1)
-};
-
-// The largest token count a length distribution, a clamp or a trace row may give.
-inline constexpr uint32_t kMaxRequestTokens = 1u << 30;
 
 // Empty when `requests` is a valid workload: ids 0..N-1 in order, arrivals non-decreasing and
 // >= 0, token counts >= 1, prefixes as documented on RequestSpec, n == 1 when beam_width > 1.
 // Otherwise the first violation, naming the request id.
+std::string check_requests(const RequestTable& requests);
 std::string check_requests(const std::vector<RequestSpec>& requests);
 
 // ---------------------------------------------------------------------------------------------
@@ -116,12 +102,12 @@ struct RequestsSummary {
 };
 
 struct RequestSet {
-  std::vector<RequestSpec> requests;
+  RequestTable requests;
   RequestsSummary summary;
 };
 
 // Fills the request statistics of `s` (requests, grouped, arrivals, means, maxima) from `r`.
-void summarize_requests(const std::vector<RequestSpec>& r, RequestsSummary& s);
+void summarize_requests(const RequestTable& r, RequestsSummary& s);
 
 // Draws `count` requests. Deterministic for a seed, bit for bit across standard libraries: the
 // only randomness is std::mt19937_64's output (one engine per attribute, so changing e.g. the
@@ -174,6 +160,10 @@ std::optional<int64_t> parse_trace_timestamp(std::string_view text);
 // Days from 1970-01-01 to the proleptic Gregorian date y-m-d (negative before 1970).
 int64_t days_from_civil(int64_t y, unsigned m, unsigned d);
 
+// About how many lines a trace file of `size` bytes holds (its size over the mean line length of
+// three 64 KiB windows: start, middle, end); 0 when it cannot be read.
+uint64_t estimate_trace_rows(const std::string& path, uint64_t size);
+
 // Reads a trace file into requests with ids in arrival order. The format comes from the header
 // (kAuto; names match case-insensitively) or the option; with a forced format the header line is
 // optional. Azure arrivals are relative to the earliest row; memsim arrivals (seconds, decimal
@@ -181,7 +171,9 @@ int64_t days_from_civil(int64_t y, unsigned m, unsigned d);
 // earliest arrival. `limit` stops reading once that many requests are kept. Rows out of time
 // order are sorted stably (counted). Blank lines are skipped; CRLF and a UTF-8 BOM are accepted.
 // Errors (kInvalidArgument) read "path:line: column: message" for a bad value, "path:line:
-// message" for a bad row or header, "path: message" when the file cannot be read or is empty.
+// message" for a bad row or header, "path: message" when the file cannot be read or is empty,
+// "path is not a regular file (...)" for a device, FIFO or folder (refused before reading).
+// Running out of host memory throws HostMemoryError (sim/host_memory.h) naming the rows read.
 Result<RequestSet> read_request_trace(const std::string& path, const TraceOptions& options);
 
 }  // namespace memsim

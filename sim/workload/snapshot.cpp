@@ -6,12 +6,16 @@
 #include "sim/workload/snapshot.h"
 
 #include <bit>
+#include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "sim/host_memory.h"
+#include "sim/workload/input_file.h"
 #include "sim/workload/pickle.h"
 
 namespace memsim {
@@ -317,11 +321,22 @@ Result<Snapshot> parse_snapshot(std::string_view bytes, const std::string& origi
 }
 
 Result<Snapshot> read_snapshot_file(const std::string& path) {
+  if (std::string e = special_file_error(path); !e.empty())
+    return make_error(ErrorCode::kInvalidArgument, e);
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::kInvalidArgument, path + ": cannot open the file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_snapshot(ss.str(), path);
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  const std::string what = fmt::format("the snapshot {} ({})", path, format_host_bytes(size));
+  require_host_memory(size * kSnapshotBytesPerFileByte, "reading " + what);
+  try {
+    std::string bytes(size, '\0');
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    bytes.resize(static_cast<size_t>(in.gcount()));  // it may have shrunk meanwhile
+    return parse_snapshot(bytes, path);
+  } catch (const std::bad_alloc&) {
+    throw HostMemoryError(fmt::format("memsim: out of host memory while reading {}", what));
+  }
 }
 
 Result<std::string> serialize_snapshot(const Snapshot& s) {

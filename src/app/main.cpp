@@ -7,13 +7,17 @@
 #include <iostream>
 #include <optional>
 
+#include <unistd.h>
+
 #include "memsim_config.h"
+#include "sim/host_memory.h"
 #include "src/app/allocators_experiment.h"
 #include "src/app/calibrate.h"
 #include "src/app/experiment.h"
 #include "src/app/output.h"
 #include "src/app/replay_command.h"
 #include "src/app/rl_experiment.h"
+#include "src/app/run_progress.h"
 #include "src/app/serving_writers.h"
 #include "src/app/shapes_experiment.h"
 #include "src/app/sweep.h"
@@ -62,6 +66,9 @@ int run_serving(const memsim::ConfigNode& root, const RunContext& ctx) {
   }
 #endif
   memsim::OutputDir dir(ctx.out_dir, config.experiment);  // checked before the run
+  // A progress line on a terminal (stderr) for long runs; nothing otherwise.
+  memsim::TerminalProgress progress(config, std::cerr, isatty(STDERR_FILENO) != 0);
+  hooks.progress = progress.hook();
   const memsim::ServingResults results = memsim::run_serving_experiment(config, hooks);
   std::cout << memsim::format_serving_table(config, results);
   memsim::write_serving_outputs(config, results, dir);
@@ -364,6 +371,8 @@ int main(int argc, char** argv) {
     return kExitConfigError;
   } catch (const memsim::OutputError& e) {
     std::cerr << "memsim: " << e.what() << "\n";
+  } catch (const memsim::HostMemoryError& e) {
+    std::cerr << e.what() << "\n";  // "memsim: out of host memory while ..."
   } catch (const std::bad_alloc&) {
     std::cerr << "memsim: out of host memory\n";
   } catch (const std::exception& e) {

@@ -2,11 +2,13 @@
 #include "src/app/replay_command.h"
 
 #include <filesystem>
+#include <new>
 #include <ostream>
 
 #include <fmt/format.h>
 
 #include "memsim_config.h"
+#include "sim/host_memory.h"
 #include "sim/trace_recorder.h"
 #include "sim/trace_replay.h"
 #include "sim/workload/alloc_trace.h"
@@ -120,9 +122,7 @@ void write_outputs(OutputDir& dir, const ReplayCommandOptions& o, const AllocTra
   });
 }
 
-}  // namespace
-
-int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::ostream& err) {
+int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& err) {
   Result<Snapshot> snap = read_snapshot_file(o.snapshot);
   if (!snap.ok()) {
     err << "memsim replay: " << snap.error().message << "\n";
@@ -228,6 +228,19 @@ int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::os
   out << dir.report();
   if (!exported.empty()) out << exported << "\n";
   return failed ? kExitRunFailure : 0;
+}
+
+}  // namespace
+
+int run_replay_command(const ReplayCommandOptions& o, std::ostream& out, std::ostream& err) {
+  try {
+    return run_replay(o, out, err);
+  } catch (const HostMemoryError& e) {
+    err << e.what() << "\n";
+  } catch (const std::bad_alloc&) {
+    err << fmt::format("memsim: out of host memory while replaying {}\n", o.snapshot);
+  }
+  return kExitRunFailure;
 }
 
 }  // namespace memsim

@@ -300,7 +300,7 @@ namespace {
 
 struct SingleRun {
   CaptureRunResult result;
-  std::vector<MetricsRecorder::Sample> samples;
+  SampleLog samples;
   std::vector<std::string> names;
 };
 
@@ -311,7 +311,7 @@ SingleRun run_one(const ShapesConfig& c, const CaptureRunConfig& rc,
   SingleRun out;
   out.result = run_captures_on_sim(rc, c.gpu, factory, clock, metrics);
   if (keep_samples) {
-    out.samples = metrics.samples();
+    out.samples = metrics.take_samples();
     for (size_t i = 0; i < metrics.series_count(); ++i)
       out.names.push_back(metrics.name(static_cast<MetricsRecorder::SeriesId>(i)));
   }

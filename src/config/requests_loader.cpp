@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "sim/host_memory.h"
+#include "sim/workload/input_file.h"
 #include "src/config/loaders.h"
 
 namespace memsim {
@@ -172,13 +174,30 @@ RequestsConfig load_requests_config(const ConfigNode& node) {
   return c;
 }
 
+uint64_t requests_host_bytes(uint64_t requests) {
+  return requests * kHostBytesPerRequest;
+}
+
 RequestSet build_request_set(const RequestsConfig& config) {
   if (config.source == RequestSource::kSynthetic) {
+    const uint64_t count = config.synthetic.count;
+    require_host_memory(requests_host_bytes(count),
+                        fmt::format("simulating {} synthetic requests (requests.count)", count));
     try {
       return generate_request_set(config.synthetic);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(e.what());
     }
+  }
+  // A device or FIFO is refused by the reader; a regular file is sized up before it is read.
+  std::error_code ec;
+  if (fs::is_regular_file(config.trace_path, ec)) {
+    const uint64_t size = fs::file_size(config.trace_path, ec);
+    uint64_t rows = ec ? 0 : estimate_trace_rows(config.trace_path, size);
+    if (config.trace.limit > 0) rows = std::min(rows, config.trace.limit);
+    require_host_memory(requests_host_bytes(rows),
+                        fmt::format("simulating the trace {} (about {} rows in {})",
+                                    config.trace_path, rows, format_host_bytes(size)));
   }
   Result<RequestSet> r = read_request_trace(config.trace_path, config.trace);
   if (!r.ok())
@@ -187,7 +206,7 @@ RequestSet build_request_set(const RequestsConfig& config) {
 }
 
 std::vector<RequestSpec> build_requests(const RequestsConfig& config) {
-  return build_request_set(config).requests;
+  return build_request_set(config).requests.to_vector();
 }
 
 std::string resolve_data_path(const ConfigNode& at, const std::string& ref) {
@@ -204,6 +223,12 @@ std::string resolve_data_path(const ConfigNode& at, const std::string& ref) {
   }
   std::string why;
   if (auto found = first_regular_file(candidates, &why)) return found->lexically_normal().string();
+  // Something that exists but cannot be read as a file (/dev/zero, a FIFO, a folder).
+  for (const fs::path& p : candidates) {
+    std::error_code ec;
+    if (!fs::exists(p, ec)) continue;
+    if (std::string e = special_file_error(p.lexically_normal().string()); !e.empty()) at.fail(e);
+  }
   std::vector<std::string> looked;
   for (const fs::path& p : candidates) {
     const std::string name = p.lexically_normal().string();

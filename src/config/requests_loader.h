@@ -36,14 +36,24 @@ struct RequestsConfig {
 // trace file must exist. Throws ConfigError ("file:line: key.path: message").
 RequestsConfig load_requests_config(const ConfigNode& node);
 
+// Host bytes a serving run of `requests` requests needs at the least: the packed request table
+// (RequestTable::kBytesPerRequest) and one run's latency samples (TTFT, E2E, TPOT: 8 bytes each).
+inline constexpr uint64_t kHostBytesPerRequest = RequestTable::kBytesPerRequest + 3 * 8;
+uint64_t requests_host_bytes(uint64_t requests);
+
 // The requests the config describes (generated, or read from the trace). A trace read error
 // becomes a ConfigError carrying the trace's "path:line: column: message" and the config key.
+// When requests_host_bytes() of the count (or of the trace's estimated rows) exceeds the host
+// memory available (host_memory_available()), or the host runs out of memory while building
+// them, throws HostMemoryError (sim/host_memory.h) with the whole message.
 RequestSet build_request_set(const RequestsConfig& config);
 std::vector<RequestSpec> build_requests(const RequestsConfig& config);
 
 // Resolves a data file named in a config: an absolute path as is; else relative to the config
 // file's folder, the current folder, MEMSIM_ROOT (env) or the config folder's parent (the project
-// root for experiments/*.yaml), first match wins. Fails at `at`, listing where it looked.
+// root for experiments/*.yaml), first match wins. Fails at `at`, listing where it looked, or
+// naming the type of a candidate that exists but is no regular file ("/dev/zero is not a regular
+// file (a character device)").
 std::string resolve_data_path(const ConfigNode& at, const std::string& ref);
 
 }  // namespace memsim

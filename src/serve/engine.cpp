@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -32,28 +33,9 @@ uint64_t output_stream(uint64_t request, uint64_t fork) {
   return (3ull << 62) | (request << 24) | fork;
 }
 
-Percentiles percentiles(std::vector<double> v) {
-  Percentiles p;
-  if (v.empty()) return p;
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) {  // linear interpolation between closest ranks (numpy's default)
-    const double pos = q * static_cast<double>(v.size() - 1);
-    const size_t lo = static_cast<size_t>(std::floor(pos));
-    const size_t hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-  };
-  p.p50 = at(0.5);
-  p.p90 = at(0.9);
-  p.p99 = at(0.99);
-  double sum = 0;
-  for (double x : v) sum += x;
-  p.mean = sum / static_cast<double>(v.size());
-  return p;
-}
-
 class Engine {
  public:
-  Engine(const EngineConfig& c, const std::vector<RequestSpec>& requests)
+  Engine(const EngineConfig& c, const RequestTable& requests)
       : c_(c),
         requests_(requests),
 
@@ -66,7 +48,8 @@ class Engine {
   bool start();   // the scheduler, KV manager, backend, swap space, executor (false: r_.error)
   void loop();    // the event loop: arrivals, steps, completions, samples
   void report();  // the run's figures, then every byte back
-  void build_groups();
+  void add_group(uint32_t g);   // request g arrived
+  void record(const Group& G);  // its figures (latencies, tokens) at the end of its run
   void complete_step(const StepPlan& plan);
   void fork_children(Group& G);
   void reshuffle_beams(Group& G);
@@ -94,7 +77,7 @@ class Engine {
   std::string unplaced(uint32_t g, const char* where) const;
 
   const EngineConfig& c_;
-  const std::vector<RequestSpec>& requests_;
+  const RequestTable& requests_;
   SimClock clock_;
   std::unique_ptr<Backend> backend_;
   MetricsRecorder metrics_;
@@ -104,7 +87,8 @@ class Engine {
   std::unique_ptr<ServeState> state_;
   DevPtr swap_space_ = 0;
   bool idle_retry_ = false;  // the last step preempted everything and planned nothing
-  std::vector<Group> groups_;
+  GroupWindow groups_;
+  LatencySamples latency_;
   SeqId next_seq_ = 0;
   uint64_t forks_ = 0;
   std::unique_ptr<StepExecutor> executor_;
@@ -116,34 +100,46 @@ class Engine {
   std::vector<SeqLength> after_step_;
   uint64_t done_ = 0;
   uint64_t length_capped_ = 0;
+  uint64_t loops_ = 0;  // scheduling loops, for the progress hook
   SimTime t0_ = 0, last_sample_ = 0;
   double waste_integral_ = 0, waste_last_ = 0, running_integral_ = 0;
   ServingResult r_;
 };
 
-void Engine::build_groups() {
-  groups_.resize(requests_.size());
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    const RequestSpec& q = requests_[i];
-    Group& G = groups_[i];
-    G.spec = q;
-    G.width = std::max(q.n, q.beam_width);
-    // vLLM stops a sequence at max_model_len tokens (finish reason "length").
-    const uint32_t max_len = c_.serve.max_model_len;
-    if (q.prompt_tokens < max_len && q.prompt_tokens + q.output_tokens > max_len) {
-      G.spec.output_tokens = max_len - q.prompt_tokens;
-      ++length_capped_;
-    }
-    Sequence s;
-    s.id = next_seq_++;
-    if (q.prefix_group >= 0) s.content.append(prefix_stream(q.prefix_group), q.prefix_tokens);
-    s.content.append(prompt_stream(q.id), q.prompt_tokens - s.content.size());
-    s.content.append(output_stream(q.id, 0), G.spec.output_tokens);
-    // Only requests of its prefix group share tokens with it, and only the prefix; forks and
-    // beams inherit the hint through slice().
-    if (c_.defer_private_hashes)
-      s.content.set_private_from(q.prefix_group >= 0 ? q.prefix_tokens : 0);
-    G.seqs.push_back(std::move(s));
+void Engine::add_group(uint32_t g) {
+  const RequestSpec q = requests_[g];
+  Group& G = groups_.add();
+  G.spec = q;
+  G.width = std::max(q.n, q.beam_width);
+  // vLLM stops a sequence at max_model_len tokens (finish reason "length").
+  const uint32_t max_len = c_.serve.max_model_len;
+  if (q.prompt_tokens < max_len && q.prompt_tokens + q.output_tokens > max_len) {
+    G.spec.output_tokens = max_len - q.prompt_tokens;
+    ++length_capped_;
+  }
+  Sequence s;
+  s.id = g;  // prefill sequences are numbered by request, forks from the request count on
+  if (q.prefix_group >= 0) s.content.append(prefix_stream(q.prefix_group), q.prefix_tokens);
+  s.content.append(prompt_stream(q.id), q.prompt_tokens - s.content.size());
+  s.content.append(output_stream(q.id, 0), G.spec.output_tokens);
+  // Only requests of its prefix group share tokens with it, and only the prefix; forks and
+  // beams inherit the hint through slice().
+  if (c_.defer_private_hashes)
+    s.content.set_private_from(q.prefix_group >= 0 ? q.prefix_tokens : 0);
+  G.seqs.push_back(std::move(s));
+}
+
+void Engine::record(const Group& G) {
+  if (G.rejected) return;
+  r_.output_tokens += uint64_t{G.outputs} * G.live();
+  if (G.truncated) ++r_.truncated;
+  if (G.status == GroupStatus::kFinished) ++r_.finished;
+  if (G.first_token < 0) return;
+  latency_.add_ttft(G.first_token - t0_ - G.spec.arrival);
+  if (G.finished >= 0) {
+    latency_.add_e2e(G.finished - t0_ - G.spec.arrival);
+    if (G.outputs > 1)
+      latency_.add_tpot_ms(double(G.finished - G.first_token) / 1e6 / (G.outputs - 1));
   }
 }
 
@@ -205,6 +201,8 @@ void Engine::finish(uint32_t g) {
   G.status = GroupStatus::kFinished;
   G.finished = clock_.now();
   ++done_;
+  record(G);
+  G.seqs = {};  // its figures are recorded: free its token runs
 }
 
 void Engine::complete_group(uint32_t g) {
@@ -352,12 +350,12 @@ bool Engine::on_empty_plan(bool preempted, bool ended, size_t next) {
   }
   if (!st.swapped.empty()) return place_swapped(st.swapped.front());
   if (!st.waiting.empty()) return place_waiting(st.waiting.front());
-  if (next < groups_.size()) {
-    clock_.advance_to(t0_ + requests_[next].arrival);
+  if (next < requests_.size()) {
+    clock_.advance_to(t0_ + requests_.arrival(next));
     return true;
   }
   r_.error = fmt::format("{} of {} requests are neither waiting, running, swapped nor finished",
-                         groups_.size() - done_, groups_.size());
+                         requests_.size() - done_, requests_.size());
   return false;
 }
 
@@ -597,9 +595,7 @@ bool Engine::start() {
   }
   // The pinned swap space exists whenever a group can be swapped: in swap mode, and for requests
   // with several samples or beams, which are swapped whatever the mode (vLLM V0).
-  const bool multi = std::any_of(requests_.begin(), requests_.end(), [](const RequestSpec& q) {
-    return std::max(q.n, q.beam_width) > 1;
-  });
+  const bool multi = requests_.any_parallel();
   if ((c_.serve.preemption == Preemption::kSwap || multi) && c_.serve.swap_space) {
     auto host = backend_->host_malloc_pinned(c_.serve.swap_space);
     if (!host.ok()) {
@@ -608,7 +604,8 @@ bool Engine::start() {
     }
     swap_space_ = *host;
   }
-  build_groups();
+  next_seq_ = requests_.size();  // groups are added as their requests arrive
+  latency_.reserve(requests_.size());
   state_ = std::make_unique<ServeState>(*kv_, c_.serve, groups_);
   r_.kv_capacity_tokens = kv_->free_token_capacity();
   if (c_.executor) {
@@ -645,9 +642,12 @@ void Engine::loop() {
   size_t next = 0;
   StepPlan plan;
   try {
-    while (done_ < groups_.size()) {
-      while (next < groups_.size() && t0_ + requests_[next].arrival <= clock_.now()) {
+    while (done_ < requests_.size()) {
+      if (c_.progress && (++loops_ & 1023) == 0)
+        c_.progress({done_, requests_.size(), clock_.now() - t0_});
+      while (next < requests_.size() && t0_ + requests_.arrival(next) <= clock_.now()) {
         const uint32_t g = static_cast<uint32_t>(next++);
+        add_group(g);
         if (groups_[g].spec.prompt_tokens >= c_.serve.max_model_len) {
           // vLLM refuses prompts that leave no room to generate.
           state_->reject(g, fmt::format("its prompt of {} tokens leaves no room to generate under "
@@ -658,8 +658,8 @@ void Engine::loop() {
         groups_[g].status = GroupStatus::kWaiting;
         state_->waiting.push_back(g);
       }
-      const SimTime stop_at =
-          std::min(next_sample, next < groups_.size() ? t0_ + requests_[next].arrival : INT64_MAX);
+      const SimTime stop_at = std::min(
+          next_sample, next < requests_.size() ? t0_ + requests_.arrival(next) : INT64_MAX);
       if (fast && fast_decode(stop_at) > 0) {
         if (clock_.now() >= next_sample) {
           sample();
@@ -741,25 +741,23 @@ void Engine::report() {
   if (r_.error.empty() && !kv_->check_invariants(&why)) r_.error = why;
   r_.kv = kv_->stats();
   r_.counters = state_->counters();
-  std::vector<double> ttft, tpot, e2e;
-  for (const Group& G : groups_) {
-    if (G.rejected) continue;
-    r_.output_tokens += uint64_t{G.outputs} * G.live();
-    if (G.truncated) ++r_.truncated;
-    if (G.status == GroupStatus::kFinished) ++r_.finished;
-    if (G.first_token < 0) continue;
-    ttft.push_back(double(G.first_token - t0_ - G.spec.arrival) / 1e6);
-    if (G.finished >= 0) {
-      e2e.push_back(double(G.finished - t0_ - G.spec.arrival) / 1e6);
-      if (G.outputs > 1) tpot.push_back(double(G.finished - G.first_token) / 1e6 / (G.outputs - 1));
-    }
+  // Finished groups were recorded as they finished; a failed run leaves some in flight, and
+  // some the scheduler ended that the engine did not finish.
+  for (uint32_t g = groups_.begin_index(); g < groups_.end_index(); ++g)
+    if (groups_[g].status != GroupStatus::kFinished) record(groups_[g]);
+  for (uint32_t g : state_->finished_now) record(groups_[g]);
+  for (size_t i = groups_.end_index(); i < requests_.size(); ++i) {  // never arrived (failed)
+    const uint64_t prompt = requests_.prompt_tokens(i);
+    if (prompt < c_.serve.max_model_len &&
+        prompt + requests_.output_tokens(i) > c_.serve.max_model_len)
+      ++length_capped_;
   }
   r_.rejected = r_.counters.rejected;
   r_.rejections = state_->rejections;
   r_.length_capped = length_capped_;
-  r_.ttft_ms = percentiles(std::move(ttft));
-  r_.tpot_ms = percentiles(std::move(tpot));
-  r_.e2e_ms = percentiles(std::move(e2e));
+  r_.ttft_ms = latency_.ttft_ms();
+  r_.tpot_ms = latency_.tpot_ms();
+  r_.e2e_ms = latency_.e2e_ms();
   const double secs = double(r_.sim_time) / 1e9;
   r_.output_tokens_per_s = secs > 0 ? double(r_.output_tokens) / secs : 0;
   r_.requests_per_s = secs > 0 ? double(r_.finished - r_.rejected) / secs : 0;
@@ -774,7 +772,8 @@ void Engine::report() {
     executor_->end();
   }
   // Everything must come back: live sequences are released, then the pool itself.
-  if (r_.error.empty() && done_ == groups_.size() && (r_.kv.slots_allocated || r_.kv.tokens_stored))
+  if (r_.error.empty() && done_ == requests_.size() &&
+      (r_.kv.slots_allocated || r_.kv.tokens_stored))
     r_.error =
         fmt::format("{} KV slots still allocated after the last request", r_.kv.slots_allocated);
   if (Status s = kv_->shutdown(); !s.ok() && r_.error.empty()) r_.error = s.error().message;
@@ -782,25 +781,29 @@ void Engine::report() {
   if (r_.error.empty() && backend_->usage().physical_bytes != 0)
     r_.error =
         fmt::format("{} device bytes still held after shutdown", backend_->usage().physical_bytes);
-  r_.samples = metrics_.samples();
+  r_.samples = metrics_.take_samples();
   for (size_t i = 0; i < metrics_.series_count(); ++i)
     r_.series.push_back(metrics_.name(static_cast<MetricsRecorder::SeriesId>(i)));
 }
 
 ServingResult Engine::run() {
-  if (!start()) return r_;
+  if (!start()) return std::move(r_);
   const auto wall0 = std::chrono::steady_clock::now();
   loop();
   r_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   report();
-  return r_;
+  return std::move(r_);  // the samples are large: no copy
 }
 
 }  // namespace
 
-ServingResult run_serving(const EngineConfig& config, const std::vector<RequestSpec>& requests) {
+ServingResult run_serving(const EngineConfig& config, const RequestTable& requests) {
   Engine engine(config, requests);
   return engine.run();
+}
+
+ServingResult run_serving(const EngineConfig& config, const std::vector<RequestSpec>& requests) {
+  return run_serving(config, RequestTable(requests));
 }
 
 }  // namespace memsim

@@ -13,13 +13,22 @@
 #include "sim/clock.h"
 #include "sim/metrics.h"
 #include "sim/workload/model_shape.h"
+#include "sim/workload/request_table.h"
 #include "sim/workload/requests.h"
 #include "sim/workload/step_profile.h"
 #include "src/kv/registry.h"
+#include "src/serve/latency_samples.h"
 #include "src/serve/serve_state.h"
 #include "src/serve/step_executor.h"
 
 namespace memsim {
+
+// Where a run stands, for a progress display (the engine itself prints nothing).
+struct EngineProgress {
+  uint64_t finished = 0;  // requests finished (completed, truncated or rejected)
+  uint64_t requests = 0;  // requests of the run
+  SimTime simulated = 0;  // simulated time since the run started
+};
 
 struct EngineConfig {
   std::string label;
@@ -59,6 +68,9 @@ struct EngineConfig {
   // Fraction of steps validated besides those after a fork, copy-on-write, swap-in, preemption
   // or eviction (seeded from serve.seed; never changes what is simulated).
   double validate_sample = 0.1;
+  // Called every 1024 scheduling loops with the run's progress (null: never). It runs on the
+  // engine's thread and should return quickly (throttle output by wall time itself).
+  std::function<void(const EngineProgress&)> progress;
 };
 
 // A step of a measured-clock run: its shape, the step-time model's prediction and the time the
@@ -70,10 +82,6 @@ struct MeasuredStep {
   // steps up with what else was sampled meanwhile (nvidia-smi clocks and power).
   double wall_s = 0;
   double gpu_ms = 0;  // the GPU's share of `measured` (StepExecutor::measured_step_gpu_ms)
-};
-
-struct Percentiles {
-  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
 };
 
 struct ServingResult {
@@ -105,10 +113,14 @@ struct ServingResult {
   bool executed = false;                     // an executor ran every step
   ExecutorReport validation;                 // what it did and checked
   std::vector<MeasuredStep> measured_steps;  // measured_clock: every step
-  std::vector<MetricsRecorder::Sample> samples;
-  std::vector<std::string> series;  // sample.series -> name
+  SampleLog samples;                         // packed gauge samples (see SampleLog)
+  std::vector<std::string> series;           // sample.series -> name
 };
 
+// Runs `requests` (ids in arrival order) through the engine. Each request's state is built when
+// it arrives and freed when it finishes; what the run keeps per request is its latencies
+// (LatencySamples, 24 bytes).
+ServingResult run_serving(const EngineConfig& config, const RequestTable& requests);
 ServingResult run_serving(const EngineConfig& config, const std::vector<RequestSpec>& requests);
 
 }  // namespace memsim

@@ -17,6 +17,17 @@ namespace {
 
 }  // namespace
 
+Group& GroupWindow::add() {
+  while (head_ < groups_.size() && groups_[head_].status == GroupStatus::kFinished) ++head_;
+  // Erase the finished front once it is half the window (each group moves O(1) times).
+  if (head_ >= 1024 && 2 * head_ >= groups_.size()) {
+    groups_.erase(groups_.begin(), groups_.begin() + static_cast<ptrdiff_t>(head_));
+    base_ += static_cast<uint32_t>(head_);
+    head_ = 0;
+  }
+  return groups_.emplace_back();
+}
+
 void ServeState::sync(Sequence& s) {
   if (s.kv_tokens <= s.synced) return;
   const Status st = kv_.grow(s.id, s.content, s.kv_tokens, 0);

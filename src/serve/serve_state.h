@@ -75,6 +75,25 @@ struct Refusal {
   uint32_t budget = 0;  // the token budget left (kBudget, kStep)
 };
 
+// The groups of a run by request index, built as requests arrive. Finished groups at the front
+// are dropped when the next group is added, so a run holds the groups from the oldest one still
+// in flight on, not one per request of the workload. Indices stay those of the requests.
+class GroupWindow {
+ public:
+  Group& operator[](uint32_t g) { return groups_[g - base_]; }
+  const Group& operator[](uint32_t g) const { return groups_[g - base_]; }
+  // The first group still held and one past the last added (the next request's index).
+  uint32_t begin_index() const { return base_ + static_cast<uint32_t>(head_); }
+  uint32_t end_index() const { return base_ + static_cast<uint32_t>(groups_.size()); }
+  // Appends the group of request end_index() (references to groups may move).
+  Group& add();
+
+ private:
+  std::vector<Group> groups_;
+  uint32_t base_ = 0;  // request index of groups_[0]
+  size_t head_ = 0;    // groups_[0, head_) are finished, to be erased in one go
+};
+
 struct ServeOptions {
   uint32_t max_num_seqs = 256;
   uint32_t max_num_batched_tokens = 8192;
@@ -106,12 +125,12 @@ struct ServeCounters {
 // manager exact at block boundaries and lazy inside a block (sync() catches it up).
 class ServeState {
  public:
-  ServeState(KvCacheManager& kv, const ServeOptions& options, std::vector<Group>& groups)
+  ServeState(KvCacheManager& kv, const ServeOptions& options, GroupWindow& groups)
       : kv_(kv), options_(options), groups_(groups), rng_(options.seed) {}
 
   KvCacheManager& kv() { return kv_; }
   const ServeOptions& options() const { return options_; }
-  std::vector<Group>& groups() { return groups_; }
+  GroupWindow& groups() { return groups_; }
   Group& group(uint32_t g) { return groups_[g]; }
   ServeCounters& counters() { return counters_; }
   std::mt19937_64& rng() { return rng_; }
@@ -180,7 +199,7 @@ class ServeState {
 
   KvCacheManager& kv_;
   ServeOptions options_;
-  std::vector<Group>& groups_;
+  GroupWindow& groups_;
   ServeCounters counters_;
   std::mt19937_64 rng_;
 };

@@ -12,11 +12,13 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "kernels/attention_types.h"
+#include "sim/host_memory.h"
 #include "sim/workload/executor_program.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
@@ -323,9 +325,15 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
   }
 
   // Runs in parallel: each has its own backend, clock, strategy and state.
+  std::vector<char> out_of_memory(c.runs.size(), 0);
   parallel_for(c.runs.size(), hooks.serial ? 1 : 0, [&](size_t i) {
     ServingRunResult& o = out.runs[i];
-    if (!o.budget_error.empty()) return;
+    const RequestTable& requests = c.request_sets[o.spec.requests].requests;
+    const EngineProgress ended{requests.size(), requests.size(), 0};
+    if (!o.budget_error.empty()) {
+      if (hooks.progress) hooks.progress(i, ended);
+      return;
+    }
     EngineConfig e;
     e.label = o.spec.label;
     e.model = c.model;
@@ -345,8 +353,22 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
     e.validate_sample = o.spec.validate_sample;
     if (hooks.customize) hooks.customize(o.spec, e);
-    o.result = run_serving(e, c.request_sets[o.spec.requests].requests);
+    if (hooks.progress) e.progress = [&hooks, i](const EngineProgress& p) { hooks.progress(i, p); };
+    try {
+      o.result = run_serving(e, requests);
+    } catch (const std::bad_alloc&) {
+      o.result = ServingResult();  // frees what the run held
+      out_of_memory[i] = 1;
+    }
+    if (hooks.progress) hooks.progress(i, ended);
   });
+  for (size_t i = 0; i < c.runs.size(); ++i)
+    if (out_of_memory[i])
+      throw HostMemoryError(fmt::format(
+          "memsim: out of host memory while simulating run '{}' ({} requests; {} available "
+          "now)",
+          c.runs[i].label, c.request_sets[c.runs[i].requests].requests.size(),
+          format_host_bytes(host_memory_available().bytes)));
   out.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return out;

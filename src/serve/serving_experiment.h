@@ -84,6 +84,10 @@ struct ServingResults {
 struct ServingRunHooks {
   std::function<void(const ServingRunSpec&, EngineConfig&)> customize;
   bool serial = false;
+  // Progress of run `run` (index into config.runs): every 1024 scheduling loops of its engine
+  // (EngineConfig::progress), and once when it ends (finished == requests). Runs may call it
+  // from several threads at once. Null: none.
+  std::function<void(size_t run, const EngineProgress&)> progress;
 };
 
 // A `kv:` map ({impl, ...the strategy's keys}) and a `scheduler:` map, parsed and validated
@@ -113,6 +117,8 @@ ServingConfig load_serving_config(const ConfigNode& root);
 // are positive and finite.
 ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill);
 
+// Runs every run of the config (in parallel unless hooks.serial). A run that exhausts host
+// memory throws HostMemoryError (sim/host_memory.h) once all runs have ended.
 ServingResults run_serving_experiment(const ServingConfig& config,
                                       const ServingRunHooks& hooks = {});
 
