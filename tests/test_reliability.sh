@@ -184,6 +184,17 @@ expect_rc sw5 1
 expect_in "$TMP/sw5.err" "another sweep with a different grid or config is running" \
   "F7b: a second grid is refused"
 check "F7b: the refused sweep left grid.json alone" cmp -s "$SWDIR/grid.json" "$TMP/grid_before.json"
+# F4: points that cannot write (a file size limit, as on a full disk) fail with the reason, the
+# sweep exits 1 and says sweep.csv is short; their status says failed.
+(cd "$TMP" && trap '' XFSZ && ulimit -f 1 && exec "$MEMSIM" sweep --config "$TMP/g.yaml" \
+  --out "$TMP/o_fullsw" -j 2 --no-progress --set requests.count=20 --sweep kv.block_size=8,16) \
+  > "$TMP/fullsw.out" 2> "$TMP/fullsw.err"
+rc=$?
+expect_rc fullsw 1
+expect_in "$TMP/fullsw.err" "File too large" "F4: a point's failed write gives its reason"
+expect_in "$TMP/fullsw.err" "sweep.csv lacks 2 of 2 points" "F4: a short sweep.csv is said"
+check "F4: a failed point's status says failed" \
+  grep -q "^failed 1 " "$TMP/o_fullsw/sweep_grid-sweep/points/p00000/status"
 # F25: a closed stdout does not kill the sweep.
 rm -rf "$TMP/o_pipe"
 (cd "$TMP" && "$MEMSIM" sweep --config "$TMP/g.yaml" --out "$TMP/o_pipe" -j 1 \
