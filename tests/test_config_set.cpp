@@ -3,6 +3,7 @@
 
 #include "src/app/shapes_experiment.h"
 #include "src/graph/registry.h"
+#include "src/serve/serving_experiment.h"
 #include "tests/config_test_util.h"
 
 using namespace memsim;
@@ -127,4 +128,79 @@ TEST_CASE("a repeated key is an error", "[config][errors]") {
     CHECK_THAT(std::string(e.what()), Catch::Contains("seed"));
   }
   CHECK(threw);
+}
+
+namespace {
+
+// A serving experiment of two runs: `a` sets its own kv and scheduler.max_num_seqs, `b` its kv.
+std::string two_runs_yaml() {
+  return "experiment: two_runs\ngpu: " + gpu_file() + "\nmodel: " + model_file() +
+         "\nrequests: {source: synthetic, count: 4, seed: 1, arrival: {process: poisson, rate: "
+         "5}, prompt: {dist: fixed, value: 100}, output: {dist: fixed, value: 20}}\n"
+         "scheduler: {impl: continuous_batching, max_num_seqs: 64}\n"
+         "runs:\n"
+         "  - {label: a, kv: {impl: paged_block_pool}, scheduler: {max_num_seqs: 16}}\n"
+         "  - {label: b, kv: {impl: radix_token_pool}}\n";
+}
+
+std::string serving_error(const std::string& path, const std::vector<std::string>& sets,
+                          const std::vector<std::string>& unsets = {}) {
+  try {
+    ConfigNode root = ConfigNode::load_file(path);
+    for (const std::string& u : unsets) root.apply_unset(u);
+    for (const std::string& s : sets) root.apply_override(s);
+    (void)load_serving_config(root);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("--set reaches an entry of a list by its index", "[config][set]") {
+  TempDir dir;
+  const std::string path = dir.write("two_runs.yaml", two_runs_yaml());
+  const ServingConfig c = load_serving_config(path, {"runs.1.kv.impl=static_contiguous"});
+  REQUIRE(c.runs.size() == 2u);
+  CHECK(c.runs[0].kv_impl == "paged_block_pool");
+  CHECK(c.runs[1].kv_impl == "static_contiguous");
+  CHECK(load_serving_config(path, {"runs.0.scheduler.max_num_seqs=8"}).runs[0].serve.max_num_seqs ==
+        8u);
+  CHECK(serving_error(path, {"runs.2.kv.impl=x"}) ==
+        "--set runs.2.kv.impl=x: 'runs' has 2 entries (indexes from 0)");
+  CHECK(serving_error(path, {"runs.kv.impl=x"}) ==
+        "--set runs.kv.impl=x: 'runs' is a list: give an entry's index (e.g. runs.0.kv)");
+  // An error inside an entry set from the command line names the flag.
+  CHECK_THAT(serving_error(path, {"runs.0.kv.block_size=3x"}),
+             Catch::Contains("(--set runs[0].kv.block_size)"));
+}
+
+TEST_CASE("--set of a key every run sets for itself is an error naming the runs",
+          "[config][set][errors]") {
+  TempDir dir;
+  const std::string path = dir.write("two_runs.yaml", two_runs_yaml());
+  CHECK(serving_error(path, {"kv.impl=static_contiguous"}) ==
+        "--set kv.impl: every run sets its own kv (" + path + ":7: runs[0].kv; " + path +
+            ":8: runs[1].kv), so it changes nothing; set it per run (--set runs.N.kv.impl=...)");
+  // Only run a sets scheduler.max_num_seqs: b takes the top level's, so the --set applies.
+  const ServingConfig c = load_serving_config(path, {"scheduler.max_num_seqs=8"});
+  CHECK(c.runs[0].serve.max_num_seqs == 16u);
+  CHECK(c.runs[1].serve.max_num_seqs == 8u);
+  CHECK_THAT(serving_error(path, {"runs.1.scheduler.max_num_seqs=32", "scheduler.max_num_seqs=8"}),
+             Catch::StartsWith("--set scheduler.max_num_seqs: every run sets its own "
+                               "scheduler.max_num_seqs ("));
+}
+
+TEST_CASE("--unset removes a key, or names the closest one", "[config][set]") {
+  TempDir dir;
+  const std::string path = dir.write("two_runs.yaml", two_runs_yaml());
+  ConfigNode root = ConfigNode::load_file(path);
+  root.apply_unset("runs.0.scheduler");
+  CHECK(load_serving_config(root).runs[0].serve.max_num_seqs == 64u);
+  CHECK(serving_error(path, {}, {"scheduler.max_num_seq"}) ==
+        "--unset scheduler.max_num_seq: no key 'max_num_seq' to remove (did you mean "
+        "'max_num_seqs'?)");
+  CHECK(serving_error(path, {}, {"runs.0"}) ==
+        "--unset runs.0: a list entry cannot be removed; --set the whole list");
 }

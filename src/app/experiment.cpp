@@ -1,39 +1,136 @@
-// Experiment kinds: detection by top-level keys, and validation with each kind's typed loader.
+// The experiment table: each kind's recognition, validation and run (simulation, then its
+// --backend cuda mode through cuda_modes.h), with its outputs written and committed.
 #include "src/app/experiment.h"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <iostream>
+
 #include "src/app/allocators_experiment.h"
+#include "src/app/cuda_modes.h"
+#include "src/app/output.h"
 #include "src/app/rl_experiment.h"
+#include "src/app/run_progress.h"
+#include "src/app/serving_writers.h"
 #include "src/app/shapes_experiment.h"
+#include "src/app/writers.h"
 #include "src/serve/serving_experiment.h"
 
 namespace memsim {
 
-ExperimentKind experiment_kind(const ConfigNode& root) {
-  if (is_allocators_config(root)) return ExperimentKind::kAllocators;
-  if (is_rl_config(root)) return ExperimentKind::kRl;
-  if (is_serving_config(root)) return ExperimentKind::kServing;
-  return ExperimentKind::kShapes;
+namespace {
+
+constexpr int kExitRunFailure = 1;
+constexpr int kExitConfigError = 2;
+
+// Commits the outputs (they appear whole, replacing the previous ones) and says where they went.
+int finish(OutputDir& dir, int rc) {
+  dir.commit();
+  std::cout << dir.report();
+  return rc;
+}
+
+// experiments/kv_*.yaml: requests through KV-cache strategies and schedulers; with --backend
+// cuda every run's KV pool and attention run on the GPU.
+int run_serving(const ConfigNode& root, const RunContext& ctx) {
+  const ServingConfig config = load_serving_config(root);
+  ServingRunHooks hooks;
+  if (ctx.cuda) {
+    auto made = cuda_serving_hooks_for(config);
+    if (!made.ok()) {
+      std::cerr << "memsim: --backend cuda: " << made.error().message << "\n";
+      return kExitConfigError;
+    }
+    hooks = std::move(made).value();
+  }
+  OutputDir dir(ctx.out_dir, config.experiment);  // checked before the run
+  // A progress line on a terminal (stderr) for long runs; nothing otherwise.
+  TerminalProgress progress(config, std::cerr, isatty(STDERR_FILENO) != 0);
+  hooks.progress = progress.hook();
+  const ServingResults results = run_serving_experiment(config, hooks);
+  std::cout << format_serving_table(config, results);
+  write_serving_outputs(config, results, dir);
+  dir.add_note(plot_serving(config, dir));
+  int rc = 0;
+  for (const auto& r : results.runs)
+    if (!r.result.error.empty()) rc = kExitRunFailure;
+  if (ctx.cuda) rc = cuda_serving_report(config, results, dir, std::cout);
+  return finish(dir, rc);
+}
+
+// experiments/shapes.yaml: CUDA-graph memory across batch shapes; with --backend cuda the table
+// slice is captured again on the GPU.
+int run_shapes_experiment(const ConfigNode& root, const RunContext& ctx) {
+  const ShapesConfig config = load_shapes_config(root);
+  OutputDir dir(ctx.out_dir, config.experiment);
+  const ShapesResults results = run_shapes(config);
+  std::cout << format_shapes_table(config, results);
+  write_shapes_outputs(config, results, dir);
+  if (!results.snapshots.empty())
+    dir.add_note(
+        fmt::format("wrote {} allocator timelines as PyTorch snapshots: {}/snapshots/ "
+                    "(open them in pytorch.org/memory_viz, or memsim replay them)",
+                    results.snapshots.size(), dir.path()));
+  dir.add_note(plot_shapes(config, dir));
+  int rc = 0;
+  for (const auto& r : results.runs)
+    if (!r.result.invariant_violation.empty()) rc = kExitRunFailure;
+  if (ctx.cuda && rc == 0) rc = cuda_shapes_validation(config, results, dir, std::cout);
+  return finish(dir, rc);
+}
+
+int run_allocators(const ConfigNode& root, const RunContext& ctx) {
+  const AllocatorsConfig config = load_allocators_config(root);
+  OutputDir dir(ctx.out_dir, config.experiment);
+  const int rc = run_allocators_experiment(config, dir, std::cout, std::cerr);
+  return finish(dir, rc);
+}
+
+int run_rl(const ConfigNode& root, const RunContext& ctx) {
+  const RlConfig config = load_rl_config(root);
+  OutputDir dir(ctx.out_dir, config.experiment);
+  int rc = run_rl_experiment(config, dir, std::cout, std::cerr);
+  if (ctx.cuda) {
+    const int cuda_rc = cuda_rl_run(config, dir, std::cout, std::cerr);
+    if (rc == 0) rc = cuda_rc;
+  }
+  return finish(dir, rc);
+}
+
+}  // namespace
+
+const std::vector<ExperimentKind>& experiment_kinds() {
+  static const std::vector<ExperimentKind> kKinds = {
+      {"allocators", [](const ConfigNode& r) { return is_allocators_config(r); },
+       [](const ConfigNode& r) { return load_allocators_config(r).experiment; }, run_allocators},
+      {"rl", [](const ConfigNode& r) { return is_rl_config(r); },
+       [](const ConfigNode& r) { return load_rl_config(r).experiment; }, run_rl},
+      {"serving", [](const ConfigNode& r) { return is_serving_config(r); },
+       [](const ConfigNode& r) { return load_serving_config(r).experiment; }, run_serving},
+      {"shapes", [](const ConfigNode&) { return true; },
+       [](const ConfigNode& r) { return load_shapes_config(r).experiment; }, run_shapes_experiment},
+  };
+  return kKinds;
+}
+
+const ExperimentKind& experiment_kind(const ConfigNode& root) {
+  for (const ExperimentKind& k : experiment_kinds())
+    if (k.matches(root)) return k;
+  return experiment_kinds().back();
 }
 
 ConfigNode load_experiment_root(const std::string& path, const std::vector<std::string>& overrides,
-                                const std::string& base_dir) {
+                                const std::string& base_dir,
+                                const std::vector<std::string>& unsets) {
   ConfigNode root = ConfigNode::load_file(path, base_dir);
+  for (const std::string& u : unsets) root.apply_unset(u);
   for (const std::string& o : overrides) root.apply_override(o);
   return root;
 }
 
 std::string validate_experiment(const ConfigNode& root) {
-  switch (experiment_kind(root)) {
-    case ExperimentKind::kAllocators:
-      return load_allocators_config(root).experiment;
-    case ExperimentKind::kRl:
-      return load_rl_config(root).experiment;
-    case ExperimentKind::kServing:
-      return load_serving_config(root).experiment;
-    case ExperimentKind::kShapes:
-      break;
-  }
-  return load_shapes_config(root).experiment;
+  return experiment_kind(root).validate(root);
 }
 
 }  // namespace memsim

@@ -15,9 +15,7 @@
 #include "sim/workload/snapshot.h"
 #include "src/alloc/registry.h"
 #include "src/app/allocator_reports.h"
-#if MEMSIM_HAVE_CUDA
-#include "src/app/replay_cuda.h"
-#endif
+#include "src/app/cuda_modes.h"
 #include "src/app/output.h"
 #include "src/app/plots.h"
 #include "src/app/writers.h"
@@ -123,6 +121,10 @@ void write_outputs(OutputDir& dir, const ReplayCommandOptions& o, const AllocTra
 }
 
 int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& err) {
+  if (o.cuda && !cuda_backend_built()) {
+    err << "memsim replay: --backend cuda: " << cuda_device_problem() << "\n";
+    return kExitConfigError;
+  }
   Result<Snapshot> snap = read_snapshot_file(o.snapshot);
   if (!snap.ok()) {
     err << "memsim replay: " << snap.error().message << "\n";
@@ -215,13 +217,8 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
         it != allocs->end() ? it->first : allocs->front().first, o.export_path);
   }
   if (o.cuda) {
-#if MEMSIM_HAVE_CUDA
-    const int rc = replay_on_cuda(t, *allocs, gpu, dir, out, err);
+    const int rc = cuda_replay(t, *allocs, gpu, dir, out, err);
     if (rc != 0) failed = true;
-#else
-    err << "memsim replay: --backend cuda: this build has no CUDA backend\n";
-    return kExitConfigError;
-#endif
   }
   dir.add_note(run_plot_script("plot_allocators.py", dir, {}, {"allocators.png"}));
   dir.commit();

@@ -160,8 +160,7 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
           x.validation.failure.empty() ? "" : ", FAILED");
     if (!x.rejections.empty())  // the first one, with its reason (the engine keeps them all)
       o << "    rejected: " << x.rejections.front()
-        << (x.rejected > 1 ? fmt::format(" (and {} more)", x.rejected - 1) : "")
-        << "\n";
+        << (x.rejected > 1 ? fmt::format(" (and {} more)", x.rejected - 1) : "") << "\n";
     if (!x.error.empty()) o << "    error: " << x.error << "\n";
   }
   double sim = 0, wall = 0;

@@ -89,9 +89,10 @@ SweepRecord read_grid_json(const std::string& dir);
 
 struct SweepOptions {
   std::string config;
-  std::vector<std::string> axes;  // --sweep
-  std::vector<std::string> sets;  // --set, applied to every point
-  unsigned jobs = 0;              // 0: one per core
+  std::vector<std::string> axes;    // --sweep
+  std::vector<std::string> sets;    // --set, applied to every point
+  std::vector<std::string> unsets;  // --unset, applied to every point (before the --set values)
+  unsigned jobs = 0;                // 0: one per core
   std::string out_dir = "results";
   std::string shard;     // "K/N"; empty: SLURM_ARRAY_TASK_ID / _COUNT when set, else all points
   bool slurm = false;    // write DIR/sweep.sbatch instead of running

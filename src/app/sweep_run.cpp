@@ -415,8 +415,9 @@ int sweep(const SweepOptions& o, std::ostream& out, std::ostream& err) {
   const auto [shard_k, shard_n] = parse_shard(o);
   // The YAML is read once; every point runs from its own resolved config, whose relative paths
   // resolve from the YAML's folder (absolute: the points' hashes do not depend on the cwd).
-  const ConfigNode root = ConfigNode::load_file(
+  ConfigNode root = ConfigNode::load_file(
       o.config, fs::absolute(fs::path(o.config).parent_path()).lexically_normal().string());
+  for (const std::string& u : o.unsets) root.apply_unset(u);
   const std::vector<SweepAxis> axes = parse_grid(root, o.axes);
   if (axes.empty())
     throw SweepStop{2, o.config +

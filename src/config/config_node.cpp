@@ -291,41 +291,129 @@ double ConfigNode::as_double_in(double lo, double hi) const {
   return v;
 }
 
-void ConfigNode::apply_override(const std::string& assignment) {
-  const size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError(fmt::format("--set {}: expected key.path=value", assignment));
-  const std::string key = assignment.substr(0, eq);
-  YAML::Node value;
-  try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(fmt::format("--set {}: value is not valid YAML: {}", assignment, e.msg));
-  }
+namespace {
+
+bool is_index(const std::string& part) {
+  return !part.empty() && part.size() <= 9 &&
+         std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// A key path's parts ("runs.0.kv.impl" -> runs, 0, kv, impl); `flag` names the flag in errors.
+std::vector<std::string> key_parts(const std::string& key, const std::string& flag) {
   std::vector<std::string> parts;
   size_t start = 0;
   while (true) {
     const size_t dot = key.find('.', start);
     parts.push_back(key.substr(start, dot - start));
+    if (parts.back().empty()) throw ConfigError(fmt::format("{}: empty key in path", flag));
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
-  // Walk with explicit node copies: yaml-cpp nodes are handles, assignment rebinds them.
-  // Missing maps along the path are created; a scalar or list along it is an error.
-  std::vector<YAML::Node> chain{node_};
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].empty()) throw ConfigError(fmt::format("--set {}: empty key in path", assignment));
-    YAML::Node& cur = chain.back();
-    if (!cur.IsMap() && !cur.IsNull()) {
-      const std::string owner = i == 0 ? std::string("the document") : "'" + parts[i - 1] + "'";
-      throw ConfigError(fmt::format("--set {}: {} is not a map", assignment, owner));
-    }
-    if (i + 1 == parts.size()) break;
-    if (!cur[parts[i]].IsDefined()) cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
-    chain.push_back(cur[parts[i]]);
+  return parts;
+}
+
+// The path as ConfigNode::path() spells it: list entries in brackets ("runs[0].kv.impl").
+std::string node_path(const std::vector<std::string>& parts, const YAML::Node& root) {
+  std::string out;
+  std::vector<YAML::Node> chain{root};  // not `cur = child`: that would rebind the tree's data
+  for (const std::string& p : parts) {
+    const YAML::Node& cur = chain.back();
+    const bool index = cur.IsSequence() && is_index(p);
+    out += index ? "[" + p + "]" : (out.empty() ? p : "." + p);
+    if (index)
+      chain.push_back(cur[std::stoul(p)]);
+    else if (cur.IsMap())
+      chain.push_back(cur[p]);
+    else
+      chain.push_back(YAML::Node());
   }
-  chain.back()[parts.back()] = value;
-  overrides_->push_back(key);
+  return out;
+}
+
+// The node that holds parts.back(): walks the maps (created when `create`) and list entries
+// (which must exist) of parts[0..n-1]. yaml-cpp nodes are handles and assigning one to another
+// rebinds the data, not the handle: the walk keeps each step's node in a chain of its own.
+YAML::Node parent_of(YAML::Node root, const std::vector<std::string>& parts, bool create,
+                     const std::string& flag) {
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    YAML::Node& cur = chain.back();
+    const std::string owner = i == 0 ? std::string("the document") : "'" + parts[i - 1] + "'";
+    if (cur.IsSequence()) {
+      if (!is_index(p))
+        throw ConfigError(fmt::format("{}: {} is a list: give an entry's index (e.g. {}.0.{})",
+                                      flag, owner, i == 0 ? "" : parts[i - 1], p));
+      const size_t k = std::stoul(p);
+      if (k >= cur.size())
+        throw ConfigError(
+            fmt::format("{}: {} has {} entries (indexes from 0)", flag, owner, cur.size()));
+      chain.push_back(cur[k]);
+      continue;
+    }
+    if (!cur.IsMap() && !cur.IsNull())
+      throw ConfigError(fmt::format("{}: {} is not a map", flag, owner));
+    if (!cur[p].IsDefined()) {
+      if (!create) throw ConfigError(fmt::format("{}: no key '{}'", flag, p));
+      cur[p] = YAML::Node(YAML::NodeType::Map);
+    }
+    chain.push_back(cur[p]);
+  }
+  return chain.back();
+}
+
+}  // namespace
+
+void ConfigNode::apply_override(const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError(fmt::format("--set {}: expected key.path=value", assignment));
+  const std::string key = assignment.substr(0, eq);
+  const std::string flag = "--set " + assignment;
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(fmt::format("{}: value is not valid YAML: {}", flag, e.msg));
+  }
+  const std::vector<std::string> parts = key_parts(key, flag);
+  // Missing maps along the path are created; a list entry must exist; a scalar along it is an
+  // error.
+  YAML::Node parent = parent_of(node_, parts, true, flag);
+  const std::string& last = parts.back();
+  if (parent.IsSequence()) {
+    if (!is_index(last) || std::stoul(last) >= parent.size())
+      throw ConfigError(fmt::format("{}: '{}' is a list of {} entries: give an index below {}",
+                                    flag, parts.size() > 1 ? parts[parts.size() - 2] : key,
+                                    parent.size(), parent.size()));
+    parent[std::stoul(last)] = value;
+  } else {
+    if (!parent.IsMap() && !parent.IsNull())
+      throw ConfigError(fmt::format("{}: '{}' is not a map", flag,
+                                    parts.size() > 1 ? parts[parts.size() - 2] : key));
+    parent[last] = value;
+  }
+  overrides_->push_back(node_path(parts, node_));
+}
+
+void ConfigNode::apply_unset(const std::string& key) {
+  const std::string flag = "--unset " + key;
+  const std::vector<std::string> parts = key_parts(key, flag);
+  YAML::Node parent = parent_of(node_, parts, false, flag);
+  const std::string& last = parts.back();
+  if (parent.IsSequence())
+    throw ConfigError(
+        fmt::format("{}: a list entry cannot be removed; --set the whole list", flag));
+  if (!parent.IsMap() || !parent[last].IsDefined()) {
+    std::vector<std::string> keys;
+    if (parent.IsMap())
+      for (auto it = parent.begin(); it != parent.end(); ++it)
+        keys.push_back(it->first.as<std::string>());
+    const std::string near = closest_match(last, keys);
+    throw ConfigError(fmt::format("{}: no key '{}' to remove{}", flag, last,
+                                  near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
+  }
+  parent.remove(last);
 }
 
 bool ConfigNode::overridden(std::string_view key_path) const {

@@ -75,8 +75,13 @@ class ConfigNode {
   [[noreturn]] void fail(const std::string& message) const;
 
   // Applies a `--set a.b.c=value` override (value parsed as YAML) to this tree. Creates missing
-  // maps along the path; the key itself is checked later by the typed loader like any other.
+  // maps along the path; a number after a list's key picks an entry (`runs.0.kv.impl=...`), which
+  // must exist. The key itself is checked later by the typed loader like any other.
   void apply_override(const std::string& assignment);
+  // Applies `--unset a.b.c`: removes the key (it must exist; the closest one is named if not).
+  void apply_unset(const std::string& key);
+  // The key paths --set set, as path() spells them ("runs[0].kv.impl").
+  const std::vector<std::string>& overridden_keys() const { return *overrides_; }
   // Whether `--set key_path=...` set this key path (of the root).
   bool overridden(std::string_view key_path) const;
   // A deep copy (yaml-cpp nodes are shared handles): overrides applied to it leave this alone.

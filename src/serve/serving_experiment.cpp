@@ -148,9 +148,40 @@ ServingConfig load_serving_config(const std::string& path,
   return load_serving_config(root);
 }
 
+namespace {
+
+// A --set of a top-level key that every run sets for itself would change nothing: an error that
+// names the runs. A run's `kv:` and `requests:` replace the top level's whole; its `engine:` and
+// `scheduler:` replace only the keys they give.
+void check_shadowed_overrides(const ConfigNode& root, const std::vector<ConfigNode>& runs) {
+  for (const std::string& key : root.overridden_keys()) {
+    const size_t dot = key.find('.');
+    const std::string section = key.substr(0, dot);
+    const bool whole = section == "kv" || section == "requests";
+    if (!whole && section != "engine" && section != "scheduler") continue;
+    const std::string sub =
+        dot == std::string::npos ? "" : key.substr(dot + 1, key.find('.', dot + 1) - dot - 1);
+    std::vector<std::string> where;
+    for (const ConfigNode& r : runs) {
+      const std::optional<ConfigNode> own = r.is_map() ? r.find(section) : std::nullopt;
+      if (!own || !(whole || sub.empty() || (own->is_map() && own->has(sub)))) break;
+      where.push_back(own->where());
+    }
+    if (where.size() < runs.size()) continue;  // some run takes the top level's value
+    throw ConfigError(fmt::format(
+        "--set {}: every run sets its own {} ({}), so it changes nothing; set it per run "
+        "(--set runs.N.{}=...)",
+        key, whole || sub.empty() ? section : section + "." + sub, fmt::join(where, "; "), key));
+  }
+}
+
+}  // namespace
+
 ServingConfig load_serving_config(const ConfigNode& root) {
   root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
                     "sample_interval_ms", "seed", "grid", "step_profile_scale"});
+  if (auto runs = root.find("runs"); runs && runs->is_sequence())
+    check_shadowed_overrides(root, runs->items());
   ServingConfig c;
   c.source = root.file();
   c.experiment = root["experiment"].as_plain_name();

@@ -1,0 +1,55 @@
+// What `--backend cuda` adds to each experiment and subcommand, behind one set of functions:
+// src/app/cuda_modes.cpp implements them on the GPU in a build with the CUDA backend, and
+// src/app/no_cuda.cpp in one without (each then says the build has no CUDA backend).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/result.h"
+#include "backends/sim/cost_model.h"
+#include "sim/workload/alloc_trace.h"
+#include "src/alloc/registry.h"
+#include "src/app/calibrate.h"
+#include "src/app/calibrate_model.h"
+#include "src/app/output.h"
+#include "src/app/shapes_experiment.h"
+#include "src/rl/rl_timeline.h"
+#include "src/serve/serving_experiment.h"
+
+namespace memsim {
+
+// Whether this build has the CUDA backend (nvcc was found when it was configured).
+bool cuda_backend_built();
+// Empty when a CUDA device can be used; else why not (no driver, no device, ...).
+std::string cuda_device_problem();
+
+// Serving: hooks that run every run's KV pool and attention on the GPU (before the runs), then
+// the measured figures against the simulation (after them): validation.csv and, for runs that
+// time the model step, sim_vs_measured.csv and steps.csv. The exit code: 0 when every check
+// passed.
+Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig& config);
+int cuda_serving_report(const ServingConfig& config, const ServingResults& results, OutputDir& dir,
+                        std::ostream& out);
+
+// Shapes: the table slice captured again on the GPU, simulated against measured bytes and time
+// (validation.csv, calls.csv).
+int cuda_shapes_validation(const ShapesConfig& config, const ShapesResults& simulated,
+                           OutputDir& dir, std::ostream& out);
+
+// RL co-location: each co-located run's timeline with real memory (cuda_rl.csv).
+int cuda_rl_run(const RlConfig& config, OutputDir& dir, std::ostream& out, std::ostream& err);
+
+// memsim replay --backend cuda: the allocators on the GPU against cudaMemGetInfo.
+int cuda_replay(const AllocTrace& trace,
+                const std::vector<std::pair<std::string, AllocatorFactory>>& allocators,
+                const GpuSpec& gpu, OutputDir& dir, std::ostream& out, std::ostream& err);
+
+// memsim calibrate --backend cuda: the primitives' costs, or (--model) a model's step profile.
+int cuda_calibrate(const CalibrateOptions& options, std::ostream& out, std::ostream& err);
+int cuda_calibrate_model(const CalibrateModelOptions& options, std::ostream& out,
+                         std::ostream& err);
+
+}  // namespace memsim
