@@ -176,7 +176,7 @@ void write_shapes_outputs(const ShapesConfig& c, const ShapesResults& res, Outpu
     for (const auto& [label, bytes] : res.snapshots) {
       std::string name = label;
       std::replace(name.begin(), name.end(), '/', '_');
-      dir.write("snapshots/" + name + ".pickle", [&](std::ostream& f) { f << bytes; });
+      dir.write("snapshots/" + name + ".pickle", bytes);
     }
   }
   dir.write("summary.json", [&](std::ostream& js) { write_summary_json(js, c, res); });
