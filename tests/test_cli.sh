@@ -458,6 +458,21 @@ expect_in "$TMP/refit3.yaml" "# base: h200 calibrated by \`memsim calibrate --ba
 expect_re "$TMP/refit3.yaml" "host_free_pinned: .*# per byte: RL co-location on the GPU" \
   "calibrate --in-context: a term left alone keeps its comment"
 
+# A config copied anywhere runs from any folder: gpu:, model: and the trace path resolve beside it,
+# in its project, then in the installation (the binary's source tree), with no MEMSIM_ROOT.
+mkdir -p "$TMP/elsewhere"
+cp "$ROOT/experiments/kv_strategies.yaml" "$TMP/elsewhere/copied.yaml"
+(cd / && exec env -u MEMSIM_ROOT "$MEMSIM" --config "$TMP/elsewhere/copied.yaml" \
+  --set requests.trace.limit=20 --out "$TMP/out_copied" --no-plots) \
+  > "$TMP/copied.out" 2> "$TMP/copied.err"
+rc=$?
+expect_rc copied 0
+check "a copied config's results" test -s "$TMP/out_copied/kv_strategies/summary.json"
+run unknown_gpu --config "$TMP/elsewhere/copied.yaml" --set gpu=h300 --out "$TMP/out_unknown"
+expect_rc unknown_gpu 2
+expect_re "$TMP/unknown_gpu.err" "\(--set gpu\): unknown gpus config 'h300' \(did you mean 'h100'\?\); known in .*/configs/gpus: h100, h200" \
+  "an unknown GPU name lists the known ones"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

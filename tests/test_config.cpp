@@ -507,35 +507,40 @@ TEST_CASE("a referenced model file that does not exist", "[config][errors]") {
     expect_error(dir, "m.yaml", t, line_of(t, "model:"), "model",
                  fmt::format("cannot find models config '{}' (looked in {})", absent, absent));
   }
-  SECTION("by bare name under MEMSIM_ROOT") {
+  SECTION("by bare name under MEMSIM_ROOT: the known names, the closest first") {
     ScopedEnv env("MEMSIM_ROOT", source_root());
     const std::string t =
         replace_once(shapes_yaml(), "\nmodel: " + model_file(), "\nmodel: llama-9-9b");
-    const std::string looked = (fs::path(source_root()) / "configs" / "models" / "llama-9-9b.yaml")
-                                   .lexically_normal()
-                                   .string();
-    expect_error(dir, "m2.yaml", t, line_of(t, "model:"), "model",
-                 fmt::format("cannot find models config 'llama-9-9b' (looked in {})", looked));
+    const std::string path = dir.write("m2.yaml", t);
+    const std::string got = load_error(path, {});
+    const std::string known = (fs::path(source_root()) / "configs" / "models").lexically_normal();
+    CHECK_THAT(got, Catch::StartsWith(fmt::format(
+                        "{}:{}: model: unknown models config 'llama-9-9b' (did you mean "
+                        "'llama-3.1-8b'?); known in {}: ",
+                        path, line_of(t, "model:"), known)));
+    CHECK_THAT(got, Catch::Contains("llama-3.1-70b, llama-3.1-8b"));
   }
   SECTION("a gpu by bare name") {
     ScopedEnv env("MEMSIM_ROOT", source_root());
     const std::string t = replace_once(shapes_yaml(), "\ngpu: " + gpu_file(), "\ngpu: h201");
-    const std::string looked =
-        (fs::path(source_root()) / "configs" / "gpus" / "h201.yaml").lexically_normal().string();
-    expect_error(dir, "g.yaml", t, line_of(t, "gpu:"), "gpu",
-                 fmt::format("cannot find gpus config 'h201' (looked in {})", looked));
+    const std::string path = dir.write("g.yaml", t);
+    const std::string known = (fs::path(source_root()) / "configs" / "gpus").lexically_normal();
+    CHECK_THAT(load_error(path, {}),
+               Catch::StartsWith(fmt::format("{}:{}: gpu: unknown gpus config 'h201' (did you "
+                                             "mean 'h200'?); known in {}: h100, h200",
+                                             path, line_of(t, "gpu:"), known)));
   }
   SECTION("a name longer than the OS allows (found by fuzz_config)") {
     ScopedEnv env("MEMSIM_ROOT", source_root());
     const std::string name(300, 'x');
     const std::string t =
         replace_once(shapes_yaml(), "\nmodel: " + model_file(), "\nmodel: " + name);
-    const std::string looked = (fs::path(source_root()) / "configs" / "models" / (name + ".yaml"))
-                                   .lexically_normal()
-                                   .string();
-    expect_error(dir, "long.yaml", t, line_of(t, "model:"), "model",
-                 fmt::format("cannot find models config '{}' (looked in {}): File name too long",
-                             name, looked));
+    const std::string path = dir.write("long.yaml", t);
+    const std::string got = load_error(path, {});
+    CHECK_THAT(got,
+               Catch::StartsWith(fmt::format("{}:{}: model: unknown models config '{}'; known in ",
+                                             path, line_of(t, "model:"), name)));
+    CHECK_THAT(got, Catch::EndsWith(": File name too long"));
   }
 }
 

@@ -14,15 +14,7 @@ namespace fs = std::filesystem;
 
 std::vector<fs::path> plot_script_candidates(const std::string& script_name) {
   std::vector<fs::path> out;
-  if (const char* root = std::getenv("MEMSIM_ROOT"); root != nullptr && *root != '\0')
-    out.push_back(fs::path(root) / "tools" / script_name);
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const fs::path prefix = exe.parent_path().parent_path();
-    out.push_back(prefix / "tools" / script_name);
-    out.push_back(prefix / "share" / "memsim" / "tools" / script_name);
-  }
+  for (const fs::path& root : installation_roots()) out.push_back(root / "tools" / script_name);
   return out;
 }
 

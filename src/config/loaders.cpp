@@ -2,6 +2,7 @@
 #include "src/config/loaders.h"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -151,34 +152,79 @@ ModelShape load_model_shape(const ConfigNode& node) {
   return m;
 }
 
-std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
-                                const std::string& kind) {
-  std::vector<fs::path> candidates;
-  const fs::path base(at.base_dir());
-  const std::string ext = fs::path(ref).extension().string();
-  const bool bare = ref.find('/') == std::string::npos && ext != ".yaml" && ext != ".yml";
-  if (bare) {
-    for (const fs::path& d : config_dirs(at, kind)) candidates.push_back(d / (ref + ".yaml"));
-  } else {
-    candidates.push_back(base / ref);
-    candidates.push_back(fs::path(ref));
+std::vector<fs::path> installation_roots() {
+  std::vector<fs::path> roots;
+  if (const char* root = std::getenv("MEMSIM_ROOT"); root != nullptr && *root != '\0')
+    roots.emplace_back(root);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path prefix = exe.parent_path().parent_path();
+    roots.push_back(prefix);
+    roots.push_back(prefix / "share" / "memsim");
   }
-  std::string why;
-  if (auto found = first_regular_file(candidates, &why)) return found->lexically_normal().string();
-  at.fail(fmt::format("cannot find {} config '{}' (looked in {}){}", kind, ref,
-                      candidates.front().lexically_normal().string(),
-                      why.empty() ? std::string() : ": " + why));
+  return roots;
+}
+
+std::vector<fs::path> reference_candidates(const ConfigNode& at, const fs::path& rel) {
+  const fs::path base(at.base_dir());
+  std::vector<fs::path> out = {base / rel, base / ".." / rel};
+  for (const fs::path& root : installation_roots()) out.push_back(root / rel);
+  out.push_back(rel);  // the current folder
+  return out;
 }
 
 std::vector<fs::path> config_dirs(const ConfigNode& at, const std::string& kind) {
-  const fs::path base(at.base_dir());
   std::vector<fs::path> dirs;
-  if (const char* root = std::getenv("MEMSIM_ROOT"))
-    dirs.push_back(fs::path(root) / "configs" / kind);
-  dirs.push_back(base / ".." / "configs" / kind);
-  dirs.push_back(base / "configs" / kind);
-  dirs.push_back(fs::path("configs") / kind);
+  for (const fs::path& p : reference_candidates(at, fs::path("configs") / kind / "x.yaml"))
+    dirs.push_back(p.parent_path());
   return dirs;
+}
+
+namespace {
+
+// The first of `dirs` that exists, and the names of the *.yaml files in it.
+std::pair<fs::path, std::vector<std::string>> known_names(const std::vector<fs::path>& dirs) {
+  for (const fs::path& d : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(d, ec))
+      if (e.path().extension() == ".yaml") names.push_back(e.path().stem().string());
+    std::sort(names.begin(), names.end());
+    return {d.lexically_normal(), names};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
+                                const std::string& kind) {
+  const std::string ext = fs::path(ref).extension().string();
+  const bool bare = ref.find('/') == std::string::npos && ext != ".yaml" && ext != ".yml";
+  const fs::path given(ref);
+  const std::vector<fs::path> candidates =
+      given.is_absolute()
+          ? std::vector<fs::path>{given}
+          : reference_candidates(at, bare ? fs::path("configs") / kind / (ref + ".yaml") : given);
+  std::string why;
+  if (auto found = first_regular_file(candidates, &why)) return found->lexically_normal().string();
+  const std::string os = why.empty() ? std::string() : ": " + why;
+  if (bare) {
+    const auto [dir, known] = known_names(config_dirs(at, kind));
+    if (dir.empty())
+      at.fail(
+          fmt::format("unknown {} config '{}' (no configs/{}/ beside the config, in its "
+                      "project or in the installation){}",
+                      kind, ref, kind, os));
+    const std::string near = closest_match(ref, known);
+    at.fail(fmt::format("unknown {} config '{}'{}; known in {}: {}{}", kind, ref,
+                        near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near),
+                        dir.string(), fmt::join(known, ", "), os));
+  }
+  at.fail(fmt::format("cannot find {} config '{}' (looked in {}){}", kind, ref,
+                      candidates.front().lexically_normal().string(), os));
 }
 
 std::optional<fs::path> first_regular_file(const std::vector<fs::path>& candidates,

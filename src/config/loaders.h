@@ -38,13 +38,24 @@ ModelShape load_model_shape(const ConfigNode& node);
 std::optional<std::filesystem::path> first_regular_file(
     const std::vector<std::filesystem::path>& candidates, std::string* os_reason);
 
-// Resolves a config reference: a path relative to `base_file`'s folder, to the current folder,
-// or a bare name looked up as configs/<kind>/<name>.yaml under the source tree (MEMSIM_ROOT env
-// or the folder holding `base_file`'s experiments/ parent). Fails at `at` when nothing exists.
+// The folders that hold this installation's configs/, data/ and tools/, in order: $MEMSIM_ROOT
+// when set, the source tree of the running binary (build/memsim -> the tree), and the installed
+// <prefix>/share/memsim/ (bin/memsim -> ../share/memsim).
+std::vector<std::filesystem::path> installation_roots();
+
+// The one rule for every file a config names (gpu:, model:, request traces, snapshots). A bare
+// name of `kind` (no '/', no .yaml) means configs/<kind>/<name>.yaml; any other relative path is
+// taken as written. Each is looked for beside the config file (at.base_dir()), then in its
+// project (the folder above: experiments/ sits beside configs/ and data/), then in the
+// installation (installation_roots()), then in the current folder; an absolute path as it is.
+// So a config copied anywhere runs from any folder. Fails at `at` naming where it looked, and
+// for an unknown name the known ones.
 std::string resolve_config_path(const ConfigNode& at, const std::string& ref,
                                 const std::string& kind);
-// The folders a bare name of `kind` is looked up in (configs/<kind>/ under MEMSIM_ROOT, beside
-// `at`'s experiments/ folder, under `at`'s folder, under the current folder), in that order.
+// The candidate paths of `rel` (a relative path) in the order above.
+std::vector<std::filesystem::path> reference_candidates(const ConfigNode& at,
+                                                        const std::filesystem::path& rel);
+// The folders a bare name of `kind` is looked up in: configs/<kind>/ in the order above.
 std::vector<std::filesystem::path> config_dirs(const ConfigNode& at, const std::string& kind);
 
 }  // namespace memsim

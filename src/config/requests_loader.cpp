@@ -212,15 +212,10 @@ std::vector<RequestSpec> build_requests(const RequestsConfig& config) {
 std::string resolve_data_path(const ConfigNode& at, const std::string& ref) {
   const fs::path given(ref);
   std::vector<fs::path> candidates;
-  if (given.is_absolute()) {
+  if (given.is_absolute())
     candidates.push_back(given);
-  } else {
-    const fs::path base(at.base_dir());
-    candidates.push_back(base / given);
-    candidates.push_back(given);
-    if (const char* root = std::getenv("MEMSIM_ROOT")) candidates.push_back(fs::path(root) / given);
-    candidates.push_back(base / ".." / given);
-  }
+  else
+    candidates = reference_candidates(at, given);  // the one rule (loaders.h)
   std::string why;
   if (auto found = first_regular_file(candidates, &why)) return found->lexically_normal().string();
   // Something that exists but cannot be read as a file (/dev/zero, a FIFO, a folder).
