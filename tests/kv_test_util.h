@@ -60,12 +60,11 @@ inline KvInit kv_init_for(const ModelShape& m, uint64_t budget, uint32_t max_num
   return i;
 }
 
-// A strategy from its registry name and YAML text (e.g. "{impl: paged_block_pool, ...}").
+// A strategy from its registry name and YAML text (e.g. "{impl: paged_block_pool, ...}"),
+// checked and parsed as a `kv:` map is.
 inline std::unique_ptr<KvCacheManager> make_kv(const std::string& yaml) {
   const ConfigNode node = ConfigNode::parse(yaml, "test.yaml");
-  const KvStrategyInfo* info = find_kv_strategy(node["impl"].as_string());
-  REQUIRE(info != nullptr);
-  return info->parse(node)();
+  return kv_strategies().select(node).parse(node)();
 }
 
 struct KvRig {

@@ -58,10 +58,10 @@ bool same_blocks(const std::vector<LiveBlock>& a, const std::vector<LiveBlock>& 
 
 void conformance(const Case& c, uint64_t seed, int ops) {
   INFO(c.allocator << " " << c.yaml << " seed " << seed);
-  const AllocatorInfo* info = find_caching_allocator(c.allocator);
+  const AllocatorEntry* info = caching_allocators().find(c.allocator);
   REQUIRE(info != nullptr);
   const ConfigNode node = ConfigNode::parse(c.yaml, "conformance");
-  node.expect_keys(info->params);
+  node.expect_keys(info->keys);
   AllocatorFactory factory = info->parse(node);
   SimClock clock;
   SimBackend backend(small_gpu(), clock);
@@ -151,7 +151,7 @@ void conformance(const Case& c, uint64_t seed, int ops) {
 }  // namespace
 
 TEST_CASE("every registered allocator is in the conformance suite", "[conformance]") {
-  for (const std::string& name : caching_allocator_names()) {
+  for (const std::string& name : caching_allocators().names()) {
     bool found = false;
     for (const Case& c : kCases) found = found || name == c.allocator;
     CHECK(found);

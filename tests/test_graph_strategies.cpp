@@ -60,7 +60,7 @@ Outcome run(const std::string& impl, const CaptureRunConfig& c, std::vector<Faul
   SimClock clock;
   MetricsRecorder metrics(clock);
   SimBackend backend(test_gpu(), clock, &metrics, std::move(f));
-  auto factory = find_graph_strategy(impl)->parse(ConfigNode::parse(params, "<test>"));
+  auto factory = graph_strategies().find(impl)->parse(ConfigNode::parse(params, "<test>"));
   auto strategy = factory(backend);
   Outcome o;
   o.result = run_captures(c, backend, clock, *strategy, metrics);
@@ -93,7 +93,7 @@ Standalone standalone(const std::string& impl, const CaptureRunConfig& c) {
 }  // namespace
 
 TEST_CASE("every strategy honours the contract in every variant", "[conformance]") {
-  for (const GraphStrategyInfo& info : graph_strategies()) {
+  for (const GraphEntry& info : graph_strategies()) {
     for (auto outputs : {OutputLifetime::kStrong, OutputLifetime::kWeak})
       for (auto arrival : {Arrival::kFixed, Arrival::kDynamic})
         for (auto runners : {GraphRunners::kFull, GraphRunners::kPiecewise, GraphRunners::kBoth})
@@ -252,7 +252,7 @@ TEST_CASE("out of device memory is an outcome naming the shape and the shortfall
   MetricsRecorder metrics(clock);
   SimBackend backend(test_gpu(96 * kMiB), clock, &metrics);
   auto strategy =
-      find_graph_strategy("private_pools")->parse(ConfigNode::parse("{}", "t"))(backend);
+      graph_strategies().find("private_pools")->parse(ConfigNode::parse("{}", "t"))(backend);
   const CaptureRunResult r = run_captures(c, backend, clock, *strategy, metrics);
   CHECK_FALSE(r.ok);
   CHECK(r.out_of_memory);

@@ -55,7 +55,7 @@ struct Bench {
 };
 
 TEST_CASE("every strategy's rows of live sequences lie inside its pool and never collide") {
-  for (const KvStrategyInfo& info : kv_strategies()) {
+  for (const KvEntry& info : kv_strategies()) {
     CAPTURE(info.name);
     Bench b("{impl: " + info.name + "}");
     const KvLayout l = b.kv.layout();

@@ -47,10 +47,8 @@ struct Variant {
 // variants whose code paths differ.
 std::vector<Variant> variants() {
   std::vector<Variant> v;
-  for (const KvStrategyInfo& s : kv_strategies()) {
-    const bool caches = s.name == "paged_block_pool" || s.name == "radix_token_pool";
-    v.push_back({s.name, "{impl: " + s.name + "}", 1024, caches});
-  }
+  for (const KvEntry& s : kv_strategies())
+    v.push_back({s.name, "{impl: " + s.name + "}", 1024, s.defaults()()->caches_prefixes()});
   const std::string paged = "{impl: paged_block_pool, ";
   v.push_back({"paged block_size 1", paged + "block_size: 1}", 512, true});
   v.push_back({"paged per_layer", paged + "layout: per_layer}", 1024, true});
