@@ -107,6 +107,8 @@ class LyingTable final : public KvCacheManager {
   uint64_t seq_bytes(SeqId s) const override { return inner_->seq_bytes(s); }
   uint32_t seq_capacity(SeqId s) const override { return inner_->seq_capacity(s); }
   uint64_t free_token_capacity() const override { return inner_->free_token_capacity(); }
+  bool caches_prefixes() const override { return inner_->caches_prefixes(); }
+  uint32_t block_table_tokens() const override { return inner_->block_table_tokens(); }
   KvLayout layout() const override { return inner_->layout(); }
   void seq_table(SeqId s, std::vector<int32_t>* out) const override {
     inner_->seq_table(s, out);

@@ -118,6 +118,8 @@ TEST_CASE("every strategy honours the contract in every variant", "[conformance]
             CHECK(o.after.virtual_mapped == 0);
             CHECK(o.after.virtual_reserved == 0);
             CHECK(o.result.peak_strategy_reserved <= o.result.peak_physical);
+            // Driver-managed graph memory is the driver's graph memory, and only it is.
+            CHECK((o.result.peak_graph_mem > 0) == info.traits.driver_managed_memory);
             if (arrival == Arrival::kFixed) {
               CHECK(o.result.shapes_captured == c.capture_sizes.size());
               CHECK(o.result.curve.size() == c.capture_sizes.size());

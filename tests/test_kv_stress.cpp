@@ -39,7 +39,7 @@ struct Variant {
   std::string name;
   std::string yaml;
   uint32_t pool_tokens;  // the budget, in tokens of KV
-  bool expect_hits;      // prefix caching: lookups must hit sometimes
+  bool expect_hits;      // prefix caching: lookups must hit sometimes (else never)
 };
 
 // The registry's defaults (paged block_size 16 with a null block, radix page_size 1, static,
@@ -565,6 +565,7 @@ TEST_CASE("KV stress: 1M random operations per strategy and variant, checked aft
       // The pool is small: out-of-memory must be a common outcome, not a corner case.
       CHECK(stress.ooms * 50 > ops);
       if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);
+      if (!all[i].expect_hits) CHECK(stress.prefix_hit_tokens == 0);
     }
   }
 }
@@ -579,6 +580,7 @@ TEST_CASE("KV content: every sequence reads its own tokens through its table") {
       stress.run(ops);
       CHECK(stress.forks > 0);
       if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);
+      if (!all[i].expect_hits) CHECK(stress.prefix_hit_tokens == 0);
     }
   }
 }
