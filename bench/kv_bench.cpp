@@ -54,7 +54,7 @@ int run(int argc, char** argv) {
       "0.8 [8, 2048], Poisson arrivals\n");
   fmt::print("{:>8} {:>10} {:>10} {:>9} {:>9} {:>10} {:>12}\n", "req/s", "sim s", "wall s", "ratio",
              "steps", "mean seqs", "tok/s");
-  const KvStrategyInfo* paged = find_kv_strategy("paged_block_pool");
+  const KvEntry* paged = kv_strategies().find("paged_block_pool");
   for (double rate : rates) {
     SyntheticRequestsConfig s;
     s.count = count;
@@ -68,7 +68,7 @@ int run(int argc, char** argv) {
     e.model = model;
     e.gpu = gpu;
     e.kv_impl = paged->name;
-    e.kv_factory = paged->parse(ConfigNode::parse("{impl: paged_block_pool}", "bench"));
+    e.kv_factory = paged->defaults();
     e.kv_budget_bytes = budget->kv_bytes;
     e.sample_interval = 1'000'000'000;
     const ServingResult r = run_serving(e, requests);

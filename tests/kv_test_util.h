@@ -60,12 +60,11 @@ inline KvInit kv_init_for(const ModelShape& m, uint64_t budget, uint32_t max_num
   return i;
 }
 
-// A strategy from its registry name and YAML text (e.g. "{impl: paged_block_pool, ...}").
+// A strategy from its registry name and YAML text (e.g. "{impl: paged_block_pool, ...}"),
+// checked and parsed as a `kv:` map is.
 inline std::unique_ptr<KvCacheManager> make_kv(const std::string& yaml) {
   const ConfigNode node = ConfigNode::parse(yaml, "test.yaml");
-  const KvStrategyInfo* info = find_kv_strategy(node["impl"].as_string());
-  REQUIRE(info != nullptr);
-  return info->parse(node)();
+  return kv_strategies().select(node).parse(node)();
 }
 
 struct KvRig {
@@ -108,6 +107,8 @@ class LyingTable final : public KvCacheManager {
   uint64_t seq_bytes(SeqId s) const override { return inner_->seq_bytes(s); }
   uint32_t seq_capacity(SeqId s) const override { return inner_->seq_capacity(s); }
   uint64_t free_token_capacity() const override { return inner_->free_token_capacity(); }
+  bool caches_prefixes() const override { return inner_->caches_prefixes(); }
+  uint32_t block_table_tokens() const override { return inner_->block_table_tokens(); }
   KvLayout layout() const override { return inner_->layout(); }
   void seq_table(SeqId s, std::vector<int32_t>* out) const override {
     inner_->seq_table(s, out);

@@ -157,7 +157,7 @@ TEST_CASE("an unknown impl names the closest implementation", "[config][errors]"
                                      "  - impl: vmm_alais\n    handle_bytes");
   expect_error(dir, "impl.yaml", t, line_of(t, "  - impl: vmm_alais"), "strategies[4].impl",
                fmt::format("'vmm_alais' is not one of: {} (did you mean 'vmm_alias'?)",
-                           fmt::join(graph_strategy_names(), ", ")));
+                           fmt::join(graph_strategies().names(), ", ")));
 }
 
 TEST_CASE("an unknown key far from every valid one lists the valid keys", "[config][errors]") {

@@ -437,15 +437,15 @@ TEST_CASE("vmm_contiguous: page_size parameter") {
   CHECK(st.error().message.find("modified NVIDIA driver") != std::string::npos);
   CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, page_size: 0}"), ConfigError);
   CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, reclaim: lazy}"), ConfigError);
-  const KvStrategyInfo* info = find_kv_strategy("vmm_contiguous");
+  const KvEntry* info = kv_strategies().find("vmm_contiguous");
   REQUIRE(info != nullptr);
-  CHECK(info->params == std::vector<std::string>{"page_size", "physical", "reclaim", "allocation",
-                                                 "eager_steps", "eager_groups"});
+  CHECK(info->keys == std::vector<std::string>{"page_size", "physical", "reclaim", "allocation",
+                                               "eager_steps", "eager_groups"});
   CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, physical: lazy}"), ConfigError);
   CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, allocation: background}"), ConfigError);
   CHECK_THROWS_AS(make_kv("{impl: vmm_contiguous, eager_steps: 0}"), ConfigError);
-  REQUIRE(find_kv_strategy("static_contiguous") != nullptr);
-  CHECK(find_kv_strategy("static_contiguous")->params.empty());
+  REQUIRE(kv_strategies().find("static_contiguous") != nullptr);
+  CHECK(kv_strategies().find("static_contiguous")->keys.empty());
 }
 
 // ---- vmm_contiguous as vAttention runs it: reserved pages, background mapping ---------------

@@ -443,7 +443,7 @@ void check_failing_call(const FailingCall& k) {
   c.max_model_len = 2048;
   c.capture_sizes = {1, 2, 4, 8, 16, 32, 64};
   c.runners = GraphRunners::kPiecewise;
-  auto strategy = find_graph_strategy(k.impl)->parse(ConfigNode::parse("{}", "test"))(*gpu.b);
+  auto strategy = graph_strategies().find(k.impl)->parse(ConfigNode::parse("{}", "test"))(*gpu.b);
   const CaptureRunResult r = run_captures(c, *gpu.b, gpu.clock, *strategy, gpu.metrics);
   CHECK_FALSE(r.ok);
   CHECK(r.out_of_memory);

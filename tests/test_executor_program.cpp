@@ -173,7 +173,7 @@ CaptureRunResult run_body(GraphBody* body, const std::string& impl = "shared_poo
   SimClock clock;
   MetricsRecorder metrics(clock);
   SimBackend backend(gpu, clock, &metrics);
-  auto strategy = find_graph_strategy(impl)->parse(ConfigNode::parse("{}", "<test>"))(backend);
+  auto strategy = graph_strategies().find(impl)->parse(ConfigNode::parse("{}", "<test>"))(backend);
   CaptureRunConfig c;
   c.model = tiny();
   c.capture_sizes = {1, 2, 4, 8};

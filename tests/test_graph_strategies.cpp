@@ -60,7 +60,7 @@ Outcome run(const std::string& impl, const CaptureRunConfig& c, std::vector<Faul
   SimClock clock;
   MetricsRecorder metrics(clock);
   SimBackend backend(test_gpu(), clock, &metrics, std::move(f));
-  auto factory = find_graph_strategy(impl)->parse(ConfigNode::parse(params, "<test>"));
+  auto factory = graph_strategies().find(impl)->parse(ConfigNode::parse(params, "<test>"));
   auto strategy = factory(backend);
   Outcome o;
   o.result = run_captures(c, backend, clock, *strategy, metrics);
@@ -93,7 +93,7 @@ Standalone standalone(const std::string& impl, const CaptureRunConfig& c) {
 }  // namespace
 
 TEST_CASE("every strategy honours the contract in every variant", "[conformance]") {
-  for (const GraphStrategyInfo& info : graph_strategies()) {
+  for (const GraphEntry& info : graph_strategies()) {
     for (auto outputs : {OutputLifetime::kStrong, OutputLifetime::kWeak})
       for (auto arrival : {Arrival::kFixed, Arrival::kDynamic})
         for (auto runners : {GraphRunners::kFull, GraphRunners::kPiecewise, GraphRunners::kBoth})
@@ -118,6 +118,8 @@ TEST_CASE("every strategy honours the contract in every variant", "[conformance]
             CHECK(o.after.virtual_mapped == 0);
             CHECK(o.after.virtual_reserved == 0);
             CHECK(o.result.peak_strategy_reserved <= o.result.peak_physical);
+            // Driver-managed graph memory is the driver's graph memory, and only it is.
+            CHECK((o.result.peak_graph_mem > 0) == info.traits.driver_managed_memory);
             if (arrival == Arrival::kFixed) {
               CHECK(o.result.shapes_captured == c.capture_sizes.size());
               CHECK(o.result.curve.size() == c.capture_sizes.size());
@@ -252,7 +254,7 @@ TEST_CASE("out of device memory is an outcome naming the shape and the shortfall
   MetricsRecorder metrics(clock);
   SimBackend backend(test_gpu(96 * kMiB), clock, &metrics);
   auto strategy =
-      find_graph_strategy("private_pools")->parse(ConfigNode::parse("{}", "t"))(backend);
+      graph_strategies().find("private_pools")->parse(ConfigNode::parse("{}", "t"))(backend);
   const CaptureRunResult r = run_captures(c, backend, clock, *strategy, metrics);
   CHECK_FALSE(r.ok);
   CHECK(r.out_of_memory);

@@ -55,10 +55,15 @@ struct Bench {
 };
 
 TEST_CASE("every strategy's rows of live sequences lie inside its pool and never collide") {
-  for (const KvStrategyInfo& info : kv_strategies()) {
+  for (const KvEntry& info : kv_strategies()) {
     CAPTURE(info.name);
     Bench b("{impl: " + info.name + "}");
     const KvLayout l = b.kv.layout();
+    // A strategy with a vLLM-style block table addresses its KV through it.
+    if (const uint32_t tokens = b.kv.block_table_tokens()) {
+      CHECK(l.paged);
+      CHECK(l.block_tokens == tokens);
+    }
     REQUIRE(l.k.size() == kLayers);
     REQUIRE(l.v.size() == kLayers);
     CHECK(l.row_bytes == kRow);

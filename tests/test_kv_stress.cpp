@@ -39,7 +39,7 @@ struct Variant {
   std::string name;
   std::string yaml;
   uint32_t pool_tokens;  // the budget, in tokens of KV
-  bool expect_hits;      // prefix caching: lookups must hit sometimes
+  bool expect_hits;      // prefix caching: lookups must hit sometimes (else never)
 };
 
 // The registry's defaults (paged block_size 16 with a null block, radix page_size 1, static,
@@ -47,10 +47,8 @@ struct Variant {
 // variants whose code paths differ.
 std::vector<Variant> variants() {
   std::vector<Variant> v;
-  for (const KvStrategyInfo& s : kv_strategies()) {
-    const bool caches = s.name == "paged_block_pool" || s.name == "radix_token_pool";
-    v.push_back({s.name, "{impl: " + s.name + "}", 1024, caches});
-  }
+  for (const KvEntry& s : kv_strategies())
+    v.push_back({s.name, "{impl: " + s.name + "}", 1024, s.defaults()()->caches_prefixes()});
   const std::string paged = "{impl: paged_block_pool, ";
   v.push_back({"paged block_size 1", paged + "block_size: 1}", 512, true});
   v.push_back({"paged per_layer", paged + "layout: per_layer}", 1024, true});
@@ -567,6 +565,7 @@ TEST_CASE("KV stress: 1M random operations per strategy and variant, checked aft
       // The pool is small: out-of-memory must be a common outcome, not a corner case.
       CHECK(stress.ooms * 50 > ops);
       if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);
+      if (!all[i].expect_hits) CHECK(stress.prefix_hit_tokens == 0);
     }
   }
 }
@@ -581,6 +580,7 @@ TEST_CASE("KV content: every sequence reads its own tokens through its table") {
       stress.run(ops);
       CHECK(stress.forks > 0);
       if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);
+      if (!all[i].expect_hits) CHECK(stress.prefix_hit_tokens == 0);
     }
   }
 }

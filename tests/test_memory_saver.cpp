@@ -30,10 +30,10 @@ GpuSpec h200() {
 }
 
 std::unique_ptr<MemorySaver> make(const char* impl, const char* yaml, Backend& b) {
-  const SaverInfo* info = find_memory_saver(impl);
+  const SaverEntry* info = memory_savers().find(impl);
   REQUIRE(info != nullptr);
   const ConfigNode node = ConfigNode::parse(yaml, "test");
-  node.expect_keys(info->params);
+  node.expect_keys(info->keys);
   return info->parse(node)(b);
 }
 

@@ -263,7 +263,7 @@ TEST_CASE("serving: deferred private hashes give exactly the reference results")
     e.gpu = h200();
     const ConfigNode node = ConfigNode::parse(c.kv, "test.yaml");
     e.kv_impl = "paged_block_pool";
-    e.kv_factory = find_kv_strategy(e.kv_impl)->parse(node);
+    e.kv_factory = kv_strategies().find(e.kv_impl)->parse(node);
     e.kv_budget_bytes = c.budget;
     e.serve.max_model_len = 4096;
     e.serve.preemption = c.preemption;

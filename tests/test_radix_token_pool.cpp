@@ -448,12 +448,18 @@ TEST_CASE("config: page_size, eviction, disable_radix_cache are checked at load"
   CHECK_THROWS_AS(make_kv("{impl: radix_token_pool, page_size: 0}"), ConfigError);
   CHECK_THROWS_AS(make_kv("{impl: radix_token_pool, eviction: lru2}"), ConfigError);
   CHECK_THROWS_AS(make_kv("{impl: radix_token_pool, disable_radix_cache: maybe}"), ConfigError);
-  const RadixTokenPoolConfig c = RadixTokenPool::parse_config(ConfigNode::parse(
-      "{impl: radix_token_pool, page_size: 64, eviction: lfu, disable_radix_cache: true}", "t"));
+  const auto config_of = [](const std::string& yaml) {
+    const std::unique_ptr<KvCacheManager> kv = make_kv(yaml);
+    const auto* pool = dynamic_cast<const RadixTokenPool*>(kv.get());
+    REQUIRE(pool != nullptr);
+    return pool->config();
+  };
+  const RadixTokenPoolConfig c = config_of(
+      "{impl: radix_token_pool, page_size: 64, eviction: lfu, disable_radix_cache: true}");
   CHECK(c.page_size == 64);
   CHECK(c.eviction == RadixTree::Policy::kLfu);
   CHECK(c.disable_radix_cache);
-  CHECK(RadixTokenPool::parse_config(ConfigNode::parse("{}", "t")).page_size == 1);
+  CHECK(config_of("{impl: radix_token_pool}").page_size == 1);
 }
 
 // Random admissions (from cached prefixes), decode steps, forks and finishes over a few shared

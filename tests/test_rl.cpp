@@ -83,7 +83,8 @@ RlConfig small_config(const std::string& model_name) {
   c.rollout.requests.arrival.process = ArrivalProcess::kBurst;
   c.rollout.requests.prompt = {LengthDist::kFixed, 512};
   c.rollout.requests.output = {LengthDist::kFixed, 256};
-  c.allocator = find_caching_allocator("torch_caching")
+  c.allocator = caching_allocators()
+                    .find("torch_caching")
                     ->parse(ConfigNode::parse("{impl: torch_caching}", "test"));
   c.max_utilization = false;
   return c;
@@ -94,7 +95,7 @@ RlRunSpec saver_run(const std::string& label, const char* impl, const char* yaml
   RlRunSpec r;
   r.label = label;
   r.saver = impl;
-  r.saver_factory = find_memory_saver(impl)->parse(ConfigNode::parse(yaml, "test"));
+  r.saver_factory = memory_savers().find(impl)->parse(ConfigNode::parse(yaml, "test"));
   r.saver_tags = r.saver == "sleep_mode"
                      ? std::vector<std::string>{"weights", "kv_cache"}
                      : std::vector<std::string>{"weights", "kv_cache", "cuda_graph"};

@@ -25,7 +25,7 @@ EngineConfig engine(const std::string& kv_yaml) {
   e.gpu = gpu_from_configs("h200");
   const ConfigNode node = ConfigNode::parse(kv_yaml, "test.yaml");
   e.kv_impl = node["impl"].as_string();
-  e.kv_factory = find_kv_strategy(e.kv_impl)->parse(node);
+  e.kv_factory = kv_strategies().find(e.kv_impl)->parse(node);
   e.kv_budget_bytes = 1 * kGiB;  // num_blocks_override sizes the pool
   e.serve.max_model_len = 4096;
   e.serve.max_num_seqs = 128;
@@ -120,7 +120,8 @@ TEST_CASE("500 conversation requests at once finish under recompute preemption (
   // published blocks cached, up to all but the last token, and what was left mostly fit the
   // budget); the fix leaves its counts as they were.
   e.kv_factory =
-      find_kv_strategy("paged_block_pool")
+      kv_strategies()
+          .find("paged_block_pool")
           ->parse(ConfigNode::parse(
               "{impl: paged_block_pool, block_size: 16, num_blocks_override: 3000}", "test.yaml"));
   const ServingResult cached = run_serving(e, reqs);

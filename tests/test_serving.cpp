@@ -41,7 +41,7 @@ EngineConfig engine(const std::string& kv_yaml, uint64_t budget) {
   e.gpu = h200();
   const ConfigNode node = ConfigNode::parse(kv_yaml, "test.yaml");
   e.kv_impl = node["impl"].as_string();
-  e.kv_factory = find_kv_strategy(e.kv_impl)->parse(node);
+  e.kv_factory = kv_strategies().find(e.kv_impl)->parse(node);
   e.kv_budget_bytes = budget;
   e.serve.max_model_len = 4096;
   e.sample_interval = 50'000'000;

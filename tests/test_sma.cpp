@@ -539,11 +539,11 @@ TEST_CASE("sma: misuse returns errors and changes nothing", "[sma]") {
 }
 
 TEST_CASE("sma: the registry parses its keys and rejects bad values", "[sma][registry]") {
-  const AllocatorInfo* info = find_caching_allocator("sma");
+  const AllocatorEntry* info = caching_allocators().find("sma");
   REQUIRE(info != nullptr);
-  CHECK(info->params == std::vector<std::string>{"region", "heap_size", "max_split_size",
-                                                 "garbage_collection_threshold",
-                                                 "base_addr_aligned"});
+  CHECK(info->keys == std::vector<std::string>{"region", "heap_size", "max_split_size",
+                                               "garbage_collection_threshold",
+                                               "base_addr_aligned"});
   const ConfigNode node = ConfigNode::parse(
       "{region: device_malloc, heap_size: 32MiB, max_split_size: 64MiB, "
       "garbage_collection_threshold: 0.5, base_addr_aligned: 4KiB}",

@@ -63,7 +63,7 @@ AllocatorFactory torch_factory_for(const SnapshotSettings& s, uint64_t memory_li
   if (memory_limit != 0)
     yaml.insert(1, "memory_limit: " + std::to_string(memory_limit) + (yaml == "{}" ? "" : ", "));
   const ConfigNode node = ConfigNode::parse(yaml, "test");
-  return find_caching_allocator("torch_caching")->parse(node);
+  return caching_allocators().find("torch_caching")->parse(node);
 }
 
 }  // namespace

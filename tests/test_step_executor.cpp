@@ -57,7 +57,7 @@ EngineConfig engine(const std::string& kv_yaml, const Load& l) {
   e.gpu = h200();
   const ConfigNode node = ConfigNode::parse(kv_yaml, "test.yaml");
   e.kv_impl = node["impl"].as_string();
-  e.kv_factory = find_kv_strategy(e.kv_impl)->parse(node);
+  e.kv_factory = kv_strategies().find(e.kv_impl)->parse(node);
   e.kv_budget_bytes = l.budget;
   e.serve.max_model_len = 4096;
   e.serve.preemption = l.preemption;
@@ -273,7 +273,7 @@ TEST_CASE("a measured clock advances each step by the executor's measured time")
   CHECK(r.measured_steps[4].measured == 1'001'000);
   CHECK(r.measured_steps[4].shape.decode_seqs == 1);
   CHECK(r.measured_steps[4].shape.decode_kv_tokens == 1004);
-  CHECK(r.measured_steps[4].predicted > 0);  // the roofline's figure for the same step
+  CHECK(r.measured_steps[4].predicted > 0);          // the roofline's figure for the same step
   CHECK(r.measured_steps[0].gpu_ms == Approx(1.8));  // the executor's GPU share, as it says
   // Issued in order, on the host's wall clock (seconds since the epoch: after 2020).
   CHECK(r.measured_steps[0].wall_s > 1.5e9);

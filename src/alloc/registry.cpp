@@ -1,4 +1,5 @@
-// The caching-allocator registry: one line per implementation.
+// The caching-allocator registry: one line per implementation, and the parsers of their typed
+// configs.
 #include "src/alloc/registry.h"
 
 #include <bit>
@@ -6,10 +7,15 @@
 #include "src/alloc/cuda_async.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/sma.h"
+#include "src/alloc/torch_caching.h"
 
 namespace memsim {
+namespace {
 
-TorchCachingConfig parse_torch_caching(const ConfigNode& node, TorchCachingConfig c) {
+// The torch_caching keys: max_split_size, roundup_power2_divisions (a number or PyTorch's list
+// form), garbage_collection_threshold, memory_limit, expandable_segments.
+TorchCachingConfig parse_torch_caching(const ConfigNode& node) {
+  TorchCachingConfig c;
   if (auto v = node.find("max_split_size")) {
     c.max_split_size = v->as_bytes();
     // CUDAAllocatorConfig: max_split_size_mb must exceed kLargeBuffer / 1 MiB (20 MiB).
@@ -59,8 +65,7 @@ TorchCachingConfig parse_torch_caching(const ConfigNode& node, TorchCachingConfi
   return c;
 }
 
-namespace {
-
+// torch_caching's segments come from the device through a DeviceSegmentSource it owns.
 AllocatorFactory torch_factory(const ConfigNode& node) {
   const TorchCachingConfig c = parse_torch_caching(node);
   return [c](Backend& b) {
@@ -71,7 +76,7 @@ AllocatorFactory torch_factory(const ConfigNode& node) {
 
 // SMAConfig's PYTORCH_NPU_ALLOC_CONF keys as byte sizes (max_split_size_mb -> max_split_size,
 // base_addr_aligned_kb -> base_addr_aligned), like torch_caching's, plus the heap's region.
-AllocatorFactory sma_factory(const ConfigNode& node) {
+SmaConfig parse_sma(const ConfigNode& node) {
   SmaConfig c;
   if (auto v = node.find("region")) {
     c.region = v->as_choice({"vmm", "device_malloc"}) == "vmm" ? SmaConfig::Region::kVmm
@@ -97,10 +102,10 @@ AllocatorFactory sma_factory(const ConfigNode& node) {
         !std::has_single_bit(c.base_addr_aligned))
       v->fail("must be a power of two from 512B to 1GiB");
   }
-  return [c](Backend& b) { return std::make_unique<Sma>(b, c); };
+  return c;
 }
 
-AllocatorFactory cuda_async_factory(const ConfigNode& node) {
+CudaAsyncConfig parse_cuda_async(const ConfigNode& node) {
   CudaAsyncConfig c;
   if (auto v = node.find("chunk_bytes")) {
     c.chunk_bytes = v->as_bytes();
@@ -115,42 +120,33 @@ AllocatorFactory cuda_async_factory(const ConfigNode& node) {
     if (c.alignment == 0 || (c.alignment & (c.alignment - 1)) != 0)
       v->fail("must be a power of two");
   }
-  return [c](Backend& b) { return std::make_unique<CudaAsyncAllocator>(b, c); };
+  return c;
 }
 
 }  // namespace
 
-const std::vector<AllocatorInfo>& caching_allocators() {
-  static const std::vector<AllocatorInfo> kRegistry = {
-      {"torch_caching",
-       "PyTorch's CUDACachingAllocator (cudaMalloc segments, best fit, splitting)",
-       {"max_split_size", "roundup_power2_divisions", "garbage_collection_threshold",
-        "memory_limit", "expandable_segments"},
-       torch_factory},
-      {"sma",
-       "zbccl's SMA: best-fit coalescing heap over one region (VMM or cudaMalloc) under a block "
-       "cache with stream-aware reuse",
-       {"region", "heap_size", "max_split_size", "garbage_collection_threshold",
-        "base_addr_aligned"},
-       sma_factory},
-      {"cuda_async",
-       "the driver's stream-ordered pool (cudaMallocAsync; PyTorch backend:cudaMallocAsync)",
-       {"chunk_bytes", "release_threshold", "alignment"},
-       cuda_async_factory},
-  };
+const Registry<AllocatorEntry>& caching_allocators() {
+  static const Registry<AllocatorEntry> kRegistry{
+      "allocator",
+      {
+          {"torch_caching",
+           "PyTorch's CUDACachingAllocator (cudaMalloc segments, best fit, splitting)",
+           {"max_split_size", "roundup_power2_divisions", "garbage_collection_threshold",
+            "memory_limit", "expandable_segments"},
+           torch_factory,
+           {.pytorch_alloc_conf = true}},
+          {"sma",
+           "zbccl's SMA: best-fit coalescing heap over one region (VMM or cudaMalloc) under a "
+           "block cache with stream-aware reuse",
+           {"region", "heap_size", "max_split_size", "garbage_collection_threshold",
+            "base_addr_aligned"},
+           parse_into<Sma>(parse_sma)},
+          {"cuda_async",
+           "the driver's stream-ordered pool (cudaMallocAsync; PyTorch backend:cudaMallocAsync)",
+           {"chunk_bytes", "release_threshold", "alignment"},
+           parse_into<CudaAsyncAllocator>(parse_cuda_async)},
+      }};
   return kRegistry;
-}
-
-const AllocatorInfo* find_caching_allocator(std::string_view name) {
-  for (const auto& info : caching_allocators())
-    if (info.name == name) return &info;
-  return nullptr;
-}
-
-std::vector<std::string> caching_allocator_names() {
-  std::vector<std::string> out;
-  for (const auto& info : caching_allocators()) out.push_back(info.name);
-  return out;
 }
 
 }  // namespace memsim

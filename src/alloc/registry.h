@@ -3,34 +3,24 @@
 
 #include <functional>
 #include <memory>
-#include <string>
-#include <string_view>
-#include <vector>
 
 #include "src/alloc/caching_allocator.h"
-#include "src/alloc/torch_caching.h"
-#include "src/config/config_node.h"
+#include "src/config/registry.h"
 
 namespace memsim {
 
 // Makes a fresh allocator (owning its segment source) over a backend.
 using AllocatorFactory = std::function<std::unique_ptr<CachingAllocator>(Backend&)>;
 
-struct AllocatorInfo {
-  std::string name;
-  std::string summary;
-  std::vector<std::string> params;  // YAML keys this implementation accepts
-  // Validates this implementation's keys of `node` (at load time) and returns a factory.
-  std::function<AllocatorFactory(const ConfigNode& node)> parse;
+// What drivers need to know of an allocator beyond the role interface.
+struct AllocatorTraits {
+  // Its keys are PyTorch's CUDA caching-allocator settings (PYTORCH_CUDA_ALLOC_CONF): memsim
+  // replay configures it from a snapshot's recorded allocator_settings and exports its replay.
+  bool pytorch_alloc_conf = false;
 };
 
-const std::vector<AllocatorInfo>& caching_allocators();
-const AllocatorInfo* find_caching_allocator(std::string_view name);
-std::vector<std::string> caching_allocator_names();
+using AllocatorEntry = RegistryEntry<AllocatorFactory, AllocatorTraits>;
 
-// The torch_caching keys of `node` (max_split_size, roundup_power2_divisions,
-// garbage_collection_threshold, memory_limit, expandable_segments) over `base`; shared with the
-// graph-memory pools.
-TorchCachingConfig parse_torch_caching(const ConfigNode& node, TorchCachingConfig base = {});
+const Registry<AllocatorEntry>& caching_allocators();
 
 }  // namespace memsim

@@ -77,14 +77,10 @@ AllocatorsConfig load_allocators_config(const ConfigNode& root) {
   if (c.workloads.empty()) root["workloads"].fail("needs at least one workload");
   for (const ConfigNode& a : root["allocators"].items()) {
     AllocatorSpec spec;
-    spec.impl = a["impl"].as_choice(caching_allocator_names());
-    const AllocatorInfo* info = find_caching_allocator(spec.impl);
-    std::vector<std::string> keys = info->params;
-    keys.push_back("impl");
-    keys.push_back("label");
-    a.expect_keys(keys);
+    const AllocatorEntry& info = caching_allocators().select(a, {"label"});
+    spec.impl = info.name;
     spec.label = a.has("label") ? a["label"].as_string() : spec.impl;
-    spec.factory = info->parse(a);
+    spec.factory = info.parse(a);
     YAML::Emitter e;
     e << YAML::Flow << a.raw();
     spec.yaml = e.c_str();

@@ -32,9 +32,13 @@ struct ReplayStats {
 // Samples device usage after every captured shape, and replays with checks before teardown.
 class Harness final : public CaptureObserver {
  public:
-  Harness(CudaBackend& cuda, uint64_t free_at_start, std::string impl, uint64_t seed,
+  Harness(CudaBackend& cuda, uint64_t free_at_start, bool driver_managed, uint64_t seed,
           uint32_t rounds)
-      : cuda_(cuda), free0_(free_at_start), impl_(std::move(impl)), seed_(seed), rounds_(rounds) {}
+      : cuda_(cuda),
+        free0_(free_at_start),
+        driver_managed_(driver_managed),
+        seed_(seed),
+        rounds_(rounds) {}
 
   void after_shape(uint32_t /*batch*/) override { sample(); }
 
@@ -63,9 +67,9 @@ class Harness final : public CaptureObserver {
       // executor's body rewrites its metadata input before each replay: nothing to check.)
       if (!view.body)
         for (const CheckedTensor& t : view.inputs) check(t, view.stream, "input");
-      // The replayed shape's outputs hold its pattern right after its replay (graph memory
-      // nodes free weak outputs inside the graph: nothing to read then).
-      const bool own_readable = view.outputs_held || impl_ != "graph_mem_nodes";
+      // The replayed shape's outputs hold its pattern right after its replay (driver-managed
+      // graph memory frees weak outputs inside the graph: nothing to read then).
+      const bool own_readable = view.outputs_held || !driver_managed_;
       if (own_readable)
         for (const CheckedTensor& t : view.outputs.at(b)) check(t, view.stream, "output");
       // Held outputs of every other shape must survive, where the strategy promises it.
@@ -115,7 +119,7 @@ class Harness final : public CaptureObserver {
 
   CudaBackend& cuda_;
   uint64_t free0_;
-  std::string impl_;
+  bool driver_managed_;  // GraphTraits::driver_managed_memory
   uint64_t seed_;
   uint32_t rounds_;
   uint64_t peak_used_ = 0, peak_shadow_ = 0, peak_graph_reserved_ = 0;
@@ -250,7 +254,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputD
       out << "memsim: --backend cuda: " << o0.error().message << "\n";
       return 2;
     }
-    Harness harness(cuda, o0->free_bytes, s.impl, c.seed, rounds);
+    const bool driver_managed = s.traits.driver_managed_memory;
+    Harness harness(cuda, o0->free_bytes, driver_managed, c.seed, rounds);
     CaptureRunConfig rc = run_config(c, c.table, nullptr);
     rc.order = s.order;
     rc.order_list = s.order_list;
@@ -272,9 +277,10 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputD
                          "cuda bytes", "measured", "delta", "replays", "result");
       continue;
     }
+    // Driver-managed graph memory may be mapped at every launch.
     const uint64_t allocations = cuda.calls_of(Primitive::kDeviceMalloc) +
                                  cuda.calls_of(Primitive::kCreatePhysical) +
-                                 cuda.calls_of(Primitive::kLaunch) * (s.impl == "graph_mem_nodes");
+                                 cuda.calls_of(Primitive::kLaunch) * driver_managed;
     const uint64_t granule = cuda.granularity();
     const bool same_bytes = simulated && simulated->result.peak_physical == r.peak_physical &&
                             simulated->result.peak_strategy_reserved == r.peak_strategy_reserved;
@@ -312,7 +318,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputD
          fmt::format("cudaMemGetInfo delta; worst |delta| {} vs bound {} ({} allocations "
                      "x granule)",
                      std::llabs(harness.worst_delta()), bound, allocations)});
-    if (s.impl == "graph_mem_nodes")
+    if (driver_managed)
       rows.push_back({s.label, "graph_mem_reserved_high", static_cast<double>(r.peak_graph_mem),
                       static_cast<double>(harness.peak_graph_reserved()),
                       r.peak_graph_mem == harness.peak_graph_reserved(),

@@ -31,25 +31,22 @@ namespace {
 constexpr int kExitRunFailure = 1;
 constexpr int kExitConfigError = 2;
 
-// The allocators' YAML: torch_caching starts from the snapshot's own settings, the others from
-// their defaults; --set NAME.key=value overrides go on top and are validated like any config.
+// The allocators' YAML: those configured by PyTorch's settings (torch_caching) start from the
+// snapshot's own, the others from their defaults; --set NAME.key=value overrides go on top and
+// are validated like any config.
 Result<std::vector<std::pair<std::string, AllocatorFactory>>> resolve_allocators(
     const ReplayCommandOptions& o, const Snapshot& snap, std::vector<std::string>* yaml_out) {
   std::vector<std::string> names = o.allocators;
-  if (names.empty()) names = caching_allocator_names();
-  const std::vector<std::string> known = caching_allocator_names();
+  const Registry<AllocatorEntry>& registry = caching_allocators();
+  if (names.empty()) names = registry.names();
   std::string doc = "allocators:\n";
   for (const std::string& n : names) {
-    if (find_caching_allocator(n) == nullptr) {
-      const std::string close = closest_match(n, known);
-      return make_error(
-          ErrorCode::kInvalidArgument,
-          fmt::format("--allocator {}: unknown allocator{} (known: {})", n,
-                      close.empty() ? "" : fmt::format(" (did you mean '{}'?)", close),
-                      fmt::join(known, ", ")));
-    }
+    const AllocatorEntry* info = registry.find(n);
+    if (info == nullptr)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("--allocator {}: {}", n, registry.unknown(n)));
     doc += fmt::format("  {}: {}\n", n,
-                       n == "torch_caching" ? torch_caching_yaml(snap.settings) : "{}");
+                       info->traits.pytorch_alloc_conf ? torch_caching_yaml(snap.settings) : "{}");
   }
   std::vector<std::pair<std::string, AllocatorFactory>> out;
   try {
@@ -71,8 +68,8 @@ Result<std::vector<std::pair<std::string, AllocatorFactory>>> resolve_allocators
     const ConfigNode all = root["allocators"];
     for (const std::string& n : names) {
       const ConfigNode node = all[n];
-      const AllocatorInfo* info = find_caching_allocator(n);
-      node.expect_keys(info->params);
+      const AllocatorEntry* info = registry.find(n);
+      node.expect_keys(info->keys);
       out.emplace_back(n, info->parse(node));
       YAML::Emitter e;
       e << YAML::Flow << node.raw();
@@ -202,8 +199,10 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
   write_outputs(dir, o, t, *snap, runs);
   std::string exported;
   if (!o.export_path.empty()) {
-    auto it = std::find_if(allocs->begin(), allocs->end(),
-                           [](const auto& a) { return a.first == "torch_caching"; });
+    // The replay under the recording's own kind of allocator (PyTorch's), else the first.
+    auto it = std::find_if(allocs->begin(), allocs->end(), [](const auto& a) {
+      return caching_allocators().find(a.first)->traits.pytorch_alloc_conf;
+    });
     const auto& factory = it != allocs->end() ? it->second : allocs->front().second;
     Result<std::string> bytes = export_replay_snapshot(t, factory, gpu);
     if (!bytes.ok()) {

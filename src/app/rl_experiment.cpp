@@ -84,7 +84,7 @@ void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
     const ConfigNode d = ConfigNode::parse("{impl: paged_block_pool, block_size: 16}", "default");
     r.kv_factory = parse_kv(d).factory;
   }
-  SchedulerChoice sched{find_scheduler("continuous_batching"), r.serve};
+  SchedulerChoice sched{schedulers().find("continuous_batching"), r.serve};
   if (auto v = n.find("scheduler")) sched = parse_scheduler(*v, sched);
   r.scheduler = sched.info->name;
   const uint32_t max_len = r.serve.max_model_len;
@@ -111,22 +111,11 @@ RlRunSpec parse_run(const ConfigNode& n) {
                                                                         : RlPlacement::kColocated;
   if (auto v = n.find("saver"); v && !(v->is_scalar() && v->as_string() == "none")) {
     if (!v->is_map()) v->fail("a map {impl: tagged_regions | sleep_mode, ...} or none");
-    const ConfigNode impl = (*v)["impl"];
-    const SaverInfo* info = find_memory_saver(impl.as_string());
-    if (!info) {
-      std::vector<std::string> names;
-      for (const auto& s : memory_savers()) names.push_back(s.name);
-      impl.as_choice(names);
-    }
-    std::vector<std::string> keys = info->params;
-    keys.push_back("impl");
-    v->expect_keys(keys);
-    r.saver = info->name;
-    r.saver_factory = info->parse(*v);
+    const SaverEntry& info = memory_savers().select(*v);
+    r.saver = info.name;
+    r.saver_factory = info.parse(*v);
     // What each system puts in its pausable pool (see RlRunSpec::saver_tags).
-    r.saver_tags = r.saver == "sleep_mode"
-                       ? std::vector<std::string>{"weights", "kv_cache"}
-                       : std::vector<std::string>{"weights", "kv_cache", "cuda_graph"};
+    r.saver_tags = info.traits.default_tags;
     if (r.placement == RlPlacement::kSeparate)
       v->fail("placement: separate keeps each engine on its own GPUs; it needs no saver");
   }
@@ -193,14 +182,9 @@ RlConfig load_rl_config(const ConfigNode& root) {
                                ? root["allocator"]
                                : ConfigNode::parse("{impl: torch_caching}", root.file());
   {
-    const ConfigNode impl = alloc["impl"];
-    impl.as_choice(caching_allocator_names());
-    const AllocatorInfo* info = find_caching_allocator(impl.as_string());
-    std::vector<std::string> keys = info->params;
-    keys.push_back("impl");
-    alloc.expect_keys(keys);
-    c.allocator = info->parse(alloc);
-    c.allocator_yaml = info->name;
+    const AllocatorEntry& info = caching_allocators().select(alloc);
+    c.allocator = info.parse(alloc);
+    c.allocator_yaml = info.name;
   }
   c.train = parse_train(root["train"], c);
   parse_rollout(root["rollout"], c.rollout);

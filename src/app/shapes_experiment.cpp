@@ -69,13 +69,11 @@ Variant load_variant_point(const ConfigNode& node) {
 
 StrategySpec load_strategy(const ConfigNode& node, const std::vector<uint32_t>& sizes) {
   if (!node.is_map()) node.fail("each strategy is a map with at least 'impl'");
-  const std::string impl = node["impl"].as_choice(graph_strategy_names());
-  const GraphStrategyInfo* info = find_graph_strategy(impl);
-  std::vector<std::string> allowed = {"impl", "label", "order", "order_list"};
-  allowed.insert(allowed.end(), info->params.begin(), info->params.end());
-  node.expect_keys(allowed);
+  const GraphEntry& info = graph_strategies().select(node, {"label", "order", "order_list"});
+  const std::string& impl = info.name;
   StrategySpec s;
   s.impl = impl;
+  s.traits = info.traits;
   if (auto o = node.find("order")) s.order = pick<CaptureOrder>(o->as_choice(kOrders), kOrders);
   if (auto l = node.find("order_list")) {
     if (s.order != CaptureOrder::kList) l->fail("order_list needs 'order: list'");
@@ -90,7 +88,7 @@ StrategySpec load_strategy(const ConfigNode& node, const std::vector<uint32_t>& 
   s.label = node.find("label")                  ? node["label"].as_string()
             : s.order == CaptureOrder::kArrival ? impl
                                                 : fmt::format("{}/{}", impl, to_string(s.order));
-  s.factory = info->parse(node);
+  s.factory = info.parse(node);
   return s;
 }
 
@@ -343,8 +341,8 @@ ShapesResults run_shapes(const ShapesConfig& c) {
   const auto t0 = std::chrono::steady_clock::now();
   ShapesResults out;
   ProgramCache cache;
-  const GraphStrategyFactory private_pools =
-      find_graph_strategy("private_pools")->parse(ConfigNode::parse("{}", "<builtin>"));
+  // The reference footprint of a shape: captured alone into a fresh private pool.
+  const GraphStrategyFactory private_pools = graph_strategies().find("private_pools")->defaults();
   for (const Variant& v : c.variants) {
     const StandaloneRef ref = standalone(c, v, private_pools, cache);
     out.references.emplace_back(v, ref);
@@ -374,7 +372,10 @@ ShapesResults run_shapes(const ShapesConfig& c) {
       rec.result = std::move(one.result);
       rec.reference_max = ref.max;
       rec.reference_sum = ref.sum;
-      rec.own_max = s.impl == "graph_mem_nodes" ? standalone(c, v, s.factory, cache).max : ref.max;
+      // A pool strategy captures one shape alone exactly as a fresh private pool does; the
+      // driver's footprint of a shape alone is its own.
+      rec.own_max =
+          s.traits.driver_managed_memory ? standalone(c, v, s.factory, cache).max : ref.max;
       const auto run_index = static_cast<uint32_t>(out.runs.size());
       for (const auto& sample : one.samples)
         out.timeseries.push_back(

@@ -22,6 +22,7 @@ struct StrategySpec {
   CaptureOrder order = CaptureOrder::kArrival;
   std::vector<uint32_t> order_list;
   GraphStrategyFactory factory;
+  GraphTraits traits;  // the registry entry's
 };
 
 // One point of the sweep: the options every strategy is run with.

@@ -1,4 +1,4 @@
-// The graph-memory registry: one line per implementation.
+// The graph-memory registry: one line per implementation, and the parsers of their typed configs.
 #include "src/graph/registry.h"
 
 #include "src/graph/global_pool.h"
@@ -10,21 +10,17 @@
 namespace memsim {
 namespace {
 
-TorchCachingConfig parse_allocator(const ConfigNode& node) {
+// The pools' caching allocator: max_split_size is its only key (without the allocator family's
+// torch_caching bound of above 20 MiB).
+TorchCachingConfig parse_pool_allocator(const ConfigNode& node) {
   TorchCachingConfig c;
   if (auto v = node.find("max_split_size")) c.max_split_size = v->as_bytes();
   return c;
 }
 
-template <class Strategy>
-GraphStrategyFactory pool_factory(const ConfigNode& node) {
-  const TorchCachingConfig c = parse_allocator(node);
-  return [c](Backend& b) { return std::make_unique<Strategy>(b, c); };
-}
-
-GraphStrategyFactory vmm_factory(const ConfigNode& node) {
+VmmAliasConfig parse_vmm_alias(const ConfigNode& node) {
   VmmAliasConfig c;
-  c.allocator = parse_allocator(node);
+  c.allocator = parse_pool_allocator(node);
   if (auto v = node.find("va_factor")) c.va_factor = v->as_double_in(0.01, 64);
   if (auto v = node.find("handles"))
     c.handle_per_extension = v->as_choice({"fixed", "per_extension"}) == "per_extension";
@@ -34,55 +30,44 @@ GraphStrategyFactory vmm_factory(const ConfigNode& node) {
     c.handle_bytes = v->as_bytes();
     if (c.handle_bytes == 0) v->fail("must be positive (a multiple of the GPU's granularity)");
   }
-  return [c](Backend& b) -> std::unique_ptr<GraphMemoryStrategy> {
-    return std::make_unique<VmmAlias>(b, c);
-  };
+  return c;
 }
 
-GraphStrategyFactory nodes_factory(const ConfigNode& node) {
+GraphMemNodesConfig parse_graph_mem_nodes(const ConfigNode& node) {
   GraphMemNodesConfig c;
   if (auto v = node.find("trim_at_teardown")) c.trim_at_teardown = v->as_bool();
-  return [c](Backend& b) { return std::make_unique<GraphMemNodes>(b, c); };
+  return c;
 }
 
 }  // namespace
 
-const std::vector<GraphStrategyInfo>& graph_strategies() {
-  static const std::vector<GraphStrategyInfo> kRegistry = {
-      {"private_pools",
-       "a fresh caching-allocator pool per graph (PyTorch default)",
-       {"max_split_size"},
-       pool_factory<PrivatePools>},
-      {"shared_pool",
-       "one pool per graph runner, shared by its graphs (vLLM)",
-       {"max_split_size"},
-       pool_factory<SharedPool>},
-      {"global_pool",
-       "one pool for every graph runner of the process (SGLang)",
-       {"max_split_size"},
-       pool_factory<GlobalPool>},
-      {"vmm_alias",
-       "a new VA space per shape over shared physical handles (xLLM)",
-       {"max_split_size", "handle_bytes", "handles", "va_factor", "set_access"},
-       vmm_factory},
-      {"graph_mem_nodes",
-       "cudaMallocAsync graph memory nodes, driver-managed reuse",
-       {"trim_at_teardown"},
-       nodes_factory},
-  };
+const Registry<GraphEntry>& graph_strategies() {
+  static const Registry<GraphEntry> kRegistry{
+      "graph strategy",
+      {
+          {"private_pools",
+           "a fresh caching-allocator pool per graph (PyTorch default)",
+           {"max_split_size"},
+           parse_into<PrivatePools>(parse_pool_allocator)},
+          {"shared_pool",
+           "one pool per graph runner, shared by its graphs (vLLM)",
+           {"max_split_size"},
+           parse_into<SharedPool>(parse_pool_allocator)},
+          {"global_pool",
+           "one pool for every graph runner of the process (SGLang)",
+           {"max_split_size"},
+           parse_into<GlobalPool>(parse_pool_allocator)},
+          {"vmm_alias",
+           "a new VA space per shape over shared physical handles (xLLM)",
+           {"max_split_size", "handle_bytes", "handles", "va_factor", "set_access"},
+           parse_into<VmmAlias>(parse_vmm_alias)},
+          {"graph_mem_nodes",
+           "cudaMallocAsync graph memory nodes, driver-managed reuse",
+           {"trim_at_teardown"},
+           parse_into<GraphMemNodes>(parse_graph_mem_nodes),
+           {.driver_managed_memory = true}},
+      }};
   return kRegistry;
-}
-
-const GraphStrategyInfo* find_graph_strategy(std::string_view name) {
-  for (const auto& s : graph_strategies())
-    if (s.name == name) return &s;
-  return nullptr;
-}
-
-std::vector<std::string> graph_strategy_names() {
-  std::vector<std::string> out;
-  for (const auto& s : graph_strategies()) out.push_back(s.name);
-  return out;
 }
 
 }  // namespace memsim

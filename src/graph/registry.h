@@ -3,27 +3,26 @@
 
 #include <functional>
 #include <memory>
-#include <string>
-#include <string_view>
-#include <vector>
 
-#include "src/config/config_node.h"
+#include "src/config/registry.h"
 #include "src/graph/graph_memory_strategy.h"
 
 namespace memsim {
 
 using GraphStrategyFactory = std::function<std::unique_ptr<GraphMemoryStrategy>(Backend&)>;
 
-struct GraphStrategyInfo {
-  std::string name;
-  std::string summary;
-  std::vector<std::string> params;  // YAML keys this implementation accepts
-  // Validates this implementation's keys of `node` (at load time) and returns a factory.
-  std::function<GraphStrategyFactory(const ConfigNode& node)> parse;
+// What drivers and reports need to know of a graph-memory strategy before running it.
+struct GraphTraits {
+  // The driver, not the strategy, owns the graph memory (CUDA graph memory nodes): the driver
+  // maps it at launch and reuses a tensor freed inside the graph within that graph, so a weak
+  // output is not readable after its replay, each launch may map memory, the driver's
+  // graph-memory attributes (cudaGraphMemAttrReservedMemHigh) describe it, and a shape captured
+  // alone takes the driver's footprint, not a caching-allocator pool's.
+  bool driver_managed_memory = false;
 };
 
-const std::vector<GraphStrategyInfo>& graph_strategies();
-const GraphStrategyInfo* find_graph_strategy(std::string_view name);
-std::vector<std::string> graph_strategy_names();
+using GraphEntry = RegistryEntry<GraphStrategyFactory, GraphTraits>;
+
+const Registry<GraphEntry>& graph_strategies();
 
 }  // namespace memsim

@@ -92,8 +92,8 @@ inline KvLayout block_major_layout(DevPtr pool, const KvInit& init, uint32_t blo
   return l;
 }
 
-// Contract (every implementation; tests/test_kv_conformance.cpp and the 1M-op stress test
-// check it against each registered strategy):
+// Contract (every implementation; the 1M-op stress test, tests/test_kv_stress.cpp, and
+// tests/test_kv_content.cpp check it against each registered strategy):
 // - init creates the pool through the Backend within budget_bytes (kOutOfMemory when not even
 //   one sequence of one block fits); shutdown returns every byte to the Backend. Nothing else
 //   talks to the device except CoW copies (Backend::copy) and on-demand mappings (vmm).
@@ -160,6 +160,13 @@ class KvCacheManager {
   // Token slots a new sequence could still obtain now: free plus evictable blocks times
   // block_tokens (static_contiguous: free slabs times max_model_len).
   virtual uint64_t free_token_capacity() const = 0;
+
+  // Traits, fixed by the config (answered before init too):
+  // - whether released KV stays cached for later lookup_prefix hits (prefix caching);
+  virtual bool caches_prefixes() const { return false; }
+  // - tokens per entry of a vLLM-style block table ([max_num_seqs, max_model_len / tokens]),
+  //   the input the model's captured graphs read the KV through; 0: the strategy has none.
+  virtual uint32_t block_table_tokens() const { return 0; }
 
   // Background work overlapped with compute (see the contract); default none.
   virtual bool has_background() const { return false; }

@@ -9,37 +9,8 @@ namespace memsim {
 namespace {
 
 constexpr uint64_t kRootHash = 0x6d656d73696d6b76ull;  // parent hash of a sequence's first block
-constexpr uint32_t kBlockSizes[] = {1, 8, 16, 32, 64, 128, 256};
 
 }  // namespace
-
-std::vector<std::string> PagedBlockPool::params() {
-  return {"block_size",    "layout",     "prefix_caching",
-          "copy_on_write", "null_block", "num_blocks_override"};
-}
-
-PagedBlockPoolConfig PagedBlockPool::parse_config(const ConfigNode& node) {
-  PagedBlockPoolConfig c;
-  if (auto v = node.find("block_size")) {
-    const uint64_t b = v->as_uint();
-    if (std::find(std::begin(kBlockSizes), std::end(kBlockSizes), b) == std::end(kBlockSizes))
-      v->fail(fmt::format("block size {} is not one of vLLM's 1, 8, 16, 32, 64, 128, 256", b));
-    c.block_size = static_cast<uint32_t>(b);
-  }
-  if (auto v = node.find("layout"))
-    c.per_layer = v->as_choice({"shared", "per_layer"}) == "per_layer";
-  if (auto v = node.find("prefix_caching")) c.prefix_caching = v->as_bool();
-  if (auto v = node.find("copy_on_write")) c.copy_on_write = v->as_bool();
-  // vLLM reserves a null block; the seed's per-layer pool does not.
-  c.null_block = !c.per_layer;
-  if (auto v = node.find("null_block")) c.null_block = v->as_bool();
-  if (auto v = node.find("num_blocks_override")) {
-    c.num_blocks_override = v->as_uint();
-    if (c.num_blocks_override == 0)
-      v->fail("must be positive (omit it to size the pool from the budget)");
-  }
-  return c;
-}
 
 Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
   if (backend_) return make_error(ErrorCode::kInvalidState, "paged_block_pool: init called twice");

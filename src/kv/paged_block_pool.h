@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "src/config/config_node.h"
 #include "src/kv/hash_index.h"
 #include "src/kv/kv_cache_manager.h"
 #include "src/kv/slot_map.h"
@@ -31,8 +30,6 @@ struct PagedBlockPoolConfig {
 class PagedBlockPool final : public KvCacheManager {
  public:
   explicit PagedBlockPool(PagedBlockPoolConfig config) : config_(config) {}
-  static std::vector<std::string> params();
-  static PagedBlockPoolConfig parse_config(const ConfigNode& node);
 
   std::string_view name() const override { return "paged_block_pool"; }
   Status init(Backend& backend, const KvInit& init) override;
@@ -47,6 +44,8 @@ class PagedBlockPool final : public KvCacheManager {
   uint64_t seq_bytes(SeqId seq) const override;
   uint32_t seq_capacity(SeqId seq) const override;
   uint64_t free_token_capacity() const override;
+  bool caches_prefixes() const override { return config_.prefix_caching; }
+  uint32_t block_table_tokens() const override { return config_.block_size; }
   KvLayout layout() const override;
   void seq_table(SeqId seq, std::vector<int32_t>* out) const override;
   KvStats stats() const override;

@@ -10,7 +10,6 @@ namespace {
 
 // SGLang sizes req_to_token as [max_running_requests, context_len + 4] (extra_max_context_len).
 constexpr uint64_t kReqToTokenExtraColumns = 4;
-constexpr uint64_t kMaxPageSize = 1024;
 
 uint64_t round_up(uint64_t x, uint64_t unit) {
   return unit ? (x + unit - 1) / unit * unit : x;
@@ -21,26 +20,11 @@ uint64_t round_up(uint64_t x, uint64_t unit) {
 RadixTokenPool::RadixTokenPool(RadixTokenPoolConfig config)
     : config_(config), tree_(config.page_size, config.eviction) {}
 
-std::vector<std::string> RadixTokenPool::params() {
-  return {"page_size", "disable_radix_cache", "eviction"};
-}
-
-RadixTokenPoolConfig RadixTokenPool::parse_config(const ConfigNode& node) {
-  RadixTokenPoolConfig c;
-  if (auto v = node.find("page_size"))
-    c.page_size = static_cast<uint32_t>(v->as_uint_in(1, kMaxPageSize));
-  if (auto v = node.find("disable_radix_cache")) c.disable_radix_cache = v->as_bool();
-  if (auto v = node.find("eviction"))
-    c.eviction =
-        v->as_choice({"lru", "lfu"}) == "lfu" ? RadixTree::Policy::kLfu : RadixTree::Policy::kLru;
-  return c;
-}
-
 Status RadixTokenPool::init(Backend& backend, const KvInit& init) {
   if (backend_) return make_error(ErrorCode::kInvalidState, "radix_token_pool: init called twice");
   if (init.layers == 0 || init.kv_bytes_per_token == 0)
     return make_error(ErrorCode::kInvalidArgument, "radix_token_pool: empty model geometry");
-  if (page_size() == 0 || page_size() > kMaxPageSize)
+  if (page_size() == 0 || page_size() > RadixTokenPoolConfig::kMaxPageSize)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("radix_token_pool: page size {}", page_size()));
   page_bytes_ = uint64_t{page_size()} * init.kv_bytes_per_token;

@@ -9,13 +9,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "src/config/config_node.h"
 #include "src/kv/kv_cache_manager.h"
 #include "src/kv/radix_tree.h"
 
 namespace memsim {
 
 struct RadixTokenPoolConfig {
+  static constexpr uint32_t kMaxPageSize = 1024;
   uint32_t page_size = 1;            // SGLang --page-size (default 1: one token per slot)
   bool disable_radix_cache = false;  // SGLang --disable-radix-cache
   RadixTree::Policy eviction = RadixTree::Policy::kLru;  // SGLang --radix-eviction-policy
@@ -53,8 +53,6 @@ struct RadixTokenPoolConfig {
 class RadixTokenPool final : public KvCacheManager {
  public:
   explicit RadixTokenPool(RadixTokenPoolConfig config);
-  static std::vector<std::string> params();
-  static RadixTokenPoolConfig parse_config(const ConfigNode& node);
 
   std::string_view name() const override { return "radix_token_pool"; }
   Status init(Backend& backend, const KvInit& init) override;
@@ -69,6 +67,7 @@ class RadixTokenPool final : public KvCacheManager {
   // Its tree prefix plus its private pages (page-rounded), capped at max_model_len.
   uint32_t seq_capacity(SeqId seq) const override;
   uint64_t free_token_capacity() const override;
+  bool caches_prefixes() const override { return !config_.disable_radix_cache; }
   KvLayout layout() const override;
   void seq_table(SeqId seq, std::vector<int32_t>* out) const override;
   KvStats stats() const override;
@@ -84,6 +83,7 @@ class RadixTokenPool final : public KvCacheManager {
   std::vector<uint32_t> page_table(SeqId seq) const;
   const RadixTree& tree() const { return tree_; }
   uint32_t seq_cached_tokens(SeqId seq) const;
+  const RadixTokenPoolConfig& config() const { return config_; }
 
  private:
   struct Seq {

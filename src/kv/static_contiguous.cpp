@@ -17,11 +17,6 @@ std::string mib(uint64_t bytes) {
 
 }  // namespace
 
-StaticContiguousConfig StaticContiguous::parse_config(const ConfigNode& /*node*/) {
-  // No keys of its own: unknown ones are rejected by the caller against params().
-  return {};
-}
-
 Status StaticContiguous::init(Backend& backend, const KvInit& init) {
   if (backend_ != nullptr)
     return make_error(ErrorCode::kInvalidState, "static_contiguous: init called twice");

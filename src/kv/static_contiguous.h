@@ -8,7 +8,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "src/config/config_node.h"
 #include "src/kv/kv_cache_manager.h"
 
 namespace memsim {
@@ -23,9 +22,6 @@ struct StaticContiguousConfig {};  // no parameters: the slab is max_model_len t
 // All operations are O(1) (hash map + free-slot stack); check_invariants is O(slots).
 class StaticContiguous final : public KvCacheManager {
  public:
-  static std::vector<std::string> params() { return {}; }
-  static StaticContiguousConfig parse_config(const ConfigNode& node);
-
   explicit StaticContiguous(const StaticContiguousConfig& config) : config_(config) {}
   ~StaticContiguous() override = default;
 

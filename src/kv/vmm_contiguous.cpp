@@ -14,26 +14,6 @@ std::string mib(uint64_t bytes) {
 
 }  // namespace
 
-VmmContiguousConfig VmmContiguous::parse_config(const ConfigNode& node) {
-  // Unknown keys are rejected by the caller against params(), as for every KV strategy.
-  VmmContiguousConfig c;
-  if (auto v = node.find("page_size")) {
-    c.page_size = v->as_bytes();
-    if (c.page_size == 0)
-      v->fail("must be positive: a multiple of the GPU's VMM granularity (2 MiB on H200)");
-  }
-  if (auto v = node.find("physical"))
-    c.reserved_physical = v->as_choice({"reserved", "on_demand"}) == "reserved";
-  if (auto v = node.find("reclaim"))
-    c.deferred_reclaim = v->as_choice({"eager", "deferred"}) == "deferred";
-  if (auto v = node.find("allocation")) c.async = v->as_choice({"async", "sync"}) == "async";
-  if (auto v = node.find("eager_steps"))
-    c.eager_steps = static_cast<uint32_t>(v->as_uint_in(1, 1u << 20));
-  if (auto v = node.find("eager_groups"))
-    c.eager_groups = static_cast<uint32_t>(v->as_uint_in(0, 1u << 20));
-  return c;
-}
-
 // ---- geometry -------------------------------------------------------------------------------
 
 uint32_t VmmContiguous::groups_for(uint32_t tokens) const {

@@ -8,7 +8,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "src/config/config_node.h"
 #include "src/kv/kv_cache_manager.h"
 
 namespace memsim {
@@ -62,11 +61,6 @@ struct VmmContiguousConfig {
 // check_invariants is O(slots).
 class VmmContiguous final : public KvCacheManager {
  public:
-  static std::vector<std::string> params() {
-    return {"page_size", "physical", "reclaim", "allocation", "eager_steps", "eager_groups"};
-  }
-  static VmmContiguousConfig parse_config(const ConfigNode& node);
-
   explicit VmmContiguous(const VmmContiguousConfig& config) : config_(config) {}
   ~VmmContiguous() override = default;
 

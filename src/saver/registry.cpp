@@ -1,14 +1,13 @@
-// The memory-saver registry: one line per implementation.
+// The memory-saver registry: one line per implementation, and the parsers of their typed configs.
 #include "src/saver/registry.h"
 
 #include "src/saver/sleep_mode.h"
 #include "src/saver/tagged_regions.h"
 
 namespace memsim {
-
 namespace {
 
-SaverFactory tagged_factory(const ConfigNode& node) {
+TaggedRegionsConfig parse_tagged_regions(const ConfigNode& node) {
   TaggedRegionsConfig c;
   if (auto v = node.find("enable_cpu_backup")) {
     if (v->is_scalar()) {
@@ -17,36 +16,35 @@ SaverFactory tagged_factory(const ConfigNode& node) {
       for (const ConfigNode& t : v->items()) c.cpu_backup_tags.push_back(t.as_string());
     }
   }
-  return [c](Backend& b) { return std::make_unique<TaggedRegions>(b, c); };
+  return c;
 }
 
-SaverFactory sleep_factory(const ConfigNode& node) {
+SleepModeConfig parse_sleep_mode(const ConfigNode& node) {
   SleepModeConfig c;
   if (auto v = node.find("level")) c.level = static_cast<int>(v->as_uint_in(1, 2));
   if (auto v = node.find("weights_tag")) c.weights_tag = v->as_string();
-  return [c](Backend& b) { return std::make_unique<SleepMode>(b, c); };
+  return c;
 }
 
 }  // namespace
 
-const std::vector<SaverInfo>& memory_savers() {
-  static const std::vector<SaverInfo> kRegistry = {
-      {"tagged_regions",
-       "torch_memory_saver: pause/resume tagged regions at the same address, optional CPU backup",
-       {"enable_cpu_backup"},
-       tagged_factory},
-      {"sleep_mode",
-       "vLLM sleep mode: level 1 offloads weights and discards the rest, level 2 discards all",
-       {"level", "weights_tag"},
-       sleep_factory},
-  };
+const Registry<SaverEntry>& memory_savers() {
+  static const Registry<SaverEntry> kRegistry{
+      "memory saver",
+      {
+          {"tagged_regions",
+           "torch_memory_saver: pause/resume tagged regions at the same address, optional CPU "
+           "backup",
+           {"enable_cpu_backup"},
+           parse_into<TaggedRegions>(parse_tagged_regions),
+           {.default_tags = {"weights", "kv_cache", "cuda_graph"}}},
+          {"sleep_mode",
+           "vLLM sleep mode: level 1 offloads weights and discards the rest, level 2 discards all",
+           {"level", "weights_tag"},
+           parse_into<SleepMode>(parse_sleep_mode),
+           {.default_tags = {"weights", "kv_cache"}}},
+      }};
   return kRegistry;
-}
-
-const SaverInfo* find_memory_saver(std::string_view name) {
-  for (const auto& s : memory_savers())
-    if (s.name == name) return &s;
-  return nullptr;
 }
 
 }  // namespace memsim

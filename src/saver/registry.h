@@ -4,24 +4,23 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "src/config/config_node.h"
+#include "src/config/registry.h"
 #include "src/saver/memory_saver.h"
 
 namespace memsim {
 
 using SaverFactory = std::function<std::unique_ptr<MemorySaver>(Backend&)>;
 
-struct SaverInfo {
-  std::string name;
-  std::string summary;
-  std::vector<std::string> params;
-  std::function<SaverFactory(const ConfigNode& node)> parse;
+// What the RL experiment needs to know of a saver beyond the role interface.
+struct SaverTraits {
+  // The tags the system it models puts in its pausable pool, unless a run lists its own.
+  std::vector<std::string> default_tags;
 };
 
-const std::vector<SaverInfo>& memory_savers();
-const SaverInfo* find_memory_saver(std::string_view name);
+using SaverEntry = RegistryEntry<SaverFactory, SaverTraits>;
+
+const Registry<SaverEntry>& memory_savers();
 
 }  // namespace memsim

@@ -17,7 +17,7 @@
 #include "backends/sim/sim_backend.h"
 #include "sim/clock.h"
 #include "sim/workload/step_time.h"
-#include "src/serve/scheduler.h"
+#include "src/serve/scheduler_registry.h"
 
 namespace memsim {
 namespace {
@@ -566,9 +566,9 @@ bool Engine::start() {
   r_.kv_impl = c_.kv_impl;
   r_.scheduler = c_.scheduler;
   r_.requests = requests_.size();
-  const SchedulerInfo* info = find_scheduler(c_.scheduler);
+  const SchedulerEntry* info = schedulers().find(c_.scheduler);
   if (!info) {
-    r_.error = fmt::format("unknown scheduler '{}'", c_.scheduler);
+    r_.error = schedulers().unknown(c_.scheduler);
     return false;
   }
   scheduler_ = info->make();

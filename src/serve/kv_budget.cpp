@@ -14,7 +14,6 @@
 #include "sim/workload/alloc_program.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
-#include "src/config/config_node.h"
 
 namespace memsim {
 
@@ -125,13 +124,12 @@ Result<uint64_t> graph_memory(const KvBudgetInput& in, const GpuSpec& gpu,
                               const std::vector<uint32_t>& sizes) {
   GraphStrategyFactory factory = in.graph_factory;
   if (!factory) {
-    const GraphStrategyInfo* info = find_graph_strategy(in.graph_strategy);
+    const GraphEntry* info = graph_strategies().find(in.graph_strategy);
     if (info == nullptr)
       return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("kv budget: unknown graph strategy '{}' (one of: {})",
-                                    in.graph_strategy, fmt::join(graph_strategy_names(), ", ")));
+                        "kv budget: " + graph_strategies().unknown(in.graph_strategy));
     try {
-      factory = info->parse(ConfigNode::parse("{}", "<kv_budget>"));
+      factory = info->defaults();
     } catch (const std::exception& e) {
       return make_error(ErrorCode::kInvalidArgument, e.what());
     }

@@ -3,13 +3,9 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <string>
 #include <string_view>
 #include <vector>
 
-#include "src/config/config_node.h"
 #include "src/serve/serve_state.h"
 
 namespace memsim {
@@ -52,22 +48,5 @@ class Scheduler {
 // the phase stops. A victim scheduled earlier in this step is taken back out of the plan.
 // Returns whether anything was preempted.
 bool schedule_running(ServeState& state, StepPlan& plan, uint32_t* budget);
-
-using SchedulerFactory = std::function<std::unique_ptr<Scheduler>()>;
-
-struct SchedulerInfo {
-  std::string name;
-  std::string summary;
-  std::vector<std::string> params;  // ServeOptions keys this scheduler accepts
-  SchedulerFactory make;
-};
-
-const std::vector<SchedulerInfo>& schedulers();
-const SchedulerInfo* find_scheduler(std::string_view name);
-std::vector<std::string> scheduler_names();
-
-// Parses a `scheduler:` map (impl + the implementation's keys) over `base`.
-ServeOptions parse_scheduler_options(const ConfigNode& node, const SchedulerInfo& info,
-                                     ServeOptions base);
 
 }  // namespace memsim

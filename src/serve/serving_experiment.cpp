@@ -25,7 +25,7 @@
 #include "src/graph/registry.h"
 #include "src/kv/registry.h"
 #include "src/serve/content_executor.h"
-#include "src/serve/scheduler.h"
+#include "src/serve/scheduler_registry.h"
 
 namespace memsim {
 namespace {
@@ -55,7 +55,7 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
     e.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
   if (auto v = node.find("enforce_eager")) e.enforce_eager = v->as_bool();
   if (auto v = node.find("graph_memory")) {
-    std::vector<std::string> names = graph_strategy_names();
+    std::vector<std::string> names = graph_strategies().names();
     names.push_back("none");
     e.graph_memory = v->as_choice(names);
     if (e.graph_memory == "none") e.enforce_eager = true;
@@ -94,37 +94,27 @@ std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu
 }
 
 KvChoice parse_kv(const ConfigNode& node) {
-  const ConfigNode impl = node["impl"];
-  const KvStrategyInfo* info = find_kv_strategy(impl.as_string());
-  if (!info) impl.as_choice(kv_strategy_names());  // fails, naming the closest
-  std::vector<std::string> allowed = {"impl"};
-  allowed.insert(allowed.end(), info->params.begin(), info->params.end());
-  node.expect_keys(allowed);
+  const KvEntry& info = kv_strategies().select(node);
   KvChoice k;
-  k.impl = info->name;
-  k.factory = info->parse(node);
+  k.impl = info.name;
+  k.factory = info.parse(node);
   for (const std::string& key : node.keys()) {
     if (key == "impl") continue;
     const ConfigNode v = node[key];
     k.params += fmt::format("{}{}={}", k.params.empty() ? "" : " ", key,
                             v.is_scalar() ? v.as_string() : "...");
-    // Tokens per block, for the block-table input of the budget's captured graphs.
-    // (vLLM's [max_num_seqs, max_model_len / block_size] table; other strategies keep 16 so
-    // that every strategy of an experiment gets the same budget.)
-    if (key == "block_size") {
-      const uint64_t b = v.as_uint();
-      if (b >= 1 && b <= 256 && (b & (b - 1)) == 0) k.block_size = static_cast<uint32_t>(b);
-    }
   }
+  // Tokens per block, for the block-table input of the budget's captured graphs (vLLM's
+  // [max_num_seqs, max_model_len / block_size] table); strategies without such a table keep 16
+  // so that every strategy of an experiment gets the same budget.
+  if (const uint32_t b = k.factory()->block_table_tokens()) k.block_size = b;
   return k;
 }
 
 SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
-  if (auto impl = node.find("impl")) {
-    base.info = find_scheduler(impl->as_string());
-    if (!base.info) impl->as_choice(scheduler_names());
-  }
-  base.options = parse_scheduler_options(node, *base.info, base.options);
+  if (auto impl = node.find("impl")) base.info = &schedulers().at(*impl);
+  schedulers().check_keys(node, *base.info);
+  base.options = base.info->parse(node, base.options);
   return base;
 }
 
@@ -227,7 +217,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
 
   EngineSettings engine;
   if (auto e = root.find("engine")) engine = parse_engine(*e, engine);
-  SchedulerChoice sched{find_scheduler("continuous_batching"), {}};
+  SchedulerChoice sched{schedulers().find("continuous_batching"), {}};
   if (auto s = root.find("seed")) sched.options.seed = s->as_uint();
   if (auto s = root.find("scheduler")) sched = parse_scheduler(*s, sched);
   std::optional<KvChoice> kv;

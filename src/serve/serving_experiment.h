@@ -15,7 +15,7 @@
 #include "src/config/config_node.h"
 #include "src/serve/engine.h"
 #include "src/serve/kv_budget.h"
-#include "src/serve/scheduler.h"
+#include "src/serve/scheduler_registry.h"
 
 namespace memsim {
 
@@ -99,7 +99,7 @@ struct KvChoice {
 };
 KvChoice parse_kv(const ConfigNode& node);
 struct SchedulerChoice {
-  const SchedulerInfo* info = nullptr;
+  const SchedulerEntry* info = nullptr;
   ServeOptions options;
 };
 SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base);
