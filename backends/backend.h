@@ -8,11 +8,11 @@
 #include <string_view>
 
 #include "backends/result.h"
+#include "core/time.h"
 
 namespace memsim {
 
 using DevPtr = uint64_t;  // a device virtual address; 0 is never a valid allocation
-using SimTime = int64_t;  // simulated nanoseconds
 
 struct PhysHandle {
   uint64_t id = 0;

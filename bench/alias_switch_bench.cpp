@@ -7,7 +7,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "bench/bench_cli.h"
-#include "sim/workload/alloc_program.h"
+#include "workload/alloc_program.h"
 #include "src/alloc/torch_caching.h"
 #include "src/config/loaders.h"
 #include "src/graph/vmm_alias.h"

@@ -7,7 +7,7 @@
 
 #include "backends/sim/sim_backend.h"
 #include "bench/bench_cli.h"
-#include "sim/event_queue.h"
+#include "core/event_queue.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
 

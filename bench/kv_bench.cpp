@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "bench/bench_cli.h"
-#include "sim/workload/requests.h"
+#include "workload/requests.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/kv/registry.h"

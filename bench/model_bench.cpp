@@ -20,11 +20,11 @@
 #include "backends/cuda/cuda_backend.h"
 #include "bench/bench_cli.h"
 #include "kernels/attention.h"
-#include "sim/workload/step_time.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/exec/model_step.h"
 #include "src/exec/step_profiler.h"
+#include "workload/step_time.h"
 
 namespace {
 
@@ -151,6 +151,38 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
   std::printf("check: %u steps written to %s\n", decodes + 2, dir.c_str());
 }
 
+// A captured decode step must give the eager step's tokens, bit for bit. Uniform contexts, then
+// ragged ones (the replay re-plans its split work list; the same batch, so the GEMMs run the same
+// shapes). True when every replay matched.
+bool graph_check_run(ModelStep& step, Pool& pool, const ModelShape& model) {
+  const uint32_t b = 8, ctx = 1000;
+  bool all_same = true, captured = false;
+  for (const bool ragged : {false, true}) {
+    std::vector<StepSeqInput> in(b);
+    for (uint32_t s = 0; s < b; ++s) {
+      const uint32_t len = ragged ? (s == 3 ? ctx : 1 + (s * 131) % 400) : ctx;
+      in[s].table = pool.take(len + 1);
+      in[s].cached = len - 1;
+      in[s].tokens = {static_cast<int32_t>((s * 7919 + 11) % model.vocab)};
+    }
+    const StepResult eager = must(step.run(pool.layout, in), "eager decode");
+    if (!captured) {
+      if (const Status st = step.capture_decode(pool.layout, b, ctx); !st.ok())
+        die(st.error().message);
+      captured = true;
+    }
+    const StepResult replay = must(step.run(pool.layout, in), "graph decode");
+    const bool same = replay.graph && replay.next_tokens == eager.next_tokens;
+    all_same = all_same && same;
+    std::printf(
+        "graph check: batch %u, %s contexts up to %u: eager %.3f ms, graph %.3f ms, "
+        "next tokens %s\n",
+        b, ragged ? "ragged" : "uniform", ctx, eager.gpu_ms, replay.gpu_ms,
+        same ? "identical" : "DIFFER");
+  }
+  return all_same;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"memsim-model-bench: the model-shaped step on the GPU"};
   std::string model_name = "llama-3.1-8b", gpu_name = "h200", check_dir;
@@ -212,36 +244,7 @@ int run(int argc, char** argv) {
     check(*step, pool, check_dir, decodes);
     return 0;
   }
-  if (graph_check) {  // a captured decode step must give the eager step's tokens, bit for bit
-    // Uniform contexts, then ragged ones (the replay re-plans its split work list; the same
-    // batch, so the GEMMs run the same shapes).
-    const uint32_t b = 8, ctx = 1000;
-    bool all_same = true, captured = false;
-    for (const bool ragged : {false, true}) {
-      std::vector<StepSeqInput> in(b);
-      for (uint32_t s = 0; s < b; ++s) {
-        const uint32_t len = ragged ? (s == 3 ? ctx : 1 + (s * 131) % 400) : ctx;
-        in[s].table = pool.take(len + 1);
-        in[s].cached = len - 1;
-        in[s].tokens = {static_cast<int32_t>((s * 7919 + 11) % model.vocab)};
-      }
-      const StepResult eager = must(step->run(pool.layout, in), "eager decode");
-      if (!captured) {
-        if (const Status st = step->capture_decode(pool.layout, b, ctx); !st.ok())
-          die(st.error().message);
-        captured = true;
-      }
-      const StepResult replay = must(step->run(pool.layout, in), "graph decode");
-      const bool same = replay.graph && replay.next_tokens == eager.next_tokens;
-      all_same = all_same && same;
-      std::printf(
-          "graph check: batch %u, %s contexts up to %u: eager %.3f ms, graph %.3f ms, "
-          "next tokens %s\n",
-          b, ragged ? "ragged" : "uniform", ctx, eager.gpu_ms, replay.gpu_ms,
-          same ? "identical" : "DIFFER");
-    }
-    return all_same ? 0 : 1;
-  }
+  if (graph_check) return graph_check_run(*step, pool, model) ? 0 : 1;
   // The grid through the profiler (what `memsim calibrate --model` writes), each point next to
   // the roofline's prediction for the same step.
   ProfileGrid grid;

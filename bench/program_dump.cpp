@@ -6,8 +6,8 @@
 #include <string>
 
 #include "bench/bench_cli.h"
-#include "sim/workload/alloc_program.h"
-#include "sim/workload/model_shape.h"
+#include "workload/alloc_program.h"
+#include "workload/model_shape.h"
 #include "src/alloc/torch_caching.h"
 #include "src/config/loaders.h"
 

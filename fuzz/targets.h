@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "sim/workload/alloc_trace.h"
-#include "sim/workload/requests.h"
-#include "sim/workload/snapshot.h"
+#include "workload/alloc_trace.h"
+#include "workload/requests.h"
+#include "workload/snapshot.h"
 #include "src/app/experiment.h"
 
 namespace memsim::fuzz {

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "backends/cuda/cuda_backend.h"
-#include "sim/clock.h"
+#include "core/clock.h"
 
 namespace memsim {
 

@@ -13,7 +13,7 @@
 #include <functional>
 #include <string>
 
-#include "sim/host_memory.h"
+#include "core/host_memory.h"
 
 namespace memsim::test {
 

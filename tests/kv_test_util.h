@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/workload/model_shape.h"
+#include "core/clock.h"
+#include "workload/model_shape.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/kv/kv_cache_manager.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/metrics.h"
+#include "core/clock.h"
+#include "core/metrics.h"
 
 namespace memsim::test {
 

@@ -13,7 +13,7 @@
 #include "kernels/attention_types.h"
 #include "kernels/fastdiv.h"
 #include "kernels/synth.h"
-#include "sim/capture_runner.h"
+#include "src/drivers/capture_runner.h"
 
 namespace memsim::kernels {
 namespace {

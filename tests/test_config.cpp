@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/capture_runner.h"
+#include "src/drivers/capture_runner.h"
 #include "src/app/shapes_experiment.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"

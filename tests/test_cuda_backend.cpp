@@ -13,9 +13,9 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/sim/sim_backend.h"
 #include "kernels/fill.h"
-#include "sim/capture_runner.h"
-#include "sim/clock.h"
-#include "sim/metrics.h"
+#include "src/drivers/capture_runner.h"
+#include "core/clock.h"
+#include "core/metrics.h"
 #include "src/graph/registry.h"
 #include "tests/cuda_test_util.h"
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/workload/alloc_program.h"
-#include "sim/workload/model_shape.h"
+#include "workload/alloc_program.h"
+#include "workload/model_shape.h"
 
 using namespace memsim;
 

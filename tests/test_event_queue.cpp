@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "sim/clock.h"
-#include "sim/event_queue.h"
-#include "sim/metrics.h"
+#include "core/clock.h"
+#include "core/event_queue.h"
+#include "core/metrics.h"
 
 namespace memsim {
 namespace {

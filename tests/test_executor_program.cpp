@@ -7,8 +7,8 @@
 #include <map>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/capture_runner.h"
-#include "sim/workload/executor_program.h"
+#include "src/drivers/capture_runner.h"
+#include "workload/executor_program.h"
 #include "src/app/shapes_experiment.h"
 #include "src/graph/registry.h"
 #include "tests/config_test_util.h"

@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/capture_runner.h"
+#include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
 
 using namespace memsim;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
+#include "core/clock.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/saver/registry.h"

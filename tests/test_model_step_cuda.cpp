@@ -12,7 +12,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "kernels/attention.h"
-#include "sim/clock.h"
+#include "core/clock.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/exec/model_step.h"

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/host_memory.h"
-#include "sim/workload/requests.h"
+#include "core/host_memory.h"
+#include "workload/requests.h"
 #include "src/config/config_node.h"
 #include "src/config/requests_loader.h"
 #include "tests/config_test_util.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/workload/train_program.h"
+#include "workload/train_program.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/rl/rl_rollout.h"

@@ -9,7 +9,7 @@
 #include <cstdlib>
 
 #include "backends/cuda/cuda_backend.h"
-#include "sim/clock.h"
+#include "core/clock.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/saver/tagged_regions.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/workload/requests.h"
+#include "workload/requests.h"
 #include "src/serve/engine.h"
 #include "tests/kv_test_util.h"
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/metrics.h"
+#include "core/clock.h"
+#include "core/metrics.h"
 #include "tests/sim_backend_test_util.h"
 
 namespace memsim {

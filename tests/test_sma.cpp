@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
+#include "core/clock.h"
 #include "src/alloc/registry.h"
 #include "src/alloc/sma.h"
 #include "src/config/config_node.h"

@@ -13,12 +13,12 @@
 #include <string>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/trace_recorder.h"
-#include "sim/trace_replay.h"
-#include "sim/workload/alloc_trace.h"
-#include "sim/workload/pickle.h"
-#include "sim/workload/snapshot.h"
+#include "core/clock.h"
+#include "src/drivers/trace_recorder.h"
+#include "src/drivers/trace_replay.h"
+#include "workload/alloc_trace.h"
+#include "workload/pickle.h"
+#include "workload/snapshot.h"
 #include "src/alloc/registry.h"
 #include "src/app/allocators_experiment.h"
 #include "src/config/config_node.h"

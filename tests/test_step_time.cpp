@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "sim/workload/step_time.h"
+#include "workload/step_time.h"
 #include "src/config/loaders.h"
 #include "tests/config_test_util.h"
 

@@ -12,8 +12,8 @@
 #include "backends/backend.h"
 #include "backends/sim/cost_model.h"
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/metrics.h"
+#include "core/clock.h"
+#include "core/metrics.h"
 
 namespace memsim {
 

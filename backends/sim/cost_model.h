@@ -52,7 +52,7 @@ class FirstAfterLaunch {
   uint32_t warm_ = 0;  // bit i: primitive i called since the last launch
 };
 
-// Compute side of a GPU, for the roofline step-time model (sim/workload/step_time.h) and KV
+// Compute side of a GPU, for the roofline step-time model (workload/step_time.h) and KV
 // swap transfers. Rates are peak figures; the efficiencies say what fraction a real serving
 // step achieves (the defaults the loader documents are estimates, not calibrations).
 struct ComputeSpec {

@@ -15,8 +15,8 @@
 #include "backends/sim/cost_model.h"
 #include "backends/sim/graph_memory_model.h"
 #include "backends/sim/va_space.h"
-#include "sim/clock.h"
-#include "sim/metrics.h"
+#include "core/clock.h"
+#include "core/metrics.h"
 
 namespace memsim {
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
+#include "core/clock.h"
 #include "src/app/writers.h"
 
 namespace memsim {

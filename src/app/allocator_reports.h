@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "sim/trace_replay.h"
-#include "sim/workload/alloc_trace.h"
+#include "src/drivers/trace_replay.h"
+#include "workload/alloc_trace.h"
 #include "src/alloc/registry.h"
 
 namespace memsim {

@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "sim/workload/executor_program.h"
-#include "sim/workload/snapshot.h"
+#include "workload/executor_program.h"
+#include "workload/snapshot.h"
 #include "src/app/allocator_reports.h"
 #include "src/app/plots.h"
 #include "src/app/writers.h"

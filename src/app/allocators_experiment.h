@@ -10,8 +10,8 @@
 #include "src/config/config_node.h"
 
 #include "backends/sim/cost_model.h"
-#include "sim/workload/alloc_trace.h"
-#include "sim/workload/model_shape.h"
+#include "workload/alloc_trace.h"
+#include "workload/model_shape.h"
 #include "src/alloc/registry.h"
 #include "src/app/output.h"
 

@@ -14,7 +14,7 @@
 #include <functional>
 
 #include "backends/cuda/cuda_backend.h"
-#include "sim/clock.h"
+#include "core/clock.h"
 
 namespace memsim {
 namespace {

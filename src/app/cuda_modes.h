@@ -10,7 +10,7 @@
 
 #include "backends/result.h"
 #include "backends/sim/cost_model.h"
-#include "sim/workload/alloc_trace.h"
+#include "workload/alloc_trace.h"
 #include "src/alloc/registry.h"
 #include "src/app/calibrate.h"
 #include "src/app/calibrate_model.h"

@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "memsim_config.h"
-#include "sim/host_memory.h"
+#include "core/host_memory.h"
 #include "src/app/calibrate.h"
 #include "src/app/calibrate_model.h"
 #include "src/app/cuda_modes.h"

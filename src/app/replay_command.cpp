@@ -8,11 +8,11 @@
 #include <fmt/format.h>
 
 #include "memsim_config.h"
-#include "sim/host_memory.h"
-#include "sim/trace_recorder.h"
-#include "sim/trace_replay.h"
-#include "sim/workload/alloc_trace.h"
-#include "sim/workload/snapshot.h"
+#include "core/host_memory.h"
+#include "src/drivers/trace_recorder.h"
+#include "src/drivers/trace_replay.h"
+#include "workload/alloc_trace.h"
+#include "workload/snapshot.h"
 #include "src/alloc/registry.h"
 #include "src/app/allocator_reports.h"
 #include "src/app/cuda_modes.h"

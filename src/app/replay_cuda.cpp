@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "backends/cuda/cuda_backend.h"
-#include "sim/clock.h"
-#include "sim/trace_replay.h"
+#include "core/clock.h"
+#include "src/drivers/trace_replay.h"
 #include "src/app/writers.h"
 
 namespace memsim {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "sim/workload/alloc_trace.h"
+#include "workload/alloc_trace.h"
 #include "src/alloc/registry.h"
 #include "src/app/output.h"
 

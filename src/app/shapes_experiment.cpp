@@ -10,12 +10,12 @@
 #include <set>
 
 #include "kernels/attention_types.h"
-#include "sim/trace_recorder.h"
-#include "sim/workload/alloc_trace.h"
-#include "sim/workload/executor_program.h"
-#include "sim/workload/snapshot.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
+#include "src/drivers/trace_recorder.h"
+#include "workload/alloc_trace.h"
+#include "workload/executor_program.h"
+#include "workload/snapshot.h"
 
 namespace memsim {
 
@@ -101,18 +101,12 @@ ShapesConfig load_shapes_config(const std::string& path,
   return load_shapes_config(root);
 }
 
-ShapesConfig load_shapes_config(const ConfigNode& root) {
-  root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
-                    "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
-                    "timeseries", "strategies", "graph_body", "program", "export_snapshots",
-                    "validation_rounds", "grid"});
-  ShapesConfig c;
-  c.source = root.file();
-  c.experiment = root["experiment"].as_choice({"shapes"});
-  c.gpu = load_gpu_spec(
-      ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
-  c.model = load_model_shape(ConfigNode::load_file(
-      resolve_config_path(root["model"], root["model"].as_string(), "models")));
+namespace {
+
+// program: (which graph bodies to capture: generated, or one snapshot per capture size) and the
+// capture sizes (program.files' keys, capture_sizes, or vLLM's sizes up to max_num_seqs); each
+// snapshot body is read here, once.
+void load_program_and_sizes(const ConfigNode& root, ShapesConfig& c) {
   // program: which graph bodies to capture (generated, or one snapshot per capture size).
   std::optional<ConfigNode> files_node;
   std::string pattern;
@@ -174,6 +168,23 @@ ShapesConfig load_shapes_config(const ConfigNode& root) {
     }
     c.snapshot_programs = std::move(programs);
   }
+}
+
+}  // namespace
+
+ShapesConfig load_shapes_config(const ConfigNode& root) {
+  root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
+                    "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
+                    "timeseries", "strategies", "graph_body", "program", "export_snapshots",
+                    "validation_rounds", "grid"});
+  ShapesConfig c;
+  c.source = root.file();
+  c.experiment = root["experiment"].as_choice({"shapes"});
+  c.gpu = load_gpu_spec(
+      ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
+  c.model = load_model_shape(ConfigNode::load_file(
+      resolve_config_path(root["model"], root["model"].as_string(), "models")));
+  load_program_and_sizes(root, c);
   if (auto v = root.find("gemm_workspace")) c.gemm_workspace_bytes = v->as_bytes();
   if (auto v = root.find("max_model_len"))
     c.max_model_len = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));

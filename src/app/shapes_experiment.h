@@ -10,7 +10,7 @@
 
 #include "backends/sim/cost_model.h"
 #include "kernels/attention_types.h"
-#include "sim/capture_runner.h"
+#include "src/drivers/capture_runner.h"
 #include "src/config/config_node.h"
 #include "src/graph/registry.h"
 

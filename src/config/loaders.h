@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "sim/workload/model_shape.h"
+#include "workload/model_shape.h"
 #include "src/config/config_node.h"
 
 namespace memsim {

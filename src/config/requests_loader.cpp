@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "sim/host_memory.h"
-#include "sim/workload/input_file.h"
+#include "core/host_memory.h"
+#include "workload/input_file.h"
 #include "src/config/loaders.h"
 
 namespace memsim {

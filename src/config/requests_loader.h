@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/workload/requests.h"
+#include "workload/requests.h"
 #include "src/config/config_node.h"
 
 namespace memsim {
@@ -45,7 +45,7 @@ uint64_t requests_host_bytes(uint64_t requests);
 // becomes a ConfigError carrying the trace's "path:line: column: message" and the config key.
 // When requests_host_bytes() of the count (or of the trace's estimated rows) exceeds the host
 // memory available (host_memory_available()), or the host runs out of memory while building
-// them, throws HostMemoryError (sim/host_memory.h) with the whole message.
+// them, throws HostMemoryError (core/host_memory.h) with the whole message.
 RequestSet build_request_set(const RequestsConfig& config);
 std::vector<RequestSpec> build_requests(const RequestsConfig& config);
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/workload/step_profile.h"
+#include "workload/step_profile.h"
 #include "src/config/config_node.h"
 
 namespace memsim {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
-#include "sim/capture_runner.h"
+#include "src/drivers/capture_runner.h"
 #include "src/exec/model_step.h"
 
 namespace memsim {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "sim/workload/model_shape.h"
+#include "workload/model_shape.h"
 #include "src/alloc/caching_allocator.h"
 #include "src/kv/kv_cache_manager.h"
 
@@ -109,7 +109,7 @@ class ModelStep {
                                                uint32_t max_context, uint32_t context = 0);
   // Enqueues that step on `stream` (a cudaStream_t; capturable), its metadata read at `meta`,
   // its activations allocated and freed through `mem` (null: the step's own allocator) in the
-  // order of make_executor_decode_program (sim/workload/executor_program.h). The next tokens go
+  // order of make_executor_decode_program (workload/executor_program.h). The next tokens go
   // to a pinned buffer of the template. Does not synchronize.
   Status enqueue_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context, DevPtr meta,
                         uint64_t stream, TensorAllocator* mem);

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "sim/workload/executor_program.h"
-#include "sim/workload/step_profile.h"
+#include "workload/executor_program.h"
+#include "workload/step_profile.h"
 #include "src/exec/model_step.h"
 
 namespace memsim {

@@ -12,8 +12,8 @@
 #include <unordered_map>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/parallel.h"
+#include "core/clock.h"
+#include "core/parallel.h"
 #include "src/rl/rl_rollout.h"
 
 namespace memsim {

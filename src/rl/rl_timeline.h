@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "sim/clock.h"
-#include "sim/workload/model_shape.h"
-#include "sim/workload/requests.h"
-#include "sim/workload/train_program.h"
+#include "core/clock.h"
+#include "workload/model_shape.h"
+#include "workload/requests.h"
+#include "workload/train_program.h"
 #include "src/alloc/registry.h"
 #include "src/kv/registry.h"
 #include "src/saver/registry.h"

@@ -15,9 +15,9 @@
 #include <fmt/format.h>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/workload/step_time.h"
+#include "core/clock.h"
 #include "src/serve/scheduler_registry.h"
+#include "workload/step_time.h"
 
 namespace memsim {
 namespace {
@@ -240,34 +240,8 @@ std::string Engine::who(uint32_t g) const {
 }
 
 std::string Engine::describe(const Refusal& why) const {
-  const char* each = why.seqs > 1 ? " per sequence" : "";
-  switch (why.kind) {
-    case Refusal::Kind::kNone:
-      break;
-    case Refusal::Kind::kBudget:
-      return fmt::format(
-          "needs {} tokens in one step with chunked prefill off; the token budget "
-          "is {} (max_num_batched_tokens {})",
-          why.tokens, why.budget, c_.serve.max_num_batched_tokens);
-    case Refusal::Kind::kStep:
-      return fmt::format(
-          "steps its {} sequences together ({} x {} tokens); the token budget is {} "
-          "(max_num_batched_tokens {})",
-          why.seqs, why.seqs, why.tokens, why.budget, c_.serve.max_num_batched_tokens);
-    case Refusal::Kind::kMemory:
-    case Refusal::Kind::kSwapIn:
-    case Refusal::Kind::kPreempt: {
-      // Blocks (slots, pages) of the pool's unit; the pool's own count leaves out reserved ones
-      // (vLLM's null block) as kv_capacity_tokens does.
-      const uint64_t unit = std::max<uint64_t>(1, kv_->stats().block_tokens);
-      return fmt::format(
-          "needs KV for {} tokens{} ({} blocks of {}{}); the pool holds {} tokens "
-          "({} blocks)",
-          why.tokens, each, (why.tokens + unit - 1) / unit, unit, each, r_.kv_capacity_tokens,
-          r_.kv_capacity_tokens / unit);
-    }
-  }
-  return "the scheduler gave no reason";
+  return describe_refusal(why, c_.serve.max_num_batched_tokens, kv_->stats().block_tokens,
+                          r_.kv_capacity_tokens);
 }
 
 std::string Engine::unplaced(uint32_t g, const char* where) const {

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "sim/clock.h"
-#include "sim/metrics.h"
-#include "sim/workload/model_shape.h"
-#include "sim/workload/request_table.h"
-#include "sim/workload/requests.h"
-#include "sim/workload/step_profile.h"
+#include "core/clock.h"
+#include "core/metrics.h"
+#include "workload/model_shape.h"
+#include "workload/request_table.h"
+#include "workload/requests.h"
+#include "workload/step_profile.h"
 #include "src/kv/registry.h"
 #include "src/serve/latency_samples.h"
 #include "src/serve/serve_state.h"

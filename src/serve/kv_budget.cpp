@@ -8,10 +8,10 @@
 #include <optional>
 
 #include "backends/sim/sim_backend.h"
-#include "sim/clock.h"
-#include "sim/metrics.h"
-#include "sim/trace_recorder.h"
-#include "sim/workload/alloc_program.h"
+#include "core/clock.h"
+#include "core/metrics.h"
+#include "src/drivers/trace_recorder.h"
+#include "workload/alloc_program.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
 

@@ -8,8 +8,8 @@
 
 #include "backends/result.h"
 #include "backends/sim/cost_model.h"
-#include "sim/capture_runner.h"
-#include "sim/workload/model_shape.h"
+#include "src/drivers/capture_runner.h"
+#include "workload/model_shape.h"
 #include "src/graph/registry.h"
 
 namespace memsim {
@@ -23,7 +23,7 @@ namespace memsim {
 //   allocator's "allocated_bytes.all.peak" over a dummy forward of max_num_batched_tokens tokens
 //   followed by a sampler run on min(max_num_seqs, max_num_batched_tokens) rows (logits only at
 //   each request's last position). Modelled by replaying the decode allocation program
-//   (sim/workload/decode_program.cpp, full-graph mode, runner inputs and GEMM workspace
+//   (workload/decode_program.cpp, full-graph mode, runner inputs and GEMM workspace
 //   included) at max_num_batched_tokens rows up to the lm_head, then the program's head (logits,
 //   fp32 logits, probs, sampled ids) at the sampler's row count, through the PyTorch-faithful
 //   caching allocator on a device holding capacity - weights. The peak allocated bytes are

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "sim/clock.h"
+#include "core/clock.h"
 
 namespace memsim {
 

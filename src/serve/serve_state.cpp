@@ -262,4 +262,36 @@ void ServeState::reject(uint32_t g, const std::string& why) {
   finished_now.push_back(g);
 }
 
+std::string describe_refusal(const Refusal& why, uint32_t max_num_batched_tokens,
+                             uint64_t block_tokens, uint64_t capacity_tokens) {
+  const char* each = why.seqs > 1 ? " per sequence" : "";
+  switch (why.kind) {
+    case Refusal::Kind::kNone:
+      break;
+    case Refusal::Kind::kBudget:
+      return fmt::format(
+          "needs {} tokens in one step with chunked prefill off; the token budget "
+          "is {} (max_num_batched_tokens {})",
+          why.tokens, why.budget, max_num_batched_tokens);
+    case Refusal::Kind::kStep:
+      return fmt::format(
+          "steps its {} sequences together ({} x {} tokens); the token budget is {} "
+          "(max_num_batched_tokens {})",
+          why.seqs, why.seqs, why.tokens, why.budget, max_num_batched_tokens);
+    case Refusal::Kind::kMemory:
+    case Refusal::Kind::kSwapIn:
+    case Refusal::Kind::kPreempt: {
+      // Blocks (slots, pages) of the pool's unit; the pool's own count leaves out reserved ones
+      // (vLLM's null block) as kv_capacity_tokens does.
+      const uint64_t unit = std::max<uint64_t>(1, block_tokens);
+      return fmt::format(
+          "needs KV for {} tokens{} ({} blocks of {}{}); the pool holds {} tokens "
+          "({} blocks)",
+          why.tokens, each, (why.tokens + unit - 1) / unit, unit, each, capacity_tokens,
+          capacity_tokens / unit);
+    }
+  }
+  return "the scheduler gave no reason";
+}
+
 }  // namespace memsim

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/workload/requests.h"
 #include "src/kv/kv_cache_manager.h"
+#include "workload/requests.h"
 
 namespace memsim {
 
@@ -74,6 +74,11 @@ struct Refusal {
   uint32_t seqs = 1;    // sequences that needed them
   uint32_t budget = 0;  // the token budget left (kBudget, kStep)
 };
+
+// Why a request could not be placed, in words: its tokens or KV against the token budget
+// (`max_num_batched_tokens`) or the pool (`capacity_tokens`, blocks of `block_tokens`).
+std::string describe_refusal(const Refusal& why, uint32_t max_num_batched_tokens,
+                             uint64_t block_tokens, uint64_t capacity_tokens);
 
 // The groups of a run by request index, built as requests arrive. Finished groups at the front
 // are dropped when the next group is added, so a run holds the groups from the oldest one still
@@ -138,11 +143,11 @@ class ServeState {
   std::deque<uint32_t> waiting;
   std::vector<uint32_t> running;  // in scheduling order
   std::deque<uint32_t> swapped;
-  uint32_t running_seqs = 0;            // sequences of running groups
-  uint64_t swap_used = 0;               // host swap bytes in use
-  uint64_t step_swap_bytes = 0;         // PCIe bytes moved by this step (swap out + in)
-  std::vector<uint32_t> finished_now;   // ended by the scheduler (truncated / rejected)
-  Refusal refusal;                      // the last placement that failed (reset by the engine)
+  uint32_t running_seqs = 0;           // sequences of running groups
+  uint64_t swap_used = 0;              // host swap bytes in use
+  uint64_t step_swap_bytes = 0;        // PCIe bytes moved by this step (swap out + in)
+  std::vector<uint32_t> finished_now;  // ended by the scheduler (truncated / rejected)
+  Refusal refusal;                     // the last placement that failed (reset by the engine)
   // "request R (group g): why" for the first kKeptRejections rejected groups (counters count all:
   // a trace of millions of requests over max_model_len keeps its memory).
   static constexpr size_t kKeptRejections = 100;

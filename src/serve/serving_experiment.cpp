@@ -2,7 +2,7 @@
 // overrides), KV budgets (cached per distinct input), and runs executed in parallel.
 #include "src/serve/serving_experiment.h"
 
-#include "sim/parallel.h"
+#include "core/parallel.h"
 #include "src/config/step_profile_loader.h"
 
 #include <filesystem>
@@ -17,15 +17,15 @@
 
 #include <fmt/format.h>
 
+#include "core/host_memory.h"
 #include "kernels/attention_types.h"
-#include "sim/host_memory.h"
-#include "sim/workload/executor_program.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
 #include "src/graph/registry.h"
 #include "src/kv/registry.h"
 #include "src/serve/content_executor.h"
 #include "src/serve/scheduler_registry.h"
+#include "workload/executor_program.h"
 
 namespace memsim {
 namespace {
@@ -165,21 +165,8 @@ void check_shadowed_overrides(const ConfigNode& root, const std::vector<ConfigNo
   }
 }
 
-}  // namespace
-
-ServingConfig load_serving_config(const ConfigNode& root) {
-  root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
-                    "sample_interval_ms", "seed", "grid", "step_profile_scale"});
-  if (auto runs = root.find("runs"); runs && runs->is_sequence())
-    check_shadowed_overrides(root, runs->items());
-  ServingConfig c;
-  c.source = root.file();
-  c.experiment = root["experiment"].as_plain_name();
-  const std::string gpu_file = resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus");
-  c.gpu = load_gpu_spec(ConfigNode::load_file(gpu_file));
-  c.model = load_model_shape(ConfigNode::load_file(
-      resolve_config_path(root["model"], root["model"].as_string(), "models")));
-  // The measured step-time profile of (gpu, model), when one was calibrated.
+// The measured step-time profiles of (gpu, model), eager and graphs, when they were calibrated.
+void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, ServingConfig& c) {
   auto load_profile = [&](const std::string& path, const char* mode) -> std::optional<StepProfile> {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) return std::nullopt;
@@ -201,6 +188,23 @@ ServingConfig load_serving_config(const ConfigNode& root) {
       find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, true).path;
   if (auto prof = load_profile(c.graph_profile_path, "graphs"))
     c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
+}
+
+}  // namespace
+
+ServingConfig load_serving_config(const ConfigNode& root) {
+  root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
+                    "sample_interval_ms", "seed", "grid", "step_profile_scale"});
+  if (auto runs = root.find("runs"); runs && runs->is_sequence())
+    check_shadowed_overrides(root, runs->items());
+  ServingConfig c;
+  c.source = root.file();
+  c.experiment = root["experiment"].as_plain_name();
+  const std::string gpu_file = resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus");
+  c.gpu = load_gpu_spec(ConfigNode::load_file(gpu_file));
+  c.model = load_model_shape(ConfigNode::load_file(
+      resolve_config_path(root["model"], root["model"].as_string(), "models")));
+  load_step_profiles(root, gpu_file, c);
   if (auto sc = root.find("step_profile_scale")) {
     sc->expect_keys({"decode", "prefill"});
     if (!c.step_profile)

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "sim/workload/model_shape.h"
-#include "sim/workload/requests.h"
+#include "workload/model_shape.h"
+#include "workload/requests.h"
 #include "src/config/config_node.h"
 #include "src/serve/engine.h"
 #include "src/serve/kv_budget.h"
@@ -118,7 +118,7 @@ ServingConfig load_serving_config(const ConfigNode& root);
 ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill);
 
 // Runs every run of the config (in parallel unless hooks.serial). A run that exhausts host
-// memory throws HostMemoryError (sim/host_memory.h) once all runs have ended.
+// memory throws HostMemoryError (core/host_memory.h) once all runs have ended.
 ServingResults run_serving_experiment(const ServingConfig& config,
                                       const ServingRunHooks& hooks = {});
 

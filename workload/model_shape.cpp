@@ -1,0 +1,107 @@
+// Model shapes: dtype sizes and names, and the weight / KV-cache byte counts of a model.
+#include "workload/model_shape.h"
+
+#include <cmath>
+
+namespace memsim {
+
+uint64_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::kBF16:
+    case DType::kFP16:
+      return 2;
+    case DType::kFP32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFP8:
+      return 1;
+    case DType::kInt64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP16:
+      return "fp16";
+    case DType::kFP32:
+      return "fp32";
+    case DType::kFP8:
+      return "fp8";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+  }
+  return "unknown";
+}
+
+// Parameter count (all weights in the model dtype):
+//   embedding                 vocab x hidden
+//   per layer  q_proj         hidden x heads x head_dim        (+ heads x head_dim bias)
+//              k_proj, v_proj hidden x kv_heads x head_dim each (+ kv_heads x head_dim bias each)
+//              q_norm, k_norm head_dim each                     (qk_norm only)
+//              o_proj         heads x head_dim x hidden
+//              gate, up, down hidden x intermediate each
+//              input / post-attention RMSNorm  hidden each
+//   final RMSNorm             hidden
+//   lm_head                   vocab x hidden (absent when tied to the embedding)
+uint64_t ModelShape::weight_bytes() const {
+  const uint64_t q_width = uint64_t{heads} * head_dim;
+  const uint64_t kv_width = uint64_t{kv_heads} * head_dim;
+
+  uint64_t per_layer = 0;
+  per_layer += hidden * q_width;       // q_proj
+  per_layer += 2 * hidden * kv_width;  // k_proj, v_proj
+  per_layer += q_width * hidden;       // o_proj
+  if (qkv_bias) per_layer += q_width + 2 * kv_width;
+  if (qk_norm) per_layer += 2 * head_dim;
+  per_layer += 3 * hidden * intermediate;  // gate, up, down
+  per_layer += 2 * hidden;                 // input and post-attention RMSNorm
+
+  uint64_t params = vocab * hidden;  // embedding
+  params += uint64_t{layers} * per_layer;
+  params += hidden;                               // final norm
+  if (!tie_embeddings) params += vocab * hidden;  // lm_head
+  return params * dtype_bytes(dtype);
+}
+
+uint64_t ModelShape::kv_bytes_per_token() const {
+  return 2 * uint64_t{layers} * kv_heads * head_dim * dtype_bytes(dtype);
+}
+
+std::vector<float> ModelShape::rope_inv_freq() const {
+  const uint32_t pairs = static_cast<uint32_t>(head_dim / 2);
+  std::vector<float> f(pairs);
+  constexpr float kPi = 3.14159265358979f;
+  const auto& r = rope_scaling;
+  const float old_len = static_cast<float>(r.original_max_position);
+  const float low_wavelen = old_len / static_cast<float>(r.low_freq_factor);
+  const float high_wavelen = old_len / static_cast<float>(r.high_freq_factor);
+  for (uint32_t i = 0; i < pairs; ++i) {
+    const float base = 1.0f / std::pow(static_cast<float>(rope_theta),
+                                       static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    if (r.factor <= 0) {
+      f[i] = base;
+      continue;
+    }
+    // Llama 3.1: long wavelengths divided by factor, short ones kept, a smooth ramp between.
+    const float factor = static_cast<float>(r.factor);
+    const float wavelen = 2 * kPi / base;
+    if (wavelen < high_wavelen) {
+      f[i] = base;
+    } else if (wavelen > low_wavelen) {
+      f[i] = base / factor;
+    } else {
+      const float smooth = (old_len / wavelen - static_cast<float>(r.low_freq_factor)) /
+                           static_cast<float>(r.high_freq_factor - r.low_freq_factor);
+      f[i] = (1 - smooth) * base / factor + smooth * base;
+    }
+  }
+  return f;
+}
+
+}  // namespace memsim
