@@ -17,6 +17,21 @@
 
 namespace memsim::test {
 
+// Whether this build runs under AddressSanitizer, whose shadow memory leaves no room under an
+// address-space limit: the tests that set one are skipped there (they run in every other build).
+constexpr bool kUnderAddressSanitizer =
+#if defined(__SANITIZE_ADDRESS__)
+    true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    true;
+#else
+    false;
+#endif
+#else
+    false;
+#endif
+
 // What a child process whose address space may grow by only `headroom` bytes (ulimit -v) said:
 // a HostMemoryError's what(), "other: ..." for another exception, "none" when body returned.
 inline std::string host_memory_error_in_child(uint64_t headroom,
