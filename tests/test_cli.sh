@@ -476,6 +476,14 @@ expect_rc unknown_gpu 2
 expect_re "$TMP/unknown_gpu.err" "\(--set gpu\): unknown gpus config 'h300' \(did you mean 'h100'\?\); known in .*/configs/gpus: h100, h200" \
   "an unknown GPU name lists the known ones"
 
+# A model whose weights do not fit the GPU has no graphs to capture: said at the model: key.
+run shapes_70b --config "$CONFIG" --set model=llama-3.1-70b --set gpu=h100 --out "$TMP/out_70b" \
+  --no-plots
+expect_rc shapes_70b 2
+expect_in "$TMP/shapes_70b.err" "(--set model): the weights of llama-3.1-70b (131.42 GiB) do not fit the 79.18 GiB of h100" \
+  "shapes: weights larger than the GPU"
+expect_absent "$TMP/out_70b" "shapes_70b: no output"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

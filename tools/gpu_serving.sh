@@ -8,6 +8,9 @@ memsim=${1:?usage: tools/gpu_serving.sh MEMSIM OUT_DIR NAME...}
 out=${2:?}
 shift 2
 mkdir -p "$out" /tmp/memsim-serving
+# The GPU file of this machine's GPU (memsim refuses --backend cuda with another GPU's file).
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h[0-9]00' |
+  tr 'A-Z' 'a-z')
 status=0
 for name in "$@"; do
   case $name in
@@ -22,7 +25,8 @@ for name in "$@"; do
     *) echo "unknown experiment $name"; exit 2 ;;
   esac
   t0=$SECONDS
-  timeout 560 "$memsim" "${args[@]}" --backend cuda --out /tmp/memsim-serving/r ${EXTRA:-} \
+  timeout 560 "$memsim" "${args[@]}" --backend cuda --set "gpu=${gpu:-h200}" \
+    --out /tmp/memsim-serving/r ${EXTRA:-} \
     > "$out/$name.log" 2>&1
   rc=$?
   echo "== $name: exit $rc after $((SECONDS - t0)) s"

@@ -50,10 +50,15 @@ done
 
 # The validations, trimmed: the graph-memory strategies on real captures (graph_mem_nodes left
 # out under memcheck) and the KV strategies serving a short trace with the attention kernels.
+# The GPU file of this machine's GPU (memsim refuses --backend cuda with another GPU's file).
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h[0-9]00' |
+  tr 'A-Z' 'a-z')
 shapes=(--config experiments/shapes.yaml --backend cuda --no-plots --set max_num_seqs=16
+  --set "gpu=${gpu:-h200}"
   --set 'sweep.outputs=[strong, weak]' --set 'sweep.arrival=[fixed]')
 no_gmn='strategies=[{impl: private_pools}, {impl: shared_pool, order: arrival}, {impl: shared_pool, order: large_first}, {impl: global_pool, order: large_first}, {impl: vmm_alias, handle_bytes: 2MiB}, {impl: vmm_alias, label: vmm_alias/fast, order: large_first, handles: per_extension}]'
-kv=(--config experiments/kv_strategies.yaml --backend cuda --no-plots --set requests.trace.limit=20)
+kv=(--config experiments/kv_strategies.yaml --backend cuda --no-plots --set requests.trace.limit=20
+  --set "gpu=${gpu:-h200}")
 run shapes.memcheck 300 0 "$CS" --tool memcheck --leak-check full --error-exitcode 1 \
   "$bin/memsim" "${shapes[@]}" --set "$no_gmn" --out "$out/runs"
 run shapes.racecheck 300 0 "$CS" --tool racecheck --error-exitcode 1 "$bin/memsim" \

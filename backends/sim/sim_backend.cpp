@@ -58,7 +58,7 @@ Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes, bool cha
 }
 
 Status SimBackend::charge_physical(uint64_t bytes, std::string_view what) {
-  const uint64_t in_use = physical_ + graph_mem_.reserved();
+  const uint64_t in_use = physical_ + graph_mem_.reserved() + held_elsewhere_;
   if (bytes > gpu_.capacity || in_use > gpu_.capacity - bytes) {
     const uint64_t short_by = in_use + bytes - gpu_.capacity;
     return make_error(ErrorCode::kOutOfMemory,
@@ -609,7 +609,8 @@ bool SimBackend::check_invariants(std::string* why) const {
   uint64_t graph_va = 0;
   for (DevPtr va : graph_mem_.all_alloc_vas()) graph_va += va_.size_of(va);
   if (mapped + plain_dev + graph_va != virtual_mapped_) return fail("mapped VA counter mismatch");
-  if (physical_ + graph_mem_.reserved() > gpu_.capacity) return fail("over capacity");
+  if (physical_ + graph_mem_.reserved() + held_elsewhere_ > gpu_.capacity)
+    return fail("over capacity");
   return true;
 }
 

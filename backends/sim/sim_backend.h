@@ -38,6 +38,9 @@ class SimBackend final : public Backend {
   std::string_view name() const override { return "sim"; }
   uint64_t granularity() const override { return gpu_.granularity; }
   uint64_t capacity() const override { return gpu_.capacity; }
+  // Device memory held outside this backend's accounting (the model's weights while graphs are
+  // captured): it counts against the capacity, never in usage(). Call before any allocation.
+  void hold_elsewhere(uint64_t bytes) { held_elsewhere_ = bytes; }
   Result<PhysHandle> create_physical(uint64_t bytes, std::string_view tag) override;
   Status release_physical(PhysHandle h) override;
   Result<DevPtr> reserve_virtual(uint64_t bytes, uint64_t align) override;
@@ -154,7 +157,8 @@ class SimBackend final : public Backend {
   MetricsRecorder::SeriesId g_physical_ = 0, g_reserved_ = 0, g_mapped_ = 0, g_graph_mem_ = 0;
   uint64_t next_handle_ = 1;
   uint32_t next_stream_ = 1;
-  uint64_t physical_ = 0;  // handles + device/async plain allocations (not graph memory)
+  uint64_t physical_ = 0;        // handles + device/async plain allocations (not graph memory)
+  uint64_t held_elsewhere_ = 0;  // see hold_elsewhere
   uint64_t virtual_reserved_ = 0;
   uint64_t virtual_mapped_ = 0;
   uint64_t mappings_ = 0;                // live (map calls not yet unmapped)

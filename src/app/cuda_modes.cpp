@@ -2,13 +2,19 @@
 // CUDA-only sources (cuda_serving, cuda_validation, rl_cuda, replay_cuda, calibrate).
 #include "src/app/cuda_modes.h"
 
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cctype>
+#include <filesystem>
 #include <optional>
 
 #include "src/app/cuda_serving.h"
 #include "src/app/cuda_validation.h"
 #include "src/app/replay_cuda.h"
 #include "src/app/rl_cuda.h"
+#include "src/config/loaders.h"
 
 namespace memsim {
 
@@ -17,8 +23,39 @@ bool cuda_backend_built() {
 }
 
 std::string cuda_device_problem() {
+  int devices = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0)
+    return fmt::format("no NVIDIA GPU was found (CUDA: {})",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "no device");
   const Status s = probe_cuda_device();
   return s.ok() ? std::string() : s.error().message;
+}
+
+std::string cuda_gpu_mismatch(const GpuSpec& gpu) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return {};
+  const auto lower = [](std::string t) {
+    for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return t;
+  };
+  const std::string device = lower(prop.name);
+  if (device.find(lower(gpu.name)) != std::string::npos) return {};
+  // The GPU files whose name the device's contains: the one(s) to run with.
+  std::vector<std::string> fits;
+  for (const auto& dir : installation_roots()) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir / "configs" / "gpus", ec))
+      if (e.path().extension() == ".yaml" &&
+          device.find(lower(e.path().stem().string())) != std::string::npos)
+        fits.push_back(e.path().stem().string());
+    if (!fits.empty()) break;
+  }
+  return fmt::format(
+      "this GPU is an {}, but the config's gpu: is {} (its capacity, costs and step profiles are "
+      "that GPU's); {}",
+      prop.name, gpu.name,
+      fits.empty() ? std::string("write a GPU file for it (docs/gpus.md) and pass --set gpu=FILE")
+                   : fmt::format("run with --set gpu={}", fits.front()));
 }
 
 Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig& config) {

@@ -23,8 +23,12 @@ namespace memsim {
 
 // Whether this build has the CUDA backend (nvcc was found when it was configured).
 bool cuda_backend_built();
-// Empty when a CUDA device can be used; else why not (no driver, no device, ...).
+// Empty when a CUDA device can be used; else why not ("no NVIDIA GPU was found (...)", ...).
 std::string cuda_device_problem();
+// Empty when device 0 is the GPU `gpu` describes (its name appears in the device's, e.g. h100 in
+// "NVIDIA H100 80GB HBM3"); else what the device is and which GPU file to run with instead.
+// Capacities, costs and step profiles are a GPU's own: the wrong file fails or mismeasures.
+std::string cuda_gpu_mismatch(const GpuSpec& gpu);
 
 // Serving: hooks that run every run's KV pool and attention on the GPU (before the runs), then
 // the measured figures against the simulation (after them): validation.csv and, for runs that

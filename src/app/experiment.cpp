@@ -31,10 +31,20 @@ int finish(OutputDir& dir, int rc) {
   return rc;
 }
 
+// --backend cuda on a GPU other than the config's: said before anything runs (false).
+bool refuse_other_gpu(const GpuSpec& gpu) {
+  if (std::string why = cuda_gpu_mismatch(gpu); !why.empty()) {
+    std::cerr << "memsim: --backend cuda: " << why << "\n";
+    return false;
+  }
+  return true;
+}
+
 // experiments/kv_*.yaml: requests through KV-cache strategies and schedulers; with --backend
 // cuda every run's KV pool and attention run on the GPU.
 int run_serving(const ConfigNode& root, const RunContext& ctx) {
   const ServingConfig config = load_serving_config(root);
+  if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
   ServingRunHooks hooks;
   if (ctx.cuda) {
     auto made = cuda_serving_hooks_for(config);
@@ -63,6 +73,7 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
 // slice is captured again on the GPU.
 int run_shapes_experiment(const ConfigNode& root, const RunContext& ctx) {
   const ShapesConfig config = load_shapes_config(root);
+  if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
   OutputDir dir(ctx.out_dir, config.experiment);
   const ShapesResults results = run_shapes(config);
   std::cout << format_shapes_table(config, results);
@@ -89,6 +100,7 @@ int run_allocators(const ConfigNode& root, const RunContext& ctx) {
 
 int run_rl(const ConfigNode& root, const RunContext& ctx) {
   const RlConfig config = load_rl_config(root);
+  if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
   OutputDir dir(ctx.out_dir, config.experiment);
   int rc = run_rl_experiment(config, dir, std::cout, std::cerr);
   if (ctx.cuda) {

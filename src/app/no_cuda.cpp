@@ -26,6 +26,10 @@ std::string cuda_device_problem() {
   return kNoCuda;
 }
 
+std::string cuda_gpu_mismatch(const GpuSpec&) {
+  return kNoCuda;
+}
+
 Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig&) {
   return make_error(ErrorCode::kNotSupported, kNoCuda);
 }

@@ -58,8 +58,10 @@ int run_rl_on_cuda(const RlConfig& c, OutputDir& dir, std::ostream& out, std::os
       const RolloutPlan plan = plan_rollout(c, m, run);
       const RlRunResult sim = run_rl_with_plan(c, m, run, plan);
       if (sim.peak_pinned > host_bytes / 2) {
-        skip(fmt::format("needs {} of pinned host memory, this machine has {}",
-                         human_bytes(sim.peak_pinned), human_bytes(host_bytes)));
+        skip(
+            fmt::format("needs {} of pinned host memory, more than half of this machine's {} "
+                        "(pinning that much could starve the host)",
+                        human_bytes(sim.peak_pinned), human_bytes(host_bytes)));
         continue;
       }
       CudaBackend* cuda = nullptr;

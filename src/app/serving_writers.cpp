@@ -102,7 +102,7 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
   std::set<std::string> shown;
   for (const ServingRunResult& r : results.runs) {
     if (!r.budget_error.empty()) {
-      o << fmt::format("{}: KV budget: {}\n", r.spec.label, r.budget_error);
+      o << fmt::format("{}: {}\n", r.spec.label, r.budget_error);  // "kv budget: ..."
       continue;
     }
     if (r.spec.kv_budget_override) continue;

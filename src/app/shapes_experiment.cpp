@@ -184,6 +184,11 @@ ShapesConfig load_shapes_config(const ConfigNode& root) {
       ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
+  // The graphs are captured beside the model's weights: a model that does not fit has no graphs.
+  if (c.model.weight_bytes() >= c.gpu.capacity)
+    root["model"].fail(fmt::format("the weights of {} ({:.2f} GiB) do not fit the {:.2f} GiB of {}",
+                                   c.model.name, double(c.model.weight_bytes()) / (1ull << 30),
+                                   double(c.gpu.capacity) / (1ull << 30), c.gpu.name));
   load_program_and_sizes(root, c);
   if (auto v = root.find("gemm_workspace")) c.gemm_workspace_bytes = v->as_bytes();
   if (auto v = root.find("max_model_len"))
@@ -270,6 +275,7 @@ CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCach
   r.programs = cache;
   r.model = c.model;
   r.gemm_workspace_bytes = c.gemm_workspace_bytes;
+  r.resident_bytes = c.model.weight_bytes();  // the weights stay on the device while capturing
   r.max_model_len = c.max_model_len;
   r.kv_block_size = c.kv_block_size;
   r.capture_sizes = c.capture_sizes;

@@ -74,6 +74,10 @@ std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res)
                      c.model.name, c.gpu.name, c.capture_sizes.size(), c.capture_sizes.front(),
                      c.capture_sizes.back(), c.table.name());
   out += fmt::format(
+      "weights {} stay on the device while the graphs are captured: graph memory has the other "
+      "{} (the figures below are graph memory alone)\n",
+      human_bytes(c.model.weight_bytes()), human_bytes(c.gpu.capacity - c.model.weight_bytes()));
+  out += fmt::format(
       "standalone footprints (each shape alone, fresh private pool): max(shape) "
       "= {}, sum(shape) = {}\n\n",
       human_bytes(ref.max), human_bytes(ref.sum));

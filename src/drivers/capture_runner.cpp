@@ -656,6 +656,7 @@ CaptureRunResult run_captures_on_sim(
     const std::function<std::unique_ptr<GraphMemoryStrategy>(Backend&)>& make_strategy,
     SimClock& clock, MetricsRecorder& metrics) {
   SimBackend backend(gpu, clock, &metrics);
+  backend.hold_elsewhere(config.resident_bytes);
   auto strategy = make_strategy(backend);
   CaptureRunResult result = run_captures(config, backend, clock, *strategy, metrics);
   std::string why;

@@ -101,6 +101,9 @@ class GraphBody {
 struct CaptureRunConfig {
   ModelShape model;
   uint64_t gemm_workspace_bytes = 0;
+  // Device memory that stays taken while the graphs are captured (the model's weights): it counts
+  // against the GPU's capacity (run_captures_on_sim), never in the footprints.
+  uint64_t resident_bytes = 0;
   uint32_t max_model_len = 8192;
   uint32_t kv_block_size = 16;
   std::vector<uint32_t> capture_sizes;  // the graph shapes (padded batch sizes)
