@@ -1,21 +1,22 @@
 #!/usr/bin/env python3
-"""Plots the shapes experiment: physical and virtual footprint vs shapes captured, one line per
-strategy, with max(shape) and sum(shape) for reference. Reads DIR/curves.csv and
-DIR/summary.json written by `memsim --config experiments/shapes.yaml`; writes
-DIR/footprint.png and DIR/footprint.svg (and footprint_<variant>.* with --all)."""
+"""Plots the shapes experiment: physical and virtual footprint vs CUDA graphs captured, one line
+per strategy (colour, marker and line style each its own), with max(shape) and sum(shape) for
+reference, on a log scale when the strategies lie orders of magnitude apart. Lines that lie on
+top of each other keep their markers side by side and are named in a note. Reads
+DIR/curves.csv and DIR/summary.json written by `memsim --config experiments/shapes.yaml`; writes
+DIR/footprint.png and DIR/footprint.svg (and footprint_<variant>.* with --all), 6.8 in wide."""
 import argparse
 import csv
 import json
 import os
 import sys
 
-import matplotlib
+sys.dont_write_bytecode = True  # no __pycache__ beside an installed script
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import memsim_plot_style as style  # noqa: E402
 
-matplotlib.use("Agg")
-matplotlib.rcParams["svg.hashsalt"] = "memsim"  # fixed SVG ids (not random ones)
-import matplotlib.pyplot as plt  # noqa: E402
-
-GIB = float(1 << 30)
+REFERENCES = [("max(shape)", "max_shape_bytes", (0, (6, 2))),
+              ("sum(shape)", "sum_shape_bytes", (0, (1, 1.5)))]
 
 
 def load(dir_):
@@ -26,6 +27,40 @@ def load(dir_):
     return rows, summary
 
 
+def variant_words(variant):
+    """weak/fixed/full/persistent -> weak outputs, fixed arrival, full graphs, persistent inputs."""
+    parts = variant.split("/")
+    if len(parts) != 4:
+        return variant
+    return ", ".join(f"{p} {w}" for p, w in zip(parts, ("outputs", "arrival", "graphs", "inputs")))
+
+
+def title_of(summary, variant):
+    sizes = summary.get("capture_sizes") or []
+    what = f"{len(sizes)} capture sizes {sizes[0]}\u2013{sizes[-1]}" if sizes else "CUDA graphs"
+    return f"{summary['model']} on {summary['gpu']}, {what}: {variant_words(variant)}"
+
+
+def draw_panel(ax, series, refs, idx, unit, log):
+    """One panel (idx 1: physical, 2: virtual); returns the coinciding groups it noted."""
+    n = len(series)
+    for k, (name, s) in enumerate(series.items()):
+        st = style.series_style(k, style.staggered(k, n))
+        ax.plot(s[0], [v / unit for v in s[idx]], label=name, zorder=3 + n - k, **st,
+                **style.marker_face(st["color"]))
+    for name, value, ls in refs:
+        ax.axhline(value / unit, color=style.GREY, ls=ls, lw=0.9, label=name, zorder=2)
+    if log:
+        style.log_axis(ax)
+    # Which lines coincide (within 0.5%): named in a note, since their markers alone may not say.
+    lines = {name: (s[0], s[idx]) for name, s in series.items()}
+    lines.update({name: (None, value) for name, value, _ in refs})
+    groups = style.coincide_groups(lines)
+    if groups:
+        style.note(ax, "\n".join(f"{len(g)} lines coincide:\n  " + "\n  ".join(g) for g in groups))
+    return groups
+
+
 def plot_variant(rows, summary, variant, out_stem):
     series = {}
     for r in rows:
@@ -33,31 +68,30 @@ def plot_variant(rows, summary, variant, out_stem):
             continue
         s = series.setdefault(r["strategy"], ([], [], []))
         s[0].append(int(r["shapes_captured"]))
-        s[1].append(int(r["physical_bytes"]) / GIB)
-        s[2].append(int(r["virtual_bytes"]) / GIB)
+        s[1].append(int(r["physical_bytes"]))
+        s[2].append(int(r["virtual_bytes"]))
     if not series:
         sys.exit(f"plot_shapes: no curves for variant {variant}")
     ref = next((x for x in summary["references"] if x["variant"] == variant), None)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
-    for ax, idx, title in ((axes[0], 1, "physical"), (axes[1], 2, "virtual (mapped)")):
-        for name, s in series.items():
-            ax.plot(s[0], s[idx], marker=".", markersize=3, label=name)
-        if ref:
-            ax.axhline(ref["max_shape_bytes"] / GIB, color="black", ls="--", lw=1,
-                       label="max(shape)")
-            ax.axhline(ref["sum_shape_bytes"] / GIB, color="grey", ls=":", lw=1,
-                       label="sum(shape)")
-        ax.set_xlabel("shapes captured")
-        ax.set_ylabel("GiB")
-        ax.set_title(f"{title} footprint")
-        ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{summary['model']} on {summary['gpu']}: CUDA-graph memory ({variant})")
-    for ext in ("png", "svg"):
-        # No date in the SVG: identical reruns give identical files.
-        fig.savefig(f"{out_stem}.{ext}", dpi=120,
-                    metadata={"Date": None} if ext == "svg" else None)
-    plt.close(fig)
+    refs = [(name, ref[key], ls) for name, key, ls in REFERENCES] if ref else []
+    fig, axes, legend_ax = style.figure_legend_below(style.DOUBLE, 3.0, 1, 2, legend_height=0.3)
+    panels = ((axes[0, 0], 1, "physical memory"), (axes[0, 1], 2, "virtual memory mapped"))
+    for ax, idx, what in panels:
+        values = [v for s in series.values() for v in s[idx] if v > 0]
+        values += [v for _, v, _ in refs if v > 0]
+        top = max(values, default=0)
+        unit_name, unit = style.unit_for(top)
+        # Log when the curves end more than 10x apart: the lines near max(shape) stay apart.
+        ends = [s[idx][-1] for s in series.values() if s[idx] and s[idx][-1] > 0]
+        log = bool(ends) and max(ends) > 10 * min(ends)
+        draw_panel(ax, series, refs, idx, unit, log)
+        ax.set_xlabel("CUDA graphs captured (in each strategy's order)")
+        ax.set_ylabel(f"{what} ({unit_name})")
+        ax.set_xlim(left=0)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    legend_ax.legend(handles, labels, loc="center", ncol=5, handlelength=3.2)
+    fig.suptitle(title_of(summary, variant))
+    style.save(fig, out_stem)
 
 
 def main():

@@ -212,7 +212,8 @@ int run_allocators_experiment(const AllocatorsConfig& c, OutputDir& dir, std::os
     for (size_t k = 0; k < traces.size(); ++k) named.emplace_back(c.workloads[k].label, &traces[k]);
     write_allocator_timeseries(ts, runs, named);
   });
-  dir.add_note(run_plot_script("plot_allocators.py", dir, {}, {"allocators.png"}));
+  dir.add_note(
+      run_plot_script("plot_allocators.py", dir, {}, {"allocators.png", "allocators.svg"}));
   return failed ? 1 : 0;
 }
 

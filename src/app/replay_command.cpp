@@ -219,7 +219,8 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
     const int rc = cuda_replay(t, *allocs, gpu, dir, out, err);
     if (rc != 0) failed = true;
   }
-  dir.add_note(run_plot_script("plot_allocators.py", dir, {}, {"allocators.png"}));
+  dir.add_note(
+      run_plot_script("plot_allocators.py", dir, {}, {"allocators.png", "allocators.svg"}));
   dir.commit();
   out << dir.report();
   if (!exported.empty()) out << exported << "\n";

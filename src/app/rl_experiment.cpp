@@ -349,7 +349,7 @@ int run_rl_experiment(const RlConfig& c, OutputDir& dir, std::ostream& out, std:
   const RlResults res = run_rl(c);
   out << format_rl_table(c, res);
   write_rl_outputs(c, res, dir);
-  dir.add_note(run_plot_script("plot_rl.py", dir, {}, {"rl_timeline.png"}));
+  dir.add_note(run_plot_script("plot_rl.py", dir, {}, {"rl_timeline.png", "rl_timeline.svg"}));
   for (const RlRunResult& r : res.runs)
     if (!r.error.empty()) return 1;
   return 0;
