@@ -20,6 +20,19 @@ namespace memsim {
 
 namespace fs = std::filesystem;
 
+const ConfigKeys& allocators_config_keys() {
+  static const ConfigKeys kKeys = {
+      {"",
+       {"experiment", "gpu", "model", "workloads", "allocators", "seed", "min_capacity", "grid"}},
+      {"workloads[source: generated]",
+       {"label", "source", "steps", "max_batch", "prefill_chunk", "prefill_probability",
+        "max_context"}},
+      {"workloads[source: snapshot]", {"label", "source", "path"}},
+      {"allocators[]", {"label"}, "caching_allocators()"},
+  };
+  return kKeys;
+}
+
 bool is_allocators_config(const ConfigNode& root) {
   return root.is_map() && root.has("workloads");
 }
@@ -41,8 +54,8 @@ AllocatorsConfig load_allocators_config(const std::string& path,
 }
 
 AllocatorsConfig load_allocators_config(const ConfigNode& root) {
-  root.expect_keys(
-      {"experiment", "gpu", "model", "workloads", "allocators", "seed", "min_capacity", "grid"});
+  const ConfigKeys& keys = allocators_config_keys();
+  root.expect_keys(keys_at(keys, ""));
   AllocatorsConfig c;
   c.source = root.file();
   if (auto v = root.find("experiment")) c.experiment = v->as_plain_name();
@@ -57,12 +70,11 @@ AllocatorsConfig load_allocators_config(const ConfigNode& root) {
     wl.label = w["label"].as_string();
     const std::string src = w["source"].as_choice({"generated", "snapshot"});
     if (src == "snapshot") {
-      w.expect_keys({"label", "source", "path"});
+      w.expect_keys(keys_at(keys, "workloads[source: snapshot]"));
       wl.snapshot = true;
       wl.path = resolve_data_path(w["path"], w["path"].as_string());
     } else {
-      w.expect_keys({"label", "source", "steps", "max_batch", "prefill_chunk",
-                     "prefill_probability", "max_context"});
+      w.expect_keys(keys_at(keys, "workloads[source: generated]"));
       GeneratedServing& g = wl.serving;
       if (auto v = w.find("steps")) g.steps = static_cast<uint32_t>(v->as_uint_in(1, 1000000));
       if (auto v = w.find("max_batch")) g.max_batch = static_cast<uint32_t>(v->as_uint_in(1, 8192));
@@ -77,7 +89,7 @@ AllocatorsConfig load_allocators_config(const ConfigNode& root) {
   if (c.workloads.empty()) root["workloads"].fail("needs at least one workload");
   for (const ConfigNode& a : root["allocators"].items()) {
     AllocatorSpec spec;
-    const AllocatorEntry& info = caching_allocators().select(a, {"label"});
+    const AllocatorEntry& info = caching_allocators().select(a, keys_at(keys, "allocators[]"));
     spec.impl = info.name;
     spec.label = a.has("label") ? a["label"].as_string() : spec.impl;
     spec.factory = info.parse(a);

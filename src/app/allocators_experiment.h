@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "src/config/config_keys.h"
 #include "src/config/config_node.h"
 
 #include "backends/sim/cost_model.h"
@@ -53,6 +54,9 @@ struct AllocatorsConfig {
   uint64_t seed = 1;
   bool min_capacity = true;
 };
+
+// The maps of an allocators config and the keys each accepts (docs/config.md lists them).
+const ConfigKeys& allocators_config_keys();
 
 bool is_allocators_config(const std::string& path);
 bool is_allocators_config(const ConfigNode& root);

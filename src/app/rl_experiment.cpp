@@ -156,6 +156,31 @@ std::string gib(uint64_t b) {
 
 }  // namespace
 
+// What parse_train, parse_rollout, parse_run and load_rl_config accept (their expect_keys and
+// select calls; tests/test_config_doc.cpp checks the two agree).
+const ConfigKeys& rl_config_keys() {
+  static const ConfigKeys kKeys = {
+      {"",
+       {"experiment", "gpu", "models", "iterations", "allocator", "train", "rollout", "weight_sync",
+        "interconnect_gbps", "network_gbps", "runs", "seed", "max_utilization", "grid"}},
+      {"allocator", {}, "caching_allocators()"},
+      {"train",
+       {"dp", "tp", "sharding", "param_dtype", "activation_checkpointing", "fp32_logits", "adam",
+        "micro_batch_tokens", "bucket_bytes", "prefetch", "reference", "old_log_prob",
+        "optimizer_steps"}},
+      {"rollout",
+       {"gpu_memory_utilization", "max_model_len", "enforce_eager", "kv", "scheduler", "requests"}},
+      {"rollout.kv", keys_at(serving_config_keys(), "kv"), "kv_strategies()"},
+      {"rollout.scheduler", keys_at(serving_config_keys(), "scheduler"), "schedulers()"},
+      {"weight_sync", {"bucket_bytes"}},
+      {"runs[]",
+       {"label", "placement", "saver", "tags", "multi_stage", "offload_params", "offload_optimizer",
+        "gpu_memory_utilization"}},
+      {"runs[].saver", {}, "memory_savers()"},
+  };
+  return kKeys;
+}
+
 RlConfig load_rl_config(const std::string& path, const std::vector<std::string>& overrides) {
   ConfigNode root = ConfigNode::load_file(path);
   for (const std::string& o : overrides) root.apply_override(o);

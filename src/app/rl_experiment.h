@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "src/app/output.h"
+#include "src/config/config_keys.h"
 #include "src/config/config_node.h"
 #include "src/rl/rl_timeline.h"
 
@@ -14,6 +15,8 @@ namespace memsim {
 // A config with top-level `train:` and `rollout:` maps.
 bool is_rl_config(const std::string& path);
 bool is_rl_config(const ConfigNode& root);
+// The maps of an RL config and the keys each accepts (docs/config.md lists them).
+const ConfigKeys& rl_config_keys();
 // Throws ConfigError naming file, line and key.
 RlConfig load_rl_config(const std::string& path, const std::vector<std::string>& overrides);
 // The same from a loaded tree whose overrides are applied (paths resolve from its base_dir()).

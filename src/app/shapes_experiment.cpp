@@ -19,6 +19,21 @@
 
 namespace memsim {
 
+const ConfigKeys& shapes_config_keys() {
+  static const ConfigKeys kKeys = {
+      {"",
+       {"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
+        "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table", "timeseries",
+        "strategies", "graph_body", "program", "export_snapshots", "validation_rounds", "grid"}},
+      {"dynamic", {"arrivals", "mean_interarrival_us"}},
+      {"sweep", {"outputs", "arrival", "graphs", "inputs"}},
+      {"table", {"outputs", "arrival", "graphs", "inputs"}},
+      {"program", {"source", "files", "pattern"}},
+      {"strategies[]", {"label", "order", "order_list"}, "graph_strategies()"},
+  };
+  return kKeys;
+}
+
 std::string Variant::name() const {
   return fmt::format("{}/{}/{}/{}", to_string(outputs), to_string(arrival), to_string(graphs),
                      to_string(inputs));
@@ -58,7 +73,7 @@ std::vector<uint32_t> uint_list(const ConfigNode& node, uint32_t lo, uint32_t hi
 }
 
 Variant load_variant_point(const ConfigNode& node) {
-  node.expect_keys({"outputs", "arrival", "graphs", "inputs"});
+  node.expect_keys(keys_at(shapes_config_keys(), "table"));
   Variant v;
   v.outputs = pick<OutputLifetime>(node["outputs"].as_choice(kOutputs), kOutputs);
   v.arrival = pick<Arrival>(node["arrival"].as_choice(kArrivals), kArrivals);
@@ -69,7 +84,8 @@ Variant load_variant_point(const ConfigNode& node) {
 
 StrategySpec load_strategy(const ConfigNode& node, const std::vector<uint32_t>& sizes) {
   if (!node.is_map()) node.fail("each strategy is a map with at least 'impl'");
-  const GraphEntry& info = graph_strategies().select(node, {"label", "order", "order_list"});
+  const GraphEntry& info =
+      graph_strategies().select(node, keys_at(shapes_config_keys(), "strategies[]"));
   const std::string& impl = info.name;
   StrategySpec s;
   s.impl = impl;
@@ -111,7 +127,7 @@ void load_program_and_sizes(const ConfigNode& root, ShapesConfig& c) {
   std::optional<ConfigNode> files_node;
   std::string pattern;
   if (auto p = root.find("program")) {
-    p->expect_keys({"source", "files", "pattern"});
+    p->expect_keys(keys_at(shapes_config_keys(), "program"));
     if ((*p)["source"].as_choice({"generated", "snapshot"}) == "snapshot") {
       files_node = p->find("files");
       if (auto v = p->find("pattern")) pattern = v->as_string();
@@ -173,10 +189,7 @@ void load_program_and_sizes(const ConfigNode& root, ShapesConfig& c) {
 }  // namespace
 
 ShapesConfig load_shapes_config(const ConfigNode& root) {
-  root.expect_keys({"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
-                    "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table",
-                    "timeseries", "strategies", "graph_body", "program", "export_snapshots",
-                    "validation_rounds", "grid"});
+  root.expect_keys(keys_at(shapes_config_keys(), ""));
   ShapesConfig c;
   c.source = root.file();
   c.experiment = root["experiment"].as_choice({"shapes"});
@@ -197,7 +210,7 @@ ShapesConfig load_shapes_config(const ConfigNode& root) {
     c.kv_block_size = static_cast<uint32_t>(v->as_uint_in(1, 1u << 16));
   if (auto v = root.find("seed")) c.seed = v->as_uint();
   if (auto d = root.find("dynamic")) {
-    d->expect_keys({"arrivals", "mean_interarrival_us"});
+    d->expect_keys(keys_at(shapes_config_keys(), "dynamic"));
     if (auto v = d->find("arrivals"))
       c.dynamic.arrivals = static_cast<uint32_t>(v->as_uint_in(1, 100000000));
     if (auto v = d->find("mean_interarrival_us"))
@@ -205,7 +218,7 @@ ShapesConfig load_shapes_config(const ConfigNode& root) {
   }
   std::vector<std::string> outs = {"strong"}, arr = {"fixed"}, gr = {"full"}, in = {"persistent"};
   if (auto sw = root.find("sweep")) {
-    sw->expect_keys({"outputs", "arrival", "graphs", "inputs"});
+    sw->expect_keys(keys_at(shapes_config_keys(), "sweep"));
     if (auto v = sw->find("outputs")) outs = axis(*v, kOutputs);
     if (auto v = sw->find("arrival")) arr = axis(*v, kArrivals);
     if (auto v = sw->find("graphs")) gr = axis(*v, kGraphs);

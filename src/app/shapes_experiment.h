@@ -11,6 +11,7 @@
 #include "backends/sim/cost_model.h"
 #include "kernels/attention_types.h"
 #include "src/drivers/capture_runner.h"
+#include "src/config/config_keys.h"
 #include "src/config/config_node.h"
 #include "src/graph/registry.h"
 
@@ -66,6 +67,9 @@ struct ShapesConfig {
   bool timeseries_all = false;       // timeseries.csv: every variant (all) or the table slice
   std::vector<StrategySpec> strategies;
 };
+
+// The maps of a shapes config and the keys each accepts (docs/config.md lists them).
+const ConfigKeys& shapes_config_keys();
 
 // Loads and validates; throws ConfigError naming file, line and key. `overrides` are --set
 // assignments applied before validation.

@@ -11,9 +11,51 @@ namespace fs = std::filesystem;
 
 namespace {
 
+std::vector<std::string> primitive_names() {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < static_cast<size_t>(Primitive::kCount); ++i)
+    out.emplace_back(to_string(static_cast<Primitive>(i)));
+  return out;
+}
+
+}  // namespace
+
+const ConfigKeys& gpu_file_keys() {
+  static const ConfigKeys kKeys = {
+      {"",
+       {"name", "capacity", "granularity", "va_space", "va_mappings_knee", "graphs", "costs",
+        "compute"}},
+      {"graphs",
+       {"capture_per_node_us", "instantiate_per_node_us", "upload_per_node_us",
+        "mem_map_per_granule_us", "mem_remap_per_granule_us", "mem_chunk"}},
+      {"costs", primitive_names()},
+      {"costs.<primitive>",
+       {"per_call_us", "per_handle_us", "per_granule_us", "bytes_per_us", "per_log2_mappings_us",
+        "first_after_launch_us"}},
+      {"compute",
+       {"dense_tflops", "hbm_gbps", "pcie_gbps", "flops_efficiency", "bandwidth_efficiency",
+        "step_overhead_us", "sms", "decode_ctas_per_sm"}},
+  };
+  return kKeys;
+}
+
+const ConfigKeys& model_file_keys() {
+  static const ConfigKeys kKeys = {
+      {"",
+       {"name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
+        "dtype", "tie_embeddings", "qkv_bias", "qk_norm", "rope_theta", "rms_norm_eps",
+        "rope_scaling"}},
+      {"rope_scaling",
+       {"rope_type", "factor", "low_freq_factor", "high_freq_factor",
+        "original_max_position_embeddings"}},
+  };
+  return kKeys;
+}
+
+namespace {
+
 CostTerm load_cost_term(const ConfigNode& n) {
-  n.expect_keys({"per_call_us", "per_handle_us", "per_granule_us", "bytes_per_us",
-                 "per_log2_mappings_us", "first_after_launch_us"});
+  n.expect_keys(keys_at(gpu_file_keys(), "costs.<primitive>"));
   CostTerm t;
   if (auto v = n.find("per_call_us")) t.per_call_us = v->as_double_in(0, 1e9);
   if (auto v = n.find("per_handle_us")) t.per_handle_us = v->as_double_in(0, 1e9);
@@ -24,19 +66,11 @@ CostTerm load_cost_term(const ConfigNode& n) {
   return t;
 }
 
-std::vector<std::string> primitive_names() {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < static_cast<size_t>(Primitive::kCount); ++i)
-    out.emplace_back(to_string(static_cast<Primitive>(i)));
-  return out;
-}
-
 constexpr double kTera = 1e12;
 constexpr double kGiga = 1e9;
 
 ComputeSpec load_compute_spec(const ConfigNode& n) {
-  n.expect_keys({"dense_tflops", "hbm_gbps", "pcie_gbps", "flops_efficiency",
-                 "bandwidth_efficiency", "step_overhead_us", "sms", "decode_ctas_per_sm"});
+  n.expect_keys(keys_at(gpu_file_keys(), "compute"));
   ComputeSpec c;
   c.peak_flops = n["dense_tflops"].as_double_in(1e-3, 1e6) * kTera;
   c.hbm_bytes_per_s = n["hbm_gbps"].as_double_in(1e-3, 1e7) * kGiga;
@@ -67,8 +101,7 @@ std::string format_compute_yaml(const ComputeSpec& c) {
 }
 
 GpuSpec load_gpu_spec(const ConfigNode& node) {
-  node.expect_keys({"name", "capacity", "granularity", "va_space", "va_mappings_knee", "graphs",
-                    "costs", "compute"});
+  node.expect_keys(keys_at(gpu_file_keys(), ""));
   GpuSpec g;
   g.name = node["name"].as_string();
   g.capacity = node["capacity"].as_bytes();
@@ -80,8 +113,7 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
   if (g.va_space < g.capacity) node["va_space"].fail("must be at least the capacity");
   if (auto v = node.find("va_mappings_knee")) g.va_mappings_knee = v->as_double_in(1e-3, 1e9);
   const ConfigNode graphs = node["graphs"];
-  graphs.expect_keys({"capture_per_node_us", "instantiate_per_node_us", "upload_per_node_us",
-                      "mem_map_per_granule_us", "mem_remap_per_granule_us", "mem_chunk"});
+  graphs.expect_keys(keys_at(gpu_file_keys(), "graphs"));
   g.capture_per_node_us = graphs["capture_per_node_us"].as_double_in(0, 1e6);
   g.instantiate_per_node_us = graphs["instantiate_per_node_us"].as_double_in(0, 1e6);
   g.upload_per_node_us = graphs["upload_per_node_us"].as_double_in(0, 1e6);
@@ -92,7 +124,7 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
     if (g.graph_mem_chunk % g.granularity != 0) c->fail("must be a multiple of the granularity");
   }
   const ConfigNode costs = node["costs"];
-  const std::vector<std::string> names = primitive_names();
+  const std::vector<std::string>& names = keys_at(gpu_file_keys(), "costs");
   costs.expect_keys(names);
   // Every primitive is priced: a term left out would cost nothing without a word. One that is
   // free on purpose says so with a zero term.
@@ -113,9 +145,7 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
 }
 
 ModelShape load_model_shape(const ConfigNode& node) {
-  node.expect_keys({"name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                    "vocab", "dtype", "tie_embeddings", "qkv_bias", "qk_norm", "rope_theta",
-                    "rms_norm_eps", "rope_scaling"});
+  node.expect_keys(keys_at(model_file_keys(), ""));
   ModelShape m;
   m.name = node["name"].as_string();
   m.layers = static_cast<uint32_t>(node["layers"].as_uint_in(1, 1024));
@@ -137,8 +167,7 @@ ModelShape load_model_shape(const ConfigNode& node) {
   if (auto v = node.find("rope_theta")) m.rope_theta = v->as_double_in(1, 1e12);
   if (auto v = node.find("rms_norm_eps")) m.rms_norm_eps = v->as_double_in(1e-12, 1e-1);
   if (auto v = node.find("rope_scaling")) {
-    v->expect_keys({"rope_type", "factor", "low_freq_factor", "high_freq_factor",
-                    "original_max_position_embeddings"});
+    v->expect_keys(keys_at(model_file_keys(), "rope_scaling"));
     (void)(*v)["rope_type"].as_choice({"llama3"});
     auto& r = m.rope_scaling;
     r.factor = (*v)["factor"].as_double_in(1, 1e6);

@@ -8,6 +8,7 @@
 
 #include "backends/sim/cost_model.h"
 #include "workload/model_shape.h"
+#include "src/config/config_keys.h"
 #include "src/config/config_node.h"
 
 namespace memsim {
@@ -27,6 +28,10 @@ namespace memsim {
 // (scheduling, input preparation, graph launch, sampling), so 50 us. They are estimates, not
 // calibrations: set them per GPU when measurements exist.
 GpuSpec load_gpu_spec(const ConfigNode& node);
+// The maps of a GPU file and of a model file and the keys each accepts (docs/config.md lists
+// them). A GPU file's `costs:` takes one key per Backend primitive, each a cost term.
+const ConfigKeys& gpu_file_keys();
+const ConfigKeys& model_file_keys();
 // The compute: section of a GPU file for `c`, as load_gpu_spec reads it back (for writers of GPU
 // files such as `memsim calibrate`, which measures no compute figures and carries them over).
 std::string format_compute_yaml(const ComputeSpec& c);

@@ -17,6 +17,23 @@
 namespace memsim {
 namespace fs = std::filesystem;
 
+const ConfigKeys& requests_keys() {
+  static const std::vector<std::string> kLength = {"dist", "value", "min", "max", "mean", "sigma"};
+  static const ConfigKeys kKeys = {
+      {"",
+       {"source", "count", "seed", "arrival", "prompt", "output", "prefix", "n", "beam_width",
+        "trace"}},
+      {"arrival", {"process", "rate", "cv"}},
+      {"prompt", kLength},
+      {"output", kLength},
+      {"prefix", {"groups", "tokens", "fraction"}},
+      {"trace",
+       {"path", "format", "limit", "time_scale", "max_prompt_tokens", "max_output_tokens",
+        "zero_output"}},
+  };
+  return kKeys;
+}
+
 namespace {
 
 constexpr uint64_t kMaxCount = 100000000;  // requests per workload
@@ -41,7 +58,7 @@ double as_positive(const ConfigNode& n, double hi) {
 }
 
 ArrivalConfig load_arrival(const ConfigNode& n) {
-  n.expect_keys({"process", "rate", "cv"});
+  n.expect_keys(keys_at(requests_keys(), "arrival"));
   ArrivalConfig a;
   const std::string process = n["process"].as_choice({"poisson", "gamma", "burst"});
   const std::string chosen = "process: " + process;
@@ -55,8 +72,9 @@ ArrivalConfig load_arrival(const ConfigNode& n) {
   return a;
 }
 
-LengthConfig load_length(const ConfigNode& n) {
-  n.expect_keys({"dist", "value", "min", "max", "mean", "sigma"});
+// `key`: prompt or output.
+LengthConfig load_length(const ConfigNode& n, std::string_view key) {
+  n.expect_keys(keys_at(requests_keys(), key));
   LengthConfig c;
   const std::string dist = n["dist"].as_choice({"fixed", "uniform", "lognormal"});
   const std::string chosen = "dist: " + dist;
@@ -87,7 +105,7 @@ LengthConfig load_length(const ConfigNode& n) {
 }
 
 PrefixConfig load_prefix(const ConfigNode& n, const LengthConfig& prompt) {
-  n.expect_keys({"groups", "tokens", "fraction"});
+  n.expect_keys(keys_at(requests_keys(), "prefix"));
   PrefixConfig p;
   p.groups = static_cast<uint32_t>(n["groups"].as_uint_in(1, 1000000));
   p.tokens = as_tokens(n["tokens"]);
@@ -109,15 +127,14 @@ SyntheticRequestsConfig load_synthetic(const ConfigNode& n) {
       static_cast<double>(s.count) / s.arrival.rate > 1e9)
     n["arrival"]["rate"].fail(
         fmt::format("{} requests at this rate take over 1e9 s of simulated time", s.count));
-  s.prompt = load_length(n["prompt"]);
-  s.output = load_length(n["output"]);
+  s.prompt = load_length(n["prompt"], "prompt");
+  s.output = load_length(n["output"], "output");
   if (auto v = n.find("prefix")) s.prefix = load_prefix(*v, s.prompt);
   return s;
 }
 
 TraceOptions load_trace(const ConfigNode& n, std::string& path, std::string& where) {
-  n.expect_keys({"path", "format", "limit", "time_scale", "max_prompt_tokens", "max_output_tokens",
-                 "zero_output"});
+  n.expect_keys(keys_at(requests_keys(), "trace"));
   TraceOptions t;
   const ConfigNode p = n["path"];
   path = resolve_data_path(p, p.as_string());
@@ -146,8 +163,7 @@ TraceOptions load_trace(const ConfigNode& n, std::string& path, std::string& whe
 RequestsConfig load_requests_config(const ConfigNode& node) {
   constexpr std::array<std::string_view, 6> kSyntheticKeys = {"count",  "seed",   "arrival",
                                                               "prompt", "output", "prefix"};
-  node.expect_keys({"source", "count", "seed", "arrival", "prompt", "output", "prefix", "n",
-                    "beam_width", "trace"});
+  node.expect_keys(keys_at(requests_keys(), ""));
   RequestsConfig c;
   const std::string source = node["source"].as_choice({"synthetic", "trace"});
   c.source = source == "synthetic" ? RequestSource::kSynthetic : RequestSource::kTrace;

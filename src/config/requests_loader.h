@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "workload/requests.h"
+#include "src/config/config_keys.h"
 #include "src/config/config_node.h"
 
 namespace memsim {
@@ -35,6 +36,8 @@ struct RequestsConfig {
 // Keys that do not apply to the chosen source, process or dist are errors naming them; the
 // trace file must exist. Throws ConfigError ("file:line: key.path: message").
 RequestsConfig load_requests_config(const ConfigNode& node);
+// The maps of a `requests:` block and the keys each accepts (docs/config.md lists them).
+const ConfigKeys& requests_keys();
 
 // Host bytes a serving run of `requests` requests needs at the least: the packed request table
 // (RequestTable::kBytesPerRequest) and one run's latency samples (TTFT, E2E, TPOT: 8 bytes each).
@@ -49,9 +52,9 @@ uint64_t requests_host_bytes(uint64_t requests);
 RequestSet build_request_set(const RequestsConfig& config);
 std::vector<RequestSpec> build_requests(const RequestsConfig& config);
 
-// Resolves a data file named in a config: an absolute path as is; else relative to the config
-// file's folder, the current folder, MEMSIM_ROOT (env) or the config folder's parent (the project
-// root for experiments/*.yaml), first match wins. Fails at `at`, listing where it looked, or
+// Resolves a data file named in a config: an absolute path as is; else the first regular file of
+// reference_candidates (loaders.h: beside the config, in its project, in the installation, in
+// the current folder). Fails at `at`, listing where it looked, or
 // naming the type of a candidate that exists but is no regular file ("/dev/zero is not a regular
 // file (a character device)").
 std::string resolve_data_path(const ConfigNode& at, const std::string& ref);

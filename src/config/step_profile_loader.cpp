@@ -7,13 +7,27 @@
 #include <filesystem>
 
 namespace memsim {
+
+const ConfigKeys& step_profile_keys() {
+  static const ConfigKeys kKeys = {
+      {"", {"gpu", "model", "mode", "measured", "decode", "prefill"}},
+      {"decode[]", {"batch", "contexts", "ms"}},
+      {"prefill[]", {"chunk", "prefixes", "ms"}},
+  };
+  return kKeys;
+}
+
 namespace {
 
-std::vector<ProfileRow> load_rows(const ConfigNode& list, const char* size_key,
-                                  const char* points_key) {
+// The rows of the list at `path` (decode[] or prefill[]), whose keys are its size key (batch,
+// chunk), its points key (contexts, prefixes) and ms, in that order.
+std::vector<ProfileRow> load_rows(const ConfigNode& list, std::string_view path) {
+  const std::vector<std::string>& keys = keys_at(step_profile_keys(), path);
+  const std::string& size_key = keys.at(0);
+  const std::string& points_key = keys.at(1);
   std::vector<ProfileRow> rows;
   for (const ConfigNode& item : list.items()) {
-    item.expect_keys({size_key, points_key, "ms"});
+    item.expect_keys(keys);
     ProfileRow r;
     r.size = static_cast<uint32_t>(item[size_key].as_uint_in(1, 1u << 24));
     for (const ConfigNode& p : item[points_key].items())
@@ -45,15 +59,15 @@ std::string list(const std::vector<double>& v) {
 }  // namespace
 
 StepProfile load_step_profile(const ConfigNode& node) {
-  node.expect_keys({"gpu", "model", "mode", "measured", "decode", "prefill"});
+  node.expect_keys(keys_at(step_profile_keys(), ""));
   StepProfile p;
   p.gpu = node["gpu"].as_string();
   p.model = node["model"].as_string();
   if (auto v = node.find("mode")) p.mode = v->as_choice({"eager", "graphs"});
   if (auto v = node.find("measured")) p.measured = v->as_string();
-  p.decode = load_rows(node["decode"], "batch", "contexts");
+  p.decode = load_rows(node["decode"], "decode[]");
   if (p.decode.empty()) node["decode"].fail("must list at least one row");
-  if (auto v = node.find("prefill")) p.prefill = load_rows(*v, "chunk", "prefixes");
+  if (auto v = node.find("prefill")) p.prefill = load_rows(*v, "prefill[]");
   return p;
 }
 

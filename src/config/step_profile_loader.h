@@ -6,12 +6,15 @@
 #include <vector>
 
 #include "workload/step_profile.h"
+#include "src/config/config_keys.h"
 #include "src/config/config_node.h"
 
 namespace memsim {
 
 // Errors name the file, line and key (ConfigError), as every loader's do.
 StepProfile load_step_profile(const ConfigNode& node);
+// The maps of a step-time profile file and the keys each accepts (docs/config.md lists them).
+const ConfigKeys& step_profile_keys();
 // The YAML load_step_profile reads back; `header` lines become comments at the top.
 std::string format_step_profile(const StepProfile& p, const std::vector<std::string>& header);
 // <directory of gpu_file>/<gpu_file's stem>.profiles/<model>.yaml, or <model>.graphs.yaml for

@@ -28,6 +28,24 @@
 #include "workload/executor_program.h"
 
 namespace memsim {
+
+const ConfigKeys& serving_config_keys() {
+  static const ConfigKeys kKeys = {
+      {"",
+       {"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
+        "sample_interval_ms", "seed", "grid", "step_profile_scale"}},
+      {"engine",
+       {"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget", "max_model_len",
+        "validate_content", "validate_sample", "gpu_layers", "step_time", "gpu_step",
+        "export_snapshot"}},
+      {"step_profile_scale", {"decode", "prefill"}},
+      {"scheduler", {}, "schedulers()"},
+      {"kv", {}, "kv_strategies()"},
+      {"runs[]", {"label", "engine", "scheduler", "kv", "requests"}},
+  };
+  return kKeys;
+}
+
 namespace {
 
 struct EngineSettings {
@@ -45,9 +63,7 @@ struct EngineSettings {
 };
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
-  node.expect_keys({"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget",
-                    "max_model_len", "validate_content", "validate_sample", "gpu_layers",
-                    "step_time", "gpu_step", "export_snapshot"});
+  node.expect_keys(keys_at(serving_config_keys(), "engine"));
   if (auto v = node.find("export_snapshot")) e.export_snapshot = v->as_bool();
   if (auto v = node.find("step_time")) e.step_time = v->as_choice({"auto", "roofline", "profile"});
   if (auto v = node.find("gpu_step")) e.gpu_step = v->as_choice({"attention", "model"});
@@ -94,7 +110,7 @@ std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu
 }
 
 KvChoice parse_kv(const ConfigNode& node) {
-  const KvEntry& info = kv_strategies().select(node);
+  const KvEntry& info = kv_strategies().select(node, keys_at(serving_config_keys(), "kv"));
   KvChoice k;
   k.impl = info.name;
   k.factory = info.parse(node);
@@ -113,7 +129,7 @@ KvChoice parse_kv(const ConfigNode& node) {
 
 SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
   if (auto impl = node.find("impl")) base.info = &schedulers().at(*impl);
-  schedulers().check_keys(node, *base.info);
+  schedulers().check_keys(node, *base.info, keys_at(serving_config_keys(), "scheduler"));
   base.options = base.info->parse(node, base.options);
   return base;
 }
@@ -193,8 +209,7 @@ void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, Ser
 }  // namespace
 
 ServingConfig load_serving_config(const ConfigNode& root) {
-  root.expect_keys({"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
-                    "sample_interval_ms", "seed", "grid", "step_profile_scale"});
+  root.expect_keys(keys_at(serving_config_keys(), ""));
   if (auto runs = root.find("runs"); runs && runs->is_sequence())
     check_shadowed_overrides(root, runs->items());
   ServingConfig c;
@@ -206,7 +221,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
   load_step_profiles(root, gpu_file, c);
   if (auto sc = root.find("step_profile_scale")) {
-    sc->expect_keys({"decode", "prefill"});
+    sc->expect_keys(keys_at(serving_config_keys(), "step_profile_scale"));
     if (!c.step_profile)
       sc->fail(
           fmt::format("scales the step profile, but {} does not exist (memsim calibrate "
@@ -246,7 +261,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     std::optional<KvChoice> k = kv;
     std::optional<size_t> req = requests;
     if (node) {
-      node->expect_keys({"label", "engine", "scheduler", "kv", "requests"});
+      node->expect_keys(keys_at(serving_config_keys(), "runs[]"));
       if (auto v = node->find("engine")) e = parse_engine(*v, e);
       if (auto v = node->find("scheduler")) s = parse_scheduler(*v, s);
       if (auto v = node->find("kv")) k = parse_kv(*v);

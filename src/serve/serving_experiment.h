@@ -12,6 +12,7 @@
 #include "backends/sim/cost_model.h"
 #include "workload/model_shape.h"
 #include "workload/requests.h"
+#include "src/config/config_keys.h"
 #include "src/config/config_node.h"
 #include "src/serve/engine.h"
 #include "src/serve/kv_budget.h"
@@ -103,6 +104,10 @@ struct SchedulerChoice {
   ServeOptions options;
 };
 SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base);
+
+// The maps of a serving config and the keys each accepts (docs/config.md lists them); the
+// `kv:` and `scheduler:` maps' entries are parse_kv's and parse_scheduler's.
+const ConfigKeys& serving_config_keys();
 
 // Throws ConfigError (file:line: key: message) for any bad input; `overrides` are --set
 // assignments applied before validation.
