@@ -1,19 +1,25 @@
 // Tests of the training-side memory model (ZeRO state bytes, saved activations, programs that
 // free what they allocate) and of the RL co-location timeline (exact differences between
-// resume orders and sleep levels, OOM outcomes, graph validity, accounting, determinism).
+// resume orders and sleep levels, bytes each pause frees and each resume takes back, OOM
+// outcomes, graph validity, accounting, determinism) and of its outputs' agreement.
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
-#include "workload/train_program.h"
+#include "src/app/output.h"
+#include "src/app/rl_experiment.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/rl/rl_rollout.h"
 #include "src/serve/serving_experiment.h"
+#include "tests/temp_dir.h"
+#include "workload/train_program.h"
 
 using namespace memsim;
 
@@ -105,6 +111,46 @@ RlRunSpec saver_run(const std::string& label, const char* impl, const char* yaml
 
 uint64_t round_up(uint64_t v, uint64_t m) {
   return (v + m - 1) / m * m;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  REQUIRE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The number after `"key": ` in the summary.json run object labelled `label` (-1: absent).
+int64_t summary_field(const std::string& json, const std::string& label, const std::string& key) {
+  const size_t run = json.find("{\"label\": \"" + label + "\"");
+  REQUIRE(run != std::string::npos);
+  const size_t end = json.find("\n", run);
+  const size_t at = json.find("\"" + key + "\": ", run);
+  if (at == std::string::npos || at > end) return -1;
+  return std::stoll(json.substr(at + key.size() + 4));
+}
+
+std::vector<std::string> split(const std::string& line, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(line);
+  std::string cell;
+  while (std::getline(ss, cell, sep)) out.push_back(cell);
+  return out;
+}
+
+// The whitespace-separated cells of the table row of run `label`.
+std::vector<std::string> table_row(const std::string& table, const std::string& label) {
+  std::stringstream ss(table);
+  std::string line;
+  while (std::getline(ss, line)) {
+    std::stringstream cells(line);
+    std::vector<std::string> row;
+    for (std::string c; cells >> c;) row.push_back(c);
+    if (!row.empty() && row[0] == label) return row;
+  }
+  FAIL("no table row for " << label);
+  return {};
 }
 
 }  // namespace
@@ -377,4 +423,137 @@ TEST_CASE("a captured graph cannot be replayed over unmapped VMM memory") {
   REQUIRE(b.free_virtual(va).ok());
   std::string why;
   CHECK(b.check_invariants(&why));
+}
+
+// Qwen2.5-7B on the H200 (2 MiB granularity), small_config: the engine's 171 weight tensors,
+// 28 KV tensors of whole blocks and its graph pool, each through the saver as its own physical
+// allocation rounded up to 2 MiB.
+TEST_CASE("RL timeline: each pause frees the engine's memory, each resume takes its tags back") {
+  const RlConfig c = small_config("qwen2.5-7b");
+  const ModelShape& m = c.models[0];
+  const uint64_t g = c.gpu.granularity;
+  REQUIRE(g == 2ull << 20);
+  const RlRunSpec tagged = saver_run("multi", "tagged_regions", "{}", true);
+  const RolloutPlan plan = plan_rollout(c, m, tagged, false);
+  REQUIRE(plan.error.empty());
+  // Weights: 7,615,616,512 parameters in bf16 (Qwen2.5-7B); 212.4 MiB more on the device.
+  uint64_t weights = 0;
+  for (uint64_t b : plan.weight_tensors) weights += round_up(b, g);
+  CHECK(plan.weight_tensors.size() == 171);
+  CHECK(m.weight_bytes() == 2 * 7615616512ull);
+  CHECK(weights == 15453913088ull);
+  const uint64_t kv = m.layers * round_up(plan.kv_layer_bytes, g);
+  const uint64_t graphs = round_up(plan.budget.graph_memory, g);
+  // The engine's caching allocator holds the rollout's activation segment until empty_cache.
+  const uint64_t cache = round_up(plan.budget.activation_peak, g);
+
+  const RlRunResult r = run_rl_one(c, m, tagged);
+  REQUIRE(r.error.empty());
+  REQUIRE(r.oom.empty());
+  CHECK(r.weights_bytes == 15231233024ull);
+  CHECK(r.weights_reserved_bytes == weights);
+  CHECK(r.kv_reserved_bytes == kv);
+  CHECK(r.graph_reserved_bytes == graphs);
+  CHECK(r.pauses == 2);
+  CHECK(r.resumes_weights == 2);
+  CHECK(r.resumes_rest == 2);
+  CHECK(r.pause_freed_bytes == weights + kv + graphs + cache);
+  CHECK(r.resume_weights_bytes == weights);
+  CHECK(r.resume_rest_bytes == kv + graphs);
+  CHECK(r.pause_freed_bytes == 127867551744ull);
+  CHECK(r.resume_weights_bytes + r.resume_rest_bytes == 126833655808ull);
+
+  // All at once: stage 1 takes everything back, there is no stage 2.
+  const RlRunResult all = run_rl_one(c, m, saver_run("all", "tagged_regions", "{}", false));
+  CHECK(all.pause_freed_bytes == r.pause_freed_bytes);
+  CHECK(all.resume_weights_bytes == weights + kv + graphs);
+  CHECK(all.resumes_rest == 0);
+  CHECK(all.resume_rest_bytes == 0);
+  // vLLM's level-1 sleep leaves the graph pool resident: it frees that much less.
+  const RlRunResult l1 = run_rl_one(c, m, saver_run("l1", "sleep_mode", "{level: 1}", true));
+  CHECK(l1.graph_reserved_bytes == plan.budget.graph_memory);  // a caching-allocator block
+  CHECK(r.pause_freed_bytes - l1.pause_freed_bytes == graphs);
+  CHECK(l1.resume_rest_bytes == kv);
+  // Without a saver nothing is paused or resumed; the weights are the tensors' bytes.
+  RlRunSpec none;
+  none.label = "none";
+  const RlRunResult n = run_rl_one(c, m, none);
+  CHECK(n.weights_reserved_bytes == r.weights_bytes);
+  CHECK(n.pauses == 0);
+  CHECK(n.pause_freed_bytes == 0);
+  CHECK(n.resumes_weights + n.resumes_rest == 0);
+}
+
+// summary.json, timeseries.csv and the table each state the weights and what a pause frees;
+// they must agree (through the files and the text alone).
+TEST_CASE("RL outputs agree on the weights and on what each pause frees") {
+  RlConfig c = small_config("qwen2.5-7b");
+  RlRunSpec none;
+  none.label = "none";
+  c.runs = {none, saver_run("multi", "tagged_regions", "{}", true),
+            saver_run("l1", "sleep_mode", "{level: 1}", true)};
+  const RlResults res = run_rl(c);
+  const std::string table = format_rl_table(c, res);
+  memsim::test::TempDir tmp;
+  {
+    OutputDir dir(tmp.path().string(), "rl");
+    write_rl_outputs(c, res, dir);
+    dir.commit();
+  }
+  const std::string json = read_text(tmp.path() / "rl" / "summary.json");
+  std::stringstream csv(read_text(tmp.path() / "rl" / "timeseries.csv"));
+  std::string line;
+  std::getline(csv, line);
+  const std::vector<std::string> head = split(line, ',');
+  const auto col = [&](const std::string& name) {
+    const size_t i = std::find(head.begin(), head.end(), name) - head.begin();
+    REQUIRE(i < head.size());
+    return i;
+  };
+  const size_t run_col = col("run"), phase_col = col("phase"), weights_col = col("rollout.weights"),
+               physical_col = col("physical");
+  // Per run: the weights column's largest value; per release phase, device bytes at its first
+  // and last sample.
+  std::map<std::string, uint64_t> weights;
+  std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> releases;
+  std::string last_run, last_phase;
+  while (std::getline(csv, line)) {
+    const std::vector<std::string> row = split(line, ',');
+    const std::string& run = row[run_col];
+    weights[run] = std::max<uint64_t>(weights[run], std::stoull(row[weights_col]));
+    const uint64_t physical = std::stoull(row[physical_col]);
+    if (row[phase_col] == "release") {
+      if (run != last_run || last_phase != "release") releases[run].push_back({physical, 0});
+      releases[run].back().second = physical;
+    }
+    last_run = run;
+    last_phase = row[phase_col];
+  }
+  // The model line states the parameters' bytes: 14.19 GiB.
+  CHECK(table.find("qwen2.5-7b (weights 14.19 GiB: 7.62 B parameters in bf16)") !=
+        std::string::npos);
+  for (const char* label : {"none", "multi", "l1"}) {
+    CAPTURE(label);
+    CHECK(summary_field(json, label, "weights_bytes") == 15231233024);
+    const int64_t reserved = summary_field(json, label, "weights_reserved_bytes");
+    CHECK(reserved == static_cast<int64_t>(weights[label]));
+    const std::vector<std::string> row = table_row(table, label);
+    REQUIRE(row.size() > 9);
+    CHECK(row[3] == fmt::format("{:.2f}", static_cast<double>(reserved) / (1ull << 30)));
+    // What each pause freed, from the device bytes before and after each release phase.
+    const int64_t freed = summary_field(json, label, "pause_freed_bytes");
+    if (releases[label].empty()) {
+      CHECK(freed == 0);
+      CHECK(row[8] == "-");
+      continue;
+    }
+    for (const auto& [before, after] : releases[label])
+      CHECK(static_cast<int64_t>(before - after) == freed);
+    CHECK(row[8] == fmt::format("{:.2f}", static_cast<double>(freed) / (1ull << 30)));
+  }
+  CHECK(summary_field(json, "none", "weights_reserved_bytes") == 15231233024);
+  CHECK(summary_field(json, "multi", "weights_reserved_bytes") == 15453913088);
+  CHECK(summary_field(json, "multi", "pause_freed_bytes") == 127867551744);
+  // The OOM run completed no iteration: its iteration time does not exist.
+  CHECK(table_row(table, "none")[15] == "-");
 }

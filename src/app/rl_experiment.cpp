@@ -234,6 +234,115 @@ RlConfig load_rl_config(const ConfigNode& root) {
   return c;
 }
 
+namespace {
+
+// The RL table's columns: two header lines (name, unit) and one row per run.
+constexpr char kRlRow[] =
+    "  {:<22} {:<14} {:>6} {:>7} {:>6} {:>7} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} "
+    "{:>7} {:>7} {:>5} {:<6} {}\n";
+
+// Compact column definitions, printed once above the per-model tables.
+constexpr char kRlLegend[] =
+    "columns (GiB: device memory of one GPU, max over iterations; separate runs: either of the "
+    "rank's 2 GPUs):\n"
+    "  KV: the engine's KV budget; weights: device memory held for the engine's weights (the "
+    "model line: the parameters' bytes; a saver rounds each tensor up to 2 MiB)\n"
+    "  peak: the whole run; rollout, train, sync: during that phase; pinned: host memory\n"
+    "  freed: what each pause gives back (release phase, device bytes before - after); resumed: "
+    "what the resume stages take back\n"
+    "  pause, wake1, wake2: the saver's pause, resume stage 1 (weights; all at once: everything) "
+    "and stage 2 (the rest), per iteration\n"
+    "  max util: the largest rollout gpu_memory_utilization at which every iteration completes; "
+    "-: no such figure\n";
+
+// A header line without the padding of its empty last cells.
+std::string trimmed(std::string line) {
+  while (line.size() > 1 && line[line.size() - 2] == ' ') line.erase(line.size() - 2, 1);
+  return line;
+}
+
+std::string rl_table_header() {
+  return fmt::format(kRlRow, "run", "saver", "KV", "weights", "peak", "rollout", "train", "sync",
+                     "freed", "resumed", "pinned", "pause", "wake1", "wake2", "rollout", "iter",
+                     "max", "graphs", "outcome") +
+         trimmed(fmt::format(kRlRow, "", "", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB",
+                             "host GiB", "ms", "ms", "ms", "s", "s", "util", "", ""));
+}
+
+// The model's line: its weights as parameters (summary.json weights_bytes).
+std::string rl_model_line(const RlConfig& c, const std::string& name) {
+  for (const ModelShape& m : c.models)
+    if (m.name == name)
+      return fmt::format("\n{} (weights {:.2f} GiB: {:.2f} B parameters in {})\n", name,
+                         static_cast<double>(m.weight_bytes()) / (1ull << 30),
+                         static_cast<double>(m.weight_bytes() / dtype_bytes(m.dtype)) / 1e9,
+                         to_string(m.dtype));
+  return fmt::format("\n{}\n", name);
+}
+
+std::string rl_table_row(const RlRunResult& r) {
+  auto phase = [&](const char* name) {
+    auto it = r.phase_peak.find(name);
+    return it == r.phase_peak.end() ? std::string("-") : gib(it->second);
+  };
+  // A figure, or "-" where none exists (no pause, no resume stage, no completed iteration).
+  auto maybe = [](bool exists, std::string s) { return exists ? s : std::string("-"); };
+  auto ms = [](double v) { return fmt::format("{:.1f}", v); };
+  auto gib2 = [](uint64_t b) {
+    return fmt::format("{:.2f}", static_cast<double>(b) / (1ull << 30));
+  };
+  std::string outcome = "ok";
+  if (!r.error.empty())
+    outcome = "error: " + r.error;
+  else if (!r.oom.empty())
+    outcome = "OOM at " + r.oom;
+  return fmt::format(kRlRow, r.label, r.saver, gib(r.kv_bytes),
+                     maybe(r.weights_reserved_bytes > 0, gib2(r.weights_reserved_bytes)),
+                     gib(r.peak), phase("rollout"), phase("train"), phase("sync"),
+                     maybe(r.pauses > 0, gib2(r.pause_freed_bytes)),
+                     maybe(r.resumes_weights + r.resumes_rest > 0,
+                           gib2(r.resume_weights_bytes + r.resume_rest_bytes)),
+                     gib(r.peak_pinned), maybe(r.pauses > 0, ms(r.pause_ms)),
+                     maybe(r.resumes_weights > 0, ms(r.resume_weights_ms)),
+                     maybe(r.resumes_rest > 0, ms(r.resume_rest_ms)),
+                     maybe(r.phase_peak.count("rollout") > 0, fmt::format("{:.2f}", r.rollout_s)),
+                     maybe(r.iterations_done > 0, fmt::format("{:.2f}", r.iteration_s)),
+                     maybe(r.max_utilization >= 0, fmt::format("{:.2f}", r.max_utilization)),
+                     r.graph_launches == 0 ? "-" : (r.graphs_valid ? "valid" : "BROKEN"), outcome);
+}
+
+// Where the saver's time goes, by primitive.
+std::string rl_primitive_table(const RlResults& res) {
+  std::vector<std::string> prims;
+  for (const RlRunResult& r : res.runs)
+    for (const auto* split : {&r.pause_split_ms, &r.resume_split_ms})
+      for (const auto& [k, ms] : *split)
+        if (std::find(prims.begin(), prims.end(), k) == prims.end()) prims.push_back(k);
+  if (prims.empty()) return "";
+  std::string out = "\npause / resume (both stages) by primitive, simulated ms per iteration:\n";
+  out += fmt::format("  {:<14} {:<22} {:<6}", "model", "run", "");
+  for (const std::string& k : prims)
+    out += fmt::format(" {:>{}}", k, std::max<size_t>(8, k.size()));
+  out += "\n";
+  for (const RlRunResult& r : res.runs) {
+    if (r.pause_split_ms.empty() && r.resume_split_ms.empty()) continue;
+    for (const auto& [what, split] :
+         {std::pair{"pause", &r.pause_split_ms}, std::pair{"resume", &r.resume_split_ms}}) {
+      out += fmt::format("  {:<14} {:<22} {:<6}", r.model, r.label, what);
+      for (const std::string& k : prims) {
+        auto it = split->find(k);
+        const size_t w = std::max<size_t>(8, k.size());
+        out += it == split->end() ? fmt::format(" {:>{}}", "-", w)
+                                  : fmt::format(" {:>{}.2f}", it->second, w);
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string format_rl_table(const RlConfig& c, const RlResults& res) {
   std::string out = fmt::format(
       "RL co-location on {} ({:.0f} GiB), {} iterations; trainer dp={} tp={} {} ({} params), "
@@ -241,68 +350,17 @@ std::string format_rl_table(const RlConfig& c, const RlResults& res) {
       c.gpu.name, static_cast<double>(c.gpu.capacity) / (1ull << 30), c.iterations, c.train.dp,
       c.train.tp, to_string(c.train.sharding),
       c.train.param_dtype == DType::kFP32 ? "fp32" : "bf16", c.rollout.gpu_memory_utilization);
+  out += kRlLegend;
   std::string model;
   for (const RlRunResult& r : res.runs) {
     if (r.model != model) {
       model = r.model;
-      out += fmt::format("\n{}\n", model);
-      out += fmt::format(
-          "  {:<22} {:<14} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} "
-          "{:>7} {:<6} {}\n",
-          "run", "saver", "KV GiB", "peak", "rollout", "train", "sync", "pinned", "pause ms",
-          "wake1 ms", "wake2 ms", "rollout s", "iter s", "max util", "graphs", "outcome");
+      out += rl_model_line(c, model) + rl_table_header();
     }
-    auto phase = [&](const char* name) {
-      auto it = r.phase_peak.find(name);
-      return it == r.phase_peak.end() ? std::string("-") : gib(it->second);
-    };
-    std::string outcome = "ok";
-    if (!r.error.empty())
-      outcome = "error: " + r.error;
-    else if (!r.oom.empty())
-      outcome = "OOM at " + r.oom;
-    out += fmt::format(
-        "  {:<22} {:<14} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.2f} "
-        "{:>7.2f} {:>7} {:<6} {}\n",
-        r.label, r.saver, gib(r.kv_bytes), gib(r.peak), phase("rollout"), phase("train"),
-        phase("sync"), gib(r.peak_pinned), r.pause_ms, r.resume_weights_ms, r.resume_rest_ms,
-        r.rollout_s, r.iteration_s,
-        r.max_utilization < 0 ? std::string("-") : fmt::format("{:.2f}", r.max_utilization),
-        r.graph_launches == 0 ? "-" : (r.graphs_valid ? "valid" : "BROKEN"), outcome);
+    out += rl_table_row(r);
   }
-  // Where the saver's time goes, by primitive.
-  std::vector<std::string> prims;
-  for (const RlRunResult& r : res.runs)
-    for (const auto* split : {&r.pause_split_ms, &r.resume_split_ms})
-      for (const auto& [k, ms] : *split)
-        if (std::find(prims.begin(), prims.end(), k) == prims.end()) prims.push_back(k);
-  if (!prims.empty()) {
-    out += "\npause / resume (both stages) by primitive, simulated ms per iteration:\n";
-    out += fmt::format("  {:<14} {:<22} {:<6}", "model", "run", "");
-    for (const std::string& k : prims)
-      out += fmt::format(" {:>{}}", k, std::max<size_t>(8, k.size()));
-    out += "\n";
-    for (const RlRunResult& r : res.runs) {
-      if (r.pause_split_ms.empty() && r.resume_split_ms.empty()) continue;
-      for (const auto& [what, split] :
-           {std::pair{"pause", &r.pause_split_ms}, std::pair{"resume", &r.resume_split_ms}}) {
-        out += fmt::format("  {:<14} {:<22} {:<6}", r.model, r.label, what);
-        for (const std::string& k : prims) {
-          auto it = split->find(k);
-          const size_t w = std::max<size_t>(8, k.size());
-          out += it == split->end() ? fmt::format(" {:>{}}", "-", w)
-                                    : fmt::format(" {:>{}.2f}", it->second, w);
-        }
-        out += "\n";
-      }
-    }
-  }
-  out += fmt::format(
-      "\npeak / rollout / train / sync: GiB of device memory (max over GPUs and iterations; "
-      "separate runs use 2 GPUs per rank); pinned: host GiB; wake1/wake2: resume stages "
-      "(weights, then the rest); max util: the largest rollout gpu_memory_utilization that "
-      "completes every iteration; {:.1f} s wall\n",
-      res.wall_seconds);
+  out += rl_primitive_table(res);
+  out += fmt::format("\n{:.1f} s wall\n", res.wall_seconds);
   return out;
 }
 
@@ -317,13 +375,15 @@ void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
           "    {{\"label\": \"{}\", \"model\": \"{}\", \"placement\": \"{}\", \"saver\": \"{}\", "
           "\"outcome\": \"{}\", \"oom\": \"{}\", \"oom_bytes_short\": {}, \"error\": \"{}\", "
           "\"iterations_done\": {}, \"gpus_per_rank\": {}, \"kv_bytes\": {}, \"kv_tokens\": {}, "
-          "\"weights_bytes\": {}, \"graph_bytes\": {}, \"peak_bytes\": {}, "
+          "\"weights_bytes\": {}, \"graph_bytes\": {}, \"weights_reserved_bytes\": {}, "
+          "\"kv_reserved_bytes\": {}, \"graph_reserved_bytes\": {}, \"peak_bytes\": {}, "
           "\"peak_train_gpu_bytes\": {}, \"peak_rollout_gpu_bytes\": {}, "
           "\"peak_pinned_host_bytes\": {}, \"phase_peak_bytes\": {{",
           json_escape(r.label), json_escape(r.model), r.placement, r.saver,
           !r.error.empty() ? "error" : (!r.oom.empty() ? "oom" : "ok"), json_escape(r.oom),
           r.oom_bytes_short, json_escape(r.error), r.iterations_done, r.gpus, r.kv_bytes,
-          r.kv_tokens, r.weights_bytes, r.graph_bytes, r.peak, r.peak_train_gpu, r.peak_rollout_gpu,
+          r.kv_tokens, r.weights_bytes, r.graph_bytes, r.weights_reserved_bytes,
+          r.kv_reserved_bytes, r.graph_reserved_bytes, r.peak, r.peak_train_gpu, r.peak_rollout_gpu,
           r.peak_pinned);
       bool first = true;
       for (const auto& [name, b] : r.phase_peak) {
@@ -333,15 +393,17 @@ void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
       f << fmt::format(
           "}}, \"rollout_s\": {:.6f}, \"train_s\": {:.6f}, \"sync_s\": {:.6f}, "
           "\"iteration_s\": {:.6f}, \"pause_ms\": {:.4f}, \"resume_weights_ms\": {:.4f}, "
-          "\"resume_rest_ms\": {:.4f}, \"offload_ms\": {:.4f}, \"reload_ms\": {:.4f}, "
+          "\"resume_rest_ms\": {:.4f}, \"pause_freed_bytes\": {}, \"resume_weights_bytes\": {}, "
+          "\"resume_rest_bytes\": {}, \"offload_ms\": {:.4f}, \"reload_ms\": {:.4f}, "
           "\"preemptions\": {}, \"rollout_tokens_per_s\": {:.2f}, \"max_utilization\": {:.2f}, "
           "\"graph_launches\": {}, "
           "\"graphs_valid\": {}, \"graph_error\": \"{}\", \"pause_split_ms\": {}, "
           "\"resume_split_ms\": {}}}{}\n",
           r.rollout_s, r.train_s, r.sync_s, r.iteration_s, r.pause_ms, r.resume_weights_ms,
-          r.resume_rest_ms, r.offload_ms, r.reload_ms, r.preemptions, r.rollout_tokens_per_s,
-          r.max_utilization, r.graph_launches, r.graphs_valid ? "true" : "false",
-          json_escape(r.graph_error), json_map(r.pause_split_ms), json_map(r.resume_split_ms),
+          r.resume_rest_ms, r.pause_freed_bytes, r.resume_weights_bytes, r.resume_rest_bytes,
+          r.offload_ms, r.reload_ms, r.preemptions, r.rollout_tokens_per_s, r.max_utilization,
+          r.graph_launches, r.graphs_valid ? "true" : "false", json_escape(r.graph_error),
+          json_map(r.pause_split_ms), json_map(r.resume_split_ms),
           i + 1 < res.runs.size() ? "," : "");
     }
     f << "  ]\n}\n";

@@ -317,16 +317,21 @@ class Timeline {
 
   void init_rollout_engine() {
     // Weights as vLLM's fused parameters, the KV cache one tensor per layer, the graph pool.
+    // What each holds on the device is read back from the gauges (see weights_reserved_bytes).
+    const auto held = [&](RlTag t) { return rollout_gpu().bytes[static_cast<size_t>(t)]; };
     for (uint64_t bytes : plan_.weight_tensors)
       weights_.push_back({engine_alloc(bytes, "weights"), bytes});
     refresh_saver_gauges();
+    r_.weights_reserved_bytes = held(RlTag::kWeights);
     for (uint32_t l = 0; l < m_.layers; ++l)
       kv_.push_back({engine_alloc(plan_.kv_layer_bytes, "kv_cache"), plan_.kv_layer_bytes});
     refresh_saver_gauges();
+    r_.kv_reserved_bytes = held(RlTag::kKvCache);
     if (plan_.budget.graph_memory > 0) {
       graph_pool_ = {engine_alloc(plan_.budget.graph_memory, "cuda_graph"),
                      plan_.budget.graph_memory};
       refresh_saver_gauges();
+      r_.graph_reserved_bytes = held(RlTag::kCudaGraph);
     }
     // A decode graph reading every weight and writing every layer's KV and the graph pool: its
     // replays after each resume tell whether the addresses it captured are still mapped.
@@ -491,6 +496,32 @@ class Timeline {
     return static_cast<double>(clock_.now() - t0) / 1e6;
   }
 
+  uint64_t rollout_device_bytes() { return rollout_gpu().backend->usage().physical_bytes; }
+
+  // The release phase: the saver pauses every tag, the engine empties its allocator's cache;
+  // adds the device bytes that frees to the pauses' sum.
+  void release(uint32_t i) {
+    begin_phase(i, "release");
+    const uint64_t before = rollout_device_bytes();
+    pause_ms_ += saver_call(true, run_.saver_tags, "release (pause)", &measured_.pause_ms);
+    check(rollout_gpu().rollout_alloc->empty_cache(), "empty_cache");
+    sample(rollout_index());
+    freed_bytes_ += before - rollout_device_bytes();
+    ++r_.pauses;
+  }
+
+  // One resume stage of `tags`: its simulated ms; adds the device bytes it takes to *bytes and
+  // counts the call in *calls.
+  double resume_stage(const std::vector<std::string>& tags, const std::string& what,
+                      double* measured, uint64_t* bytes, uint32_t* calls) {
+    if (!saver_ || tags.empty()) return 0;
+    const uint64_t before = rollout_device_bytes();
+    const double ms = saver_call(false, tags, what, measured);
+    *bytes += rollout_device_bytes() - before;
+    ++*calls;
+    return ms;
+  }
+
   // ---- the timeline ---------------------------------------------------------------------------
 
   void init() {
@@ -542,12 +573,7 @@ class Timeline {
     // Release: the engine gives its memory back (SGLang release_memory_occupation / vLLM sleep),
     // then empties its allocator's cache.
     const SimTime t_train = clock_.now();
-    if (colocated && saver_) {
-      begin_phase(i, "release");
-      pause_ms_ += saver_call(true, run_.saver_tags, "release (pause)", &measured_.pause_ms);
-      check(rd.rollout_alloc->empty_cache(), "empty_cache");
-      sample(rollout_index());
-    }
+    if (colocated && saver_) release(i);
     // Trainer: reload, score, train, offload the optimizer.
     begin_phase(i, "score");
     const SimTime t_reload = clock_.now();
@@ -580,8 +606,8 @@ class Timeline {
     if (colocated && saver_) {
       const std::vector<std::string> first =
           run_.multi_stage ? std::vector<std::string>{"weights"} : run_.saver_tags;
-      resume_weights_ms_ +=
-          saver_call(false, first, "resume (stage 1)", &measured_.resume_weights_ms);
+      resume_weights_ms_ += resume_stage(first, "resume (stage 1)", &measured_.resume_weights_ms,
+                                         &resumed_weights_bytes_, &r_.resumes_weights);
     }
     sync_tensor_ = sync_offset_ = 0;
     exec(builder_.weight_sync(c_.sync_bucket_bytes), "weight sync");
@@ -594,8 +620,9 @@ class Timeline {
     }
     if (colocated && saver_ && run_.multi_stage) {
       begin_phase(i, "resume");
-      resume_rest_ms_ += saver_call(false, saver_tags_except({"weights"}), "resume (stage 2)",
-                                    &measured_.resume_rest_ms);
+      resume_rest_ms_ +=
+          resume_stage(saver_tags_except({"weights"}), "resume (stage 2)",
+                       &measured_.resume_rest_ms, &resumed_rest_bytes_, &r_.resumes_rest);
     }
     sync_s_ += static_cast<double>(clock_.now() - t_sync) / 1e9;
     iteration_s_ += static_cast<double>(clock_.now() - t_iter) / 1e9;
@@ -643,6 +670,10 @@ class Timeline {
     r_.measured.resume_rest_ms = measured_.resume_rest_ms / n;
     r_.rollout_tokens_per_s =
         rollout_s_ > 0 ? static_cast<double>(rollout_tokens_) / rollout_s_ : 0;
+    auto mean = [](uint64_t sum, uint32_t calls) { return calls == 0 ? 0 : sum / calls; };
+    r_.pause_freed_bytes = mean(freed_bytes_, r_.pauses);
+    r_.resume_weights_bytes = mean(resumed_weights_bytes_, r_.resumes_weights);
+    r_.resume_rest_bytes = mean(resumed_rest_bytes_, r_.resumes_rest);
   }
 
   // ---- helpers --------------------------------------------------------------------------------
@@ -688,6 +719,7 @@ class Timeline {
   double pause_ms_ = 0, resume_weights_ms_ = 0, resume_rest_ms_ = 0, offload_ms_ = 0,
          reload_ms_ = 0;
   uint64_t rollout_tokens_ = 0;
+  uint64_t freed_bytes_ = 0, resumed_weights_bytes_ = 0, resumed_rest_bytes_ = 0;  // sums
   RlMeasured measured_;
   std::map<std::string, double> pause_split_, resume_split_;
   RlRunResult r_;

@@ -128,7 +128,14 @@ struct RlRunResult {
   std::string oom;    // empty: none; else where it ran out of memory and by how much
   uint64_t oom_bytes_short = 0;
   uint32_t iterations_done = 0;
+  // The engine's plan: KV budget, the parameters' bytes (ModelShape::weight_bytes), graph pool.
   uint64_t kv_bytes = 0, kv_tokens = 0, weights_bytes = 0, graph_bytes = 0;
+  // What the device holds for them once allocated, as timeseries.csv's rollout.weights,
+  // rollout.kv_cache and rollout.cuda_graph show it: through a saver, each tensor is its own
+  // physical allocation rounded up to the granularity (2 MiB); through the engine's caching
+  // allocator, the tensors' bytes (its rounding counts under allocator_cache). The KV cache is
+  // whole blocks of the budget.
+  uint64_t weights_reserved_bytes = 0, kv_reserved_bytes = 0, graph_reserved_bytes = 0;
   uint64_t peak = 0;                                  // device bytes, max over phases (and GPUs)
   uint64_t peak_train_gpu = 0, peak_rollout_gpu = 0;  // separate placement
   uint64_t peak_pinned = 0;                           // pinned host bytes
@@ -139,6 +146,11 @@ struct RlRunResult {
   double pause_ms = 0;                               // release of the rollout memory (saver pause)
   double resume_weights_ms = 0, resume_rest_ms = 0;  // stage 1 and 2 (all-at-once: stage 1)
   double offload_ms = 0, reload_ms = 0;              // trainer state to and from host
+  // Device bytes each pause gives back (the release phase: the saver's pause and the engine's
+  // empty_cache, bytes before minus after) and each resume stage takes again; means over the
+  // calls made (pauses, resumes_weights, resumes_rest: 0 when none ran).
+  uint64_t pause_freed_bytes = 0, resume_weights_bytes = 0, resume_rest_bytes = 0;
+  uint32_t pauses = 0, resumes_weights = 0, resumes_rest = 0;
   // pause_ms and the two resume stages together by primitive (create_physical, map, set_access,
   // unmap, release_physical, host_malloc_pinned, copy over PCIe, ...), ms per iteration.
   std::map<std::string, double> pause_split_ms, resume_split_ms;
