@@ -380,6 +380,21 @@ MEMSIM_ROOT=$ROOT run sweep_again sweep --config "$TMP/grid.yaml" --out "$TMP/ou
 expect_rc sweep_again 0
 expect_in "$TMP/sweep_again.out" "4 of 4 points already complete" "sweep: a rerun resumes"
 check "sweep: the rerun's sweep.csv is the same" cmp -s "$SWCSV" "$TMP/sweep_first.csv"
+# memsim plot: the README's plot command, with the interpreter memsim found; bad kinds refused.
+run plot_bad plot ../tools/plot_sweep
+expect_rc plot_bad 2
+expect_in "$TMP/plot_bad.err" "no plot '../tools/plot_sweep' (known: shapes" "plot: a path is no kind"
+MEMSIM_PYTHON=/bin/false run plot_nopy plot sweep "$TMP/out_sweep/sweep_grid-sweep"
+expect_rc plot_nopy 1
+expect_in "$TMP/plot_nopy.err" "MEMSIM_PYTHON=/bin/false cannot import matplotlib" \
+  "plot: an interpreter without matplotlib is named"
+if /usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1; then
+  MEMSIM_ROOT=$ROOT run plot_sweep plot sweep "$TMP/out_sweep/sweep_grid-sweep" \
+    --x requests.arrival.rate --y output_tokens_per_s --lines kv.block_size
+  expect_rc plot_sweep 0
+  check "plot: the sweep plot drawn" test -s \
+    "$TMP/out_sweep/sweep_grid-sweep/sweep_output_tokens_per_s_vs_requests.arrival.rate.png"
+fi
 MEMSIM_ROOT=$ROOT run sweep_bad sweep --config "$TMP/grid.yaml" --out "$TMP/out_sweep_bad" \
   --sweep scheduler.max_num_seqs=0,16
 expect_rc sweep_bad 2

@@ -129,6 +129,8 @@ def legend(legend_ax, allocators, has_recorded, ncol):
 
 
 def main():
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        sys.exit(f"usage: {sys.argv[0]} RESULTS_DIR\n\n{__doc__}")
     dir_ = sys.argv[1]
     series, summary = load(dir_)
     runs_json = summary.get("runs", [])

@@ -103,6 +103,8 @@ def draw_panel(ax, s, run, gpu, capacity, phase_starts):
 
 
 def main():
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        sys.exit(f"usage: {sys.argv[0]} RESULTS_DIR\n\n{__doc__}")
     dir_ = sys.argv[1]
     summary, series, phases = load(dir_)
     capacity = summary.get("capacity_bytes", 0) / GIB

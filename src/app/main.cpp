@@ -8,13 +8,14 @@
 #include <iostream>
 #include <optional>
 
-#include "memsim_config.h"
 #include "core/host_memory.h"
+#include "memsim_config.h"
 #include "src/app/calibrate.h"
 #include "src/app/calibrate_model.h"
 #include "src/app/cuda_modes.h"
 #include "src/app/experiment.h"
 #include "src/app/output.h"
+#include "src/app/plots.h"
 #include "src/app/replay_command.h"
 #include "src/app/sweep.h"
 
@@ -54,6 +55,11 @@ struct SweepCli {
 struct MergeCli {
   CLI::App* cmd = nullptr;
   std::string dir;
+};
+
+struct PlotCli {
+  CLI::App* cmd = nullptr;
+  std::string kind;
 };
 
 void add_run_options(CLI::App& app, RunCli& r) {
@@ -176,6 +182,19 @@ void add_merge(CLI::App& app, MergeCli& m) {
       ->check(CLI::ExistingDirectory);
 }
 
+void add_plot(CLI::App& app, PlotCli& p) {
+  p.cmd = app.add_subcommand(
+      "plot",
+      "draw a plot of results by hand: tools/plot_KIND.py ARGS... with the interpreter "
+      "memsim uses (recorded at set-up; MEMSIM_PYTHON overrides it)");
+  p.cmd
+      ->add_option("kind", p.kind,
+                   "shapes, kv, rl, allocators or sweep; the script's own "
+                   "arguments follow (listed in docs/experiments.md)")
+      ->required();
+  p.cmd->prefix_command();  // everything after KIND goes to the script, in order
+}
+
 int run_calibrate_cli(CalibrateCli& c) {
   memsim::CalibrateOptions& o = c.options;
   if (o.backend != "cuda") {
@@ -237,11 +256,13 @@ int run_cli(int argc, char** argv) {
   ReplayCli replay;
   SweepCli sweep;
   MergeCli merge;
+  PlotCli plot;
   add_run_options(app, run);
   add_calibrate(app, calibrate);
   add_replay(app, replay);
   add_sweep(app, sweep);
   add_merge(app, merge);
+  add_plot(app, plot);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty() && run.config_opt->count() == 0)
@@ -255,6 +276,9 @@ int run_cli(int argc, char** argv) {
     return memsim::run_sweep_command(sweep.options, std::cout, std::cerr);
   }
   if (merge.cmd->parsed()) return memsim::run_merge_command(merge.dir, std::cout, std::cerr);
+  if (plot.cmd->parsed()) {
+    return memsim::run_plot_command(plot.kind, plot.cmd->remaining(), std::cerr);
+  }
   if (replay.cmd->parsed()) {
     replay.options.min_capacity = !replay.no_min_capacity;
     replay.options.cuda = replay.backend == "cuda";
