@@ -236,6 +236,41 @@ run replay_back replay "$TMP/exported.pickle" --allocator torch_caching --no-min
   --out "$TMP/out_replay_back"
 expect_rc replay_back 0
 expect_in "$TMP/replay_back.out" "reserved equal to the recording after every op" "replay: the exported snapshot replays"
+# Variants of one allocator side by side, each row labelled with its options; --no-plots.
+run replay_var replay "$SNAP" --no-min-capacity --no-plots --out "$TMP/out_replay_var" \
+  --allocator torch_caching --allocator torch_caching:expandable_segments=true \
+  --allocator 'torch_caching:roundup_power2_divisions=4,max_split_size=64MiB' \
+  --set torch_caching.garbage_collection_threshold=0.5
+expect_rc replay_var 0
+expect_re "$TMP/replay_var.out" "^torch_caching:garbage_collection_threshold=0.5 +119.1 MiB +144.0 MiB" \
+  "replay variants: --set labels its row"
+expect_re "$TMP/replay_var.out" \
+  "^torch_caching:garbage_collection_threshold=0.5,expandable_segments=true +117.7 MiB +144.0 MiB" \
+  "replay variants: expandable segments row"
+expect_re "$TMP/replay_var.out" \
+  "^torch_caching:garbage_collection_threshold=0.5,roundup_power2_divisions=4,max_split_size=64MiB +129.7 MiB +164.0 MiB" \
+  "replay variants: two options in one row"
+expect_in "$TMP/replay_var.out" "plots skipped (--no-plots)" "replay: --no-plots"
+expect_in "$TMP/out_replay_var/replay/summary.json" \
+  '"config": "{garbage_collection_threshold: 0.5, expandable_segments: true}"' \
+  "replay variants: summary.json has the resolved options"
+check "replay variants: no plot with --no-plots" test ! -e "$TMP/out_replay_var/replay/allocators.png"
+run replay_var_twice replay "$SNAP" --allocator torch_caching:expandable_segments=true \
+  --allocator torch_caching:expandable_segments=true --out "$TMP/out_replay_var2"
+expect_rc replay_var_twice 2
+expect_in "$TMP/replay_var_twice.err" "is given twice" "replay variants: a row given twice"
+run replay_var_key replay "$SNAP" --allocator torch_caching:expandable_segment=true \
+  --out "$TMP/out_replay_var2"
+expect_rc replay_var_key 2
+expect_in "$TMP/replay_var_key.err" \
+  "'expandable_segment' is not a key of torch_caching (did you mean 'expandable_segments'?)" \
+  "replay variants: a misspelt option named"
+run replay_var_val replay "$SNAP" --allocator torch_caching:max_split_size=1MiB \
+  --out "$TMP/out_replay_var2"
+expect_rc replay_var_val 2
+expect_in "$TMP/replay_var_val.err" "torch_caching:max_split_size=1MiB (torch_caching.max_split_size): must be above 20 MiB" \
+  "replay variants: a bad value names its row"
+expect_absent "$TMP/out_replay_var2" "replay variants: no output on a bad option"
 head -c 5000 "$SNAP" > "$TMP/truncated.pickle"
 run replay_trunc replay "$TMP/truncated.pickle" --out "$TMP/out_trunc"
 expect_rc replay_trunc 2

@@ -10,6 +10,7 @@ DIR/timeseries.csv and DIR/summary.json; writes DIR/allocators.png and DIR/alloc
 import csv
 import json
 import math
+import textwrap
 import os
 import sys
 
@@ -21,6 +22,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 RECORDED = "recorded"
 RECORDED_STYLE = {"color": "#999999", "lw": 3.0, "alpha": 0.55, "solid_capstyle": "butt"}
 ALLOCATED_LS = (0, (3, 1.5))
+DISPLAY = {}  # run label -> the text drawn for it (display_names)
 
 
 def load(dir_):
@@ -36,16 +38,56 @@ def load(dir_):
     return series, summary
 
 
+def split_label(label):
+    """memsim replay's variant label NAME:key=value,key=value -> (NAME, [key=value, ...]); commas
+    inside [] or {} belong to a value."""
+    name, _, rest = label.partition(":")
+    opts, cur, depth = [], "", 0
+    for ch in rest:
+        depth += (ch in "[{") - (ch in "]}")
+        if ch == "," and depth == 0:
+            opts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        opts.append(cur)
+    return name, opts
+
+
+def display_names(allocators):
+    """The text drawn for each run: memsim replay's variants of one allocator by the options that
+    tell them apart (the name alone for one without any); the options all variants of an
+    allocator share are returned apart, for a note."""
+    parts = {a: split_label(a) for a in allocators}
+    groups = {}
+    for name, opts in parts.values():
+        groups.setdefault(name, []).append(opts)
+    shared = {n: [o for o in g[0] if all(o in x for x in g)] for n, g in groups.items()}
+    names = {}
+    for a, (n, opts) in parts.items():
+        own = [o for o in opts if o not in shared[n]]
+        names[a] = ", ".join(own) if own and len(groups[n]) > 1 else n if not own else \
+            n + ": " + ", ".join(own)
+    names = {a: textwrap.fill(t, 34, break_on_hyphens=False, subsequent_indent="  ")
+             for a, t in names.items()}
+    notes = [f"every {n} run: {', '.join(o)}" for n, o in shared.items() if o]
+    return names, notes
+
+
 def coincide_note(ax, runs):
     """Names the allocators whose reserved lines lie on top of each other (the recording's
     included), in the headroom left at the top of the panel."""
-    curves = {name: (s[0], s[1]) for name, s in runs.items()}
+    curves = {DISPLAY.get(name, name).replace("\n  ", " "): (s[0], s[1])
+              for name, s in runs.items()}
     groups = style.coincide_groups(curves)
-    if groups:
-        style.note(ax, "same reserved: " + "\n".join(" = ".join(g) for g in groups)
-                   if len(groups) == 1 and len(" = ".join(groups[0])) < 28 else
-                   "same reserved:\n" + "\n".join(" = ".join(g) for g in groups),
-                   loc="upper left")
+    if len(groups) == 1 and len(groups[0]) == len(curves) > 2:
+        style.note(ax, "same reserved: every run", loc="upper left")
+    elif groups:
+        lines = [textwrap.fill(" = ".join(g), 44, break_on_hyphens=False) for g in groups]
+        style.note(ax, "same reserved: " + lines[0]
+                   if len(groups) == 1 and len(lines[0]) < 28 else
+                   "same reserved:\n" + "\n".join(lines), loc="upper left")
 
 
 def draw_timeline(ax, wl, runs, allocators, peaks):
@@ -93,9 +135,15 @@ def draw_peaks(ax, wl, runs_json, allocators, recorded_peak):
         peaks.append(r["peak_reserved_bytes"] if r else 0)
     top = max(peaks + [recorded_peak], default=0)
     unit_name, unit = style.unit_for(top)
+    long_names = any("\n" in DISPLAY.get(a, a) or len(DISPLAY.get(a, a)) > 18 for a in allocators)
     ys = list(range(len(allocators)))
-    ax.barh(ys, [p / unit for p in peaks], height=0.65,
-            color=[style.series_style(i)["color"] for i in ys], edgecolor="none")
+    if long_names:  # room above each bar for its name's lines
+        ys, y = [], -0.5
+        for a in allocators:
+            y += 0.9 + 0.3 * DISPLAY.get(a, a).count("\n")
+            ys.append(y)
+    ax.barh(ys, [p / unit for p in peaks], height=0.5 if long_names else 0.65,
+            color=[style.series_style(i)["color"] for i in range(len(ys))], edgecolor="none")
     for y, p in zip(ys, peaks):
         ax.text(p / unit, y, " " + style.format_bytes(p), va="center", ha="left", fontsize=7,
                 color="#333333")
@@ -103,8 +151,14 @@ def draw_peaks(ax, wl, runs_json, allocators, recorded_peak):
         ax.axvline(recorded_peak / unit, color="#555555", lw=0.8, ls=(0, (1, 1)))
         ax.text(recorded_peak / unit, -0.75, "recorded", fontsize=7, ha="center", va="bottom",
                 color="#555555")
-    ax.set_yticks(ys, allocators)
-    ax.set_ylim(len(ys) - 0.5, -1.0 if recorded_peak else -0.5)
+    if long_names:
+        for y, a in zip(ys, allocators):  # long names: above their bars, not in the margin
+            ax.text(0, y - 0.27, DISPLAY.get(a, a), fontsize=6.5, va="bottom", ha="left",
+                    linespacing=1.0)
+        ax.set_yticks(ys, [])
+    else:
+        ax.set_yticks(ys, allocators)
+    ax.set_ylim(ys[-1] + 0.5 if ys else 0.5, -1.0 if recorded_peak else -0.5)
     ax.tick_params(axis="y", length=0)
     ax.grid(False, axis="y")
     ax.margins(x=0.3)
@@ -122,7 +176,8 @@ def legend(legend_ax, allocators, has_recorded, ncol):
         handles.append(Line2D([], [], label="reserved, recorded (PyTorch)", **RECORDED_STYLE))
     for i, a in enumerate(allocators):
         st = style.series_style(i)
-        handles.append(Line2D([], [], color=st["color"], marker=st["marker"], lw=1.1, label=a,
+        handles.append(Line2D([], [], color=st["color"], marker=st["marker"], lw=1.1,
+                              label=DISPLAY.get(a, a),
                               **style.marker_face(st["color"])))
     legend_ax.legend(handles=handles, loc="center", ncol=ncol, handlelength=2.2,
                      columnspacing=1.0)
@@ -149,13 +204,20 @@ def main():
                       for w in summary.get("workloads", [])}
     if "snapshot" in summary and "recorded" in summary:  # memsim replay's summary.json
         recorded_peaks["snapshot"] = summary["recorded"].get("peak_reserved_bytes", 0)
+    names, shared = display_names(allocators)
+    DISPLAY.update(names)
+    lines = [n.count("\n") + 1 for n in names.values()]
+    long_names = max((len(n) for n in names.values()), default=0) > 18
     cols = len(workloads)
     width = style.SINGLE if cols == 1 else style.DOUBLE
-    bars_h = 0.35 + 0.15 * max(1, len(allocators))
-    ncol = 2 if cols == 1 else 4
-    legend_rows = -(-(len(allocators) + 3) // ncol)
+    bars_h = 0.35 + (0.15 * max(1, len(allocators)) if not long_names else
+                     sum(0.17 + 0.1 * k for k in lines))
+    ncol = (2 if cols == 1 else 4) // (2 if long_names else 1)
+    legend_rows = -(-(len(allocators) + 3) // ncol) + (sum(lines) - len(lines) if long_names else 0)
     fig, axes, legend_ax = style.figure_legend_below(
         width, 2.1 + bars_h + 0.15 * legend_rows, 2, cols, legend_height=0.15 * legend_rows)
+    if shared:
+        fig.suptitle("; ".join(shared), fontsize=7, x=0.02, ha="left")
     has_recorded = False
     for c, wl in enumerate(workloads):
         top, bottom = axes[0, c], axes[1, c]

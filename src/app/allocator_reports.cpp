@@ -53,19 +53,21 @@ std::string vs_recorded(const AllocatorRunRecord& r) {
 std::string format_allocator_table(const std::vector<AllocatorRunRecord>& runs, bool workloads) {
   std::string out;
   const std::string wl = workloads ? fmt::format("{:<16} ", "workload") : "";
-  out += fmt::format("{}{:<18} {:>12} {:>14} {:>10} {:>10} {:>13}  {}\n", wl, "allocator",
+  size_t aw = 18;  // the allocator column: as wide as its longest label (replay variants)
+  for (const AllocatorRunRecord& r : runs) aw = std::max(aw, r.allocator.size());
+  out += fmt::format("{}{:<{}} {:>12} {:>14} {:>10} {:>10} {:>13}  {}\n", wl, "allocator", aw,
                      "peak alloc", "peak reserved", "frag@peak", "dev allocs", "min capacity",
                      "notes");
   std::string last_workload;
   for (const AllocatorRunRecord& r : runs) {
     if (r.recorded_peak != 0 && r.workload != last_workload)
-      out += fmt::format("{}{:<18} {:>12} {:>14}\n",
-                         workloads ? fmt::format("{:<16} ", r.workload) : "", "(recorded)", "",
+      out += fmt::format("{}{:<{}} {:>12} {:>14}\n",
+                         workloads ? fmt::format("{:<16} ", r.workload) : "", "(recorded)", aw, "",
                          human_bytes(r.recorded_peak));
     last_workload = r.workload;
     const ReplayOutcome& x = r.outcome;
-    out += fmt::format("{}{:<18} {:>12} {:>14} {:>9.1f}% {:>10} {:>13}  {}\n",
-                       workloads ? fmt::format("{:<16} ", r.workload) : "", r.allocator,
+    out += fmt::format("{}{:<{}} {:>12} {:>14} {:>9.1f}% {:>10} {:>13}  {}\n",
+                       workloads ? fmt::format("{:<16} ", r.workload) : "", r.allocator, aw,
                        human_bytes(x.peak_allocated), human_bytes(x.peak_reserved),
                        100.0 * x.fragmentation_at_peak(), x.device_alloc_calls,
                        r.min_capacity ? human_bytes(r.min_capacity) : "-", vs_recorded(r));
@@ -106,8 +108,8 @@ void write_allocator_timeseries(
                         t->recorded_reserved[k]);
   for (const AllocatorRunRecord& r : runs)
     for (const ReplaySample& s : r.outcome.series)
-      ts << fmt::format("{},{},{},{},{},{},{}\n", r.workload, r.allocator, s.op, s.time_us,
-                        s.allocated, s.requested, s.reserved);
+      ts << fmt::format("{},{},{},{},{},{},{}\n", r.workload, csv_cell(r.allocator), s.op,
+                        s.time_us, s.allocated, s.requested, s.reserved);
 }
 
 }  // namespace memsim

@@ -42,7 +42,7 @@ struct CalibrateCli {
 struct ReplayCli {
   CLI::App* cmd = nullptr;
   memsim::ReplayCommandOptions options;
-  bool no_min_capacity = false;
+  bool no_min_capacity = false, no_plots = false;
   std::string backend = "sim";
 };
 
@@ -126,10 +126,12 @@ void add_replay(CLI::App& app, ReplayCli& r) {
       ->required()
       ->check(CLI::ExistingFile);
   r.cmd->add_option("--allocator", o.allocators,
-                    "allocator to replay under (repeatable; default: all)");
+                    "allocator to replay under, with options to compare variants: "
+                    "NAME[:KEY=VALUE,...], e.g. torch_caching:expandable_segments=true "
+                    "(repeatable; each is a row labelled as written; default: every allocator)");
   r.cmd->add_option("--set", o.overrides,
                     "allocator option: --set NAME.key=value, e.g. "
-                    "torch_caching.max_split_size=64MiB (repeatable)");
+                    "torch_caching.max_split_size=64MiB, for every variant of NAME (repeatable)");
   r.cmd->add_option("--out", o.out_dir, "results folder; output goes to DIR/replay/")
       ->capture_default_str();
   r.cmd
@@ -147,6 +149,7 @@ void add_replay(CLI::App& app, ReplayCli& r) {
       ->check(CLI::IsMember({"sim", "cuda"}));
   r.cmd->add_option("--export", o.export_path,
                     "write torch_caching's replay as a snapshot pickle (for memory_viz)");
+  r.cmd->add_flag("--no-plots", r.no_plots, "write no plots");
 }
 
 void add_sweep(CLI::App& app, SweepCli& s) {
@@ -270,7 +273,7 @@ int run_cli(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitConfigError;
   }
-  if (run.no_plots) setenv("MEMSIM_NO_PLOTS", "1", 1);
+  if (run.no_plots || replay.no_plots) setenv("MEMSIM_NO_PLOTS", "1", 1);
   if (sweep.cmd->parsed()) {
     sweep.options.progress = !sweep.quiet;
     return memsim::run_sweep_command(sweep.options, std::cout, std::cerr);

@@ -1,18 +1,16 @@
 // memsim replay: snapshot -> allocation trace -> one replay per allocator -> reports.
 #include "src/app/replay_command.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <new>
 #include <ostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-#include "memsim_config.h"
 #include "core/host_memory.h"
-#include "src/drivers/trace_recorder.h"
-#include "src/drivers/trace_replay.h"
-#include "workload/alloc_trace.h"
-#include "workload/snapshot.h"
+#include "memsim_config.h"
 #include "src/alloc/registry.h"
 #include "src/app/allocator_reports.h"
 #include "src/app/cuda_modes.h"
@@ -21,6 +19,10 @@
 #include "src/app/writers.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
+#include "src/drivers/trace_recorder.h"
+#include "src/drivers/trace_replay.h"
+#include "workload/alloc_trace.h"
+#include "workload/snapshot.h"
 
 namespace memsim {
 
@@ -31,26 +33,94 @@ namespace {
 constexpr int kExitRunFailure = 1;
 constexpr int kExitConfigError = 2;
 
-// The allocators' YAML: those configured by PyTorch's settings (torch_caching) start from the
-// snapshot's own, the others from their defaults; --set NAME.key=value overrides go on top and
-// are validated like any config.
-Result<std::vector<std::pair<std::string, AllocatorFactory>>> resolve_allocators(
-    const ReplayCommandOptions& o, const Snapshot& snap, std::vector<std::string>* yaml_out) {
-  std::vector<std::string> names = o.allocators;
-  const Registry<AllocatorEntry>& registry = caching_allocators();
-  if (names.empty()) names = registry.names();
-  std::string doc = "allocators:\n";
-  for (const std::string& n : names) {
-    const AllocatorEntry* info = registry.find(n);
-    if (info == nullptr)
-      return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("--allocator {}: {}", n, registry.unknown(n)));
-    doc += fmt::format("  {}: {}\n", n,
-                       info->traits.pytorch_alloc_conf ? torch_caching_yaml(snap.settings) : "{}");
+// One replayed allocator: its label (the name, then every option given on the command line),
+// its registered name, and its resolved keys.
+struct ReplayVariant {
+  std::string label;
+  std::string name;
+  std::string yaml;  // flow YAML of its resolved keys
+  AllocatorFactory factory;
+};
+
+// `NAME[:KEY=VALUE[,KEY=VALUE...]]` split into NAME and its assignments (commas inside [] or {}
+// belong to a value: roundup_power2_divisions={256MiB: 1, '>': 8}).
+std::pair<std::string, std::vector<std::string>> split_variant(const std::string& spec) {
+  const auto colon = spec.find(':');
+  std::pair<std::string, std::vector<std::string>> out{spec.substr(0, colon), {}};
+  if (colon == std::string::npos) return out;
+  int depth = 0;
+  std::string cur;
+  for (char ch : spec.substr(colon + 1)) {
+    depth += (ch == '[' || ch == '{') - (ch == ']' || ch == '}');
+    if (ch == ',' && depth == 0) {
+      out.second.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
   }
-  std::vector<std::pair<std::string, AllocatorFactory>> out;
+  out.second.push_back(cur);
+  return out;
+}
+
+// Checks one `key=value` given by `flag` for allocator `info`: the key must be one of its keys.
+void check_assignment(const std::string& flag, const std::string& a, const AllocatorEntry& info) {
+  const auto eq = a.find('=');
+  if (eq == 0 || eq == std::string::npos || eq + 1 == a.size())
+    throw ConfigError(fmt::format("{}: '{}' is not KEY=VALUE (e.g. {})", flag, a,
+                                  "torch_caching:expandable_segments=true,max_split_size=64MiB"));
+  const std::string key = a.substr(0, std::min(eq, a.find('.')));
+  if (std::find(info.keys.begin(), info.keys.end(), key) == info.keys.end()) {
+    const std::string close = closest_match(key, info.keys);
+    throw ConfigError(fmt::format("{}: '{}' is not a key of {} ({})", flag, key, info.name,
+                                  close.empty()
+                                      ? fmt::format("valid keys: {}", fmt::join(info.keys, ", "))
+                                      : fmt::format("did you mean '{}'?", close)));
+  }
+}
+
+// The options as they take effect, in the order first given: a later KEY=VALUE replaces an
+// earlier one of the same key (a variant's own after --set).
+std::vector<std::string> effective(const std::vector<std::string>& given) {
+  std::vector<std::string> out;
+  for (const std::string& a : given) {
+    const std::string key = a.substr(0, a.find('='));
+    auto same = std::find_if(out.begin(), out.end(),
+                             [&](const std::string& b) { return b.substr(0, b.find('=')) == key; });
+    if (same != out.end())
+      *same = a;
+    else
+      out.push_back(a);
+  }
+  return out;
+}
+
+// The variants' YAML: those configured by PyTorch's settings (torch_caching) start from the
+// snapshot's own, the others from their defaults; --set NAME.key=value goes on top of every
+// variant of NAME, then the variant's own options; each is validated like any config.
+Result<std::vector<ReplayVariant>> resolve_allocators(const ReplayCommandOptions& o,
+                                                      const Snapshot& snap) {
+  const Registry<AllocatorEntry>& registry = caching_allocators();
+  std::vector<std::string> specs = o.allocators;
+  if (specs.empty()) specs = registry.names();
+  std::vector<ReplayVariant> out;
   try {
+    std::vector<std::string> names;
+    std::vector<std::vector<std::string>> options;
+    std::string doc = "variants:\n";
+    for (const std::string& spec : specs) {
+      auto [name, assignments] = split_variant(spec);
+      const AllocatorEntry* info = registry.find(name);
+      if (info == nullptr)
+        throw ConfigError(fmt::format("--allocator {}: {}", spec, registry.unknown(name)));
+      for (const std::string& a : assignments) check_assignment("--allocator " + spec, a, *info);
+      doc += fmt::format(
+          "  - {}\n", info->traits.pytorch_alloc_conf ? torch_caching_yaml(snap.settings) : "{}");
+      names.push_back(name);
+      options.push_back(std::move(assignments));
+    }
     ConfigNode root = ConfigNode::parse(doc, "memsim replay");
+    std::vector<std::vector<std::string>> sets(names.size());
     for (const std::string& a : o.overrides) {
       const auto dot = a.find('.');
       const std::string who = a.substr(0, dot == std::string::npos ? 0 : dot);
@@ -63,17 +133,35 @@ Result<std::vector<std::pair<std::string, AllocatorFactory>>> resolve_allocators
             fmt::format("--set {}: '{}' is not an allocator of this replay{}", a, who,
                         close.empty() ? "" : fmt::format(" (did you mean '{}'?)", close)));
       }
-      root.apply_override("allocators." + a);
+      check_assignment("--set " + a, a.substr(dot + 1), *registry.find(who));
+      for (size_t k = 0; k < names.size(); ++k)
+        if (names[k] == who) sets[k].push_back(a.substr(dot + 1));
     }
-    const ConfigNode all = root["allocators"];
-    for (const std::string& n : names) {
-      const ConfigNode node = all[n];
-      const AllocatorEntry* info = registry.find(n);
+    for (size_t k = 0; k < names.size(); ++k) {
+      std::vector<std::string> given = sets[k];
+      given.insert(given.end(), options[k].begin(), options[k].end());
+      given = effective(given);
+      for (const std::string& a : given) root.apply_override(fmt::format("variants.{}.{}", k, a));
+      const ConfigNode node = root["variants"].items()[k];
+      const AllocatorEntry* info = registry.find(names[k]);
       node.expect_keys(info->keys);
-      out.emplace_back(n, info->parse(node));
+      ReplayVariant v{names[k], names[k], {}, {}};
+      for (size_t i = 0; i < given.size(); ++i) v.label += (i == 0 ? ":" : ",") + given[i];
+      try {
+        v.factory = info->parse(node);
+      } catch (const ConfigError& e) {  // name the row, not the YAML built for it
+        std::string why = e.what();
+        const std::string built = fmt::format("memsim replay (--set variants[{}].", k);
+        if (why.rfind(built, 0) == 0)
+          why = v.label + " (" + v.name + "." + why.substr(built.size());
+        throw ConfigError(why);
+      }
       YAML::Emitter e;
       e << YAML::Flow << node.raw();
-      yaml_out->push_back(e.c_str());
+      v.yaml = e.c_str();
+      for (const ReplayVariant& w : out)
+        if (w.label == v.label) throw ConfigError("--allocator " + v.label + " is given twice");
+      out.push_back(std::move(v));
     }
   } catch (const ConfigError& e) {
     return make_error(ErrorCode::kInvalidArgument, e.what());
@@ -146,8 +234,7 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
     err << "memsim replay: --gpu: " << e.what() << "\n";
     return kExitConfigError;
   }
-  std::vector<std::string> yamls;
-  auto allocs = resolve_allocators(o, *snap, &yamls);
+  auto allocs = resolve_allocators(o, *snap);
   if (!allocs.ok()) {
     err << "memsim replay: " << allocs.error().message << "\n";
     return kExitConfigError;
@@ -171,10 +258,11 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
         "note: {} segments belong to CUDA-graph private pools; the trace does not "
         "say which allocations went there, so they replay in the default pool\n",
         t.graph_pool_segments);
-  if (snap->settings.garbage_collection_threshold > 0 &&
-      std::none_of(o.overrides.begin(), o.overrides.end(), [](const std::string& a) {
-        return a.rfind("torch_caching.memory_limit=", 0) == 0;
-      }))
+  const bool limited = std::any_of(allocs->begin(), allocs->end(), [](const ReplayVariant& v) {
+    return caching_allocators().find(v.name)->traits.pytorch_alloc_conf &&
+           v.yaml.find("memory_limit:") != std::string::npos;
+  });
+  if (snap->settings.garbage_collection_threshold > 0 && !limited)
     out << "note: the recording set garbage_collection_threshold, which acts only under "
            "set_per_process_memory_fraction; the snapshot does not record the fraction, so "
            "torch_caching collected nothing: pass --set torch_caching.memory_limit=BYTES "
@@ -183,12 +271,11 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
   OutputDir dir(o.out_dir, "replay");  // checked (and locked) before the replays run
   std::vector<AllocatorRunRecord> runs;
   bool failed = false;
-  for (size_t k = 0; k < allocs->size(); ++k) {
-    const auto& [name, factory] = (*allocs)[k];
+  for (const ReplayVariant& v : *allocs) {
     Result<AllocatorRunRecord> r =
-        run_allocator(t, "snapshot", name, yamls[k], factory, gpu, o.min_capacity);
+        run_allocator(t, "snapshot", v.label, v.yaml, v.factory, gpu, o.min_capacity);
     if (!r.ok()) {
-      err << "memsim replay: " << name << ": " << r.error().message << "\n";
+      err << "memsim replay: " << v.label << ": " << r.error().message << "\n";
       return kExitConfigError;
     }
     if (!r->outcome.error.empty() && !r->outcome.oom) failed = true;
@@ -200,11 +287,11 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
   std::string exported;
   if (!o.export_path.empty()) {
     // The replay under the recording's own kind of allocator (PyTorch's), else the first.
-    auto it = std::find_if(allocs->begin(), allocs->end(), [](const auto& a) {
-      return caching_allocators().find(a.first)->traits.pytorch_alloc_conf;
+    auto it = std::find_if(allocs->begin(), allocs->end(), [](const ReplayVariant& v) {
+      return caching_allocators().find(v.name)->traits.pytorch_alloc_conf;
     });
-    const auto& factory = it != allocs->end() ? it->second : allocs->front().second;
-    Result<std::string> bytes = export_replay_snapshot(t, factory, gpu);
+    const ReplayVariant& chosen = it != allocs->end() ? *it : allocs->front();
+    Result<std::string> bytes = export_replay_snapshot(t, chosen.factory, gpu);
     if (!bytes.ok()) {
       err << "memsim replay: --export: " << bytes.error().message << "\n";
       return kExitRunFailure;
@@ -213,10 +300,12 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
     exported = fmt::format(
         "exported {}'s replay as a snapshot: {} (open it in "
         "pytorch.org/memory_viz)",
-        it != allocs->end() ? it->first : allocs->front().first, o.export_path);
+        chosen.label, o.export_path);
   }
   if (o.cuda) {
-    const int rc = cuda_replay(t, *allocs, gpu, dir, out, err);
+    std::vector<std::pair<std::string, AllocatorFactory>> labelled;
+    for (const ReplayVariant& v : *allocs) labelled.emplace_back(v.label, v.factory);
+    const int rc = cuda_replay(t, labelled, gpu, dir, out, err);
     if (rc != 0) failed = true;
   }
   dir.add_note(
