@@ -31,7 +31,7 @@ struct CudaAsyncConfig {
 // Streams: the replayed frees have completed, so the driver's opportunistic reuse
 // (cudaMemPoolReuseAllowOpportunistic, which PyTorch enables) lets any stream reuse them.
 // The driver's real placement is not documented: against PyTorch's cudaMallocAsync backend on
-// the H200 this model's peak reserved bytes were 0.83-1.17x the measured (README).
+// the H200 this model's peak reserved bytes were 0.83-1.17x the measured (docs/results/allocators-snapshots.md).
 class CudaAsyncAllocator final : public CachingAllocator {
  public:
   CudaAsyncAllocator(Backend& backend, CudaAsyncConfig config);

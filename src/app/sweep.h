@@ -28,8 +28,8 @@ struct SweepPoint {
 //   grid:
 //     scheduler.max_num_seqs: [64, 128]       # an axis (the grid is the product of the axes)
 //     block:                                  # a named group: its keys move together (zip)
-//       kv.block_size: [16, 32]
-//       engine.budget_block_size: [16, 32]
+//       scheduler.max_num_batched_tokens: [4096, 8192]
+//       engine.gpu_memory_utilization: [0.8, 0.9]
 // Throws ConfigError naming the file, line and key (or the flag).
 std::vector<SweepAxis> parse_grid(const ConfigNode& root, const std::vector<std::string>& flags);
 // The product of the axes, the first axis varying slowest; point i is numbered i.
