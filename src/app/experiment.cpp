@@ -83,6 +83,7 @@ int run_shapes_experiment(const ConfigNode& root, const RunContext& ctx) {
         fmt::format("wrote {} allocator timelines as PyTorch snapshots: {}/snapshots/ "
                     "(open them in pytorch.org/memory_viz, or memsim replay them)",
                     results.snapshots.size(), dir.path()));
+  for (const std::string& note : results.snapshot_notes) dir.add_note("  " + note);
   dir.add_note(plot_shapes(config, dir));
   int rc = 0;
   for (const auto& r : results.runs)

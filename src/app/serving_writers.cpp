@@ -108,7 +108,7 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
     if (r.spec.kv_budget_override) continue;
     std::string text = format_kv_budget(r.budget);
     if (shown.insert(text).second)
-      o << fmt::format("KV budget ({}, {}):\n{}", c.model.name, c.gpu.name, text);
+      o << fmt::format("KV-cache budget ({}, {}):\n{}", c.model.name, c.gpu.name, text);
   }
   for (const RequestSet& s : c.request_sets) o << "requests: " << s.summary.describe() << "\n";
   std::set<std::string> sources;

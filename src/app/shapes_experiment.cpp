@@ -10,6 +10,7 @@
 #include <set>
 
 #include "kernels/attention_types.h"
+#include "src/app/writers.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
 #include "src/drivers/trace_recorder.h"
@@ -395,6 +396,17 @@ ShapesResults run_shapes(const ShapesConfig& c) {
       if (observed) {
         Result<std::string> bytes = serialize_snapshot(recorder->snapshot());
         if (bytes.ok()) out.snapshots.emplace_back(s.label, std::move(*bytes));
+        const CaptureRunResult& r = one.result;
+        if (r.peak_virtual_mapped > r.peak_physical)
+          out.snapshot_notes.push_back(fmt::format(
+              "{}: its snapshot shows the allocator's segments in every VA range; they share "
+              "physical pages ({} mapped, {} physical at peak), so memory_viz's reserved "
+              "overstates the device's memory",
+              s.label, human_bytes(r.peak_virtual_mapped), human_bytes(r.peak_physical)));
+      } else if (record) {
+        out.snapshot_notes.push_back(fmt::format(
+            "{}: not exported (no allocator holds its graph memory, so there is no timeline)",
+            s.label));
       }
       RunRecord rec;
       rec.strategy = &s;

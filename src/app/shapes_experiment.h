@@ -107,6 +107,9 @@ struct ShapesResults {
   // export_snapshots: each strategy's allocator timeline in the table slice, as a PyTorch
   // snapshot pickle (label, bytes); strategies without a caching allocator are left out.
   std::vector<std::pair<std::string, std::string>> snapshots;
+  // What the exports cannot show: a strategy with no allocator timeline, or one whose segments
+  // share physical pages (memory_viz's reserved then overstates the device's memory).
+  std::vector<std::string> snapshot_notes;
 };
 
 ShapesResults run_shapes(const ShapesConfig& config);

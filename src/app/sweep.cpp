@@ -3,7 +3,9 @@
 #include "src/app/sweep.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -255,7 +257,18 @@ std::string grid_json_text(const SweepRecord& record, const std::string& config,
 SweepRecord read_grid_json(const std::string& dir) {
   const std::string path = (fs::path(dir) / "grid.json").string();
   std::ifstream f(path);
-  if (!f) throw OutputError(fmt::format("{}: no grid.json (not a sweep folder)", dir));
+  if (!f) {
+    // Given the --out folder instead of the sweep's own: name the sweeps inside it.
+    std::vector<std::string> inside;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (fs::is_regular_file(it->path() / "grid.json", ec)) inside.push_back(it->path().string());
+    std::sort(inside.begin(), inside.end());
+    throw OutputError(fmt::format(
+        "{}: no grid.json (not a sweep folder){}", dir,
+        inside.empty() ? ""
+                       : fmt::format("; the sweep folders in it: {}", fmt::join(inside, ", "))));
+  }
   const auto bad = [&](const std::string& what) {
     return OutputError(
         fmt::format("{}: {} (written by another memsim version, or edited?)", path, what));

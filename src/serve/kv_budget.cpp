@@ -10,10 +10,10 @@
 #include "backends/sim/sim_backend.h"
 #include "core/clock.h"
 #include "core/metrics.h"
-#include "src/drivers/trace_recorder.h"
-#include "workload/alloc_program.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
+#include "src/drivers/trace_recorder.h"
+#include "workload/alloc_program.h"
 
 namespace memsim {
 
@@ -243,7 +243,7 @@ std::string format_kv_budget(const KvBudget& b) {
   if (!b.capture_sizes.empty())
     sizes = fmt::format("{} sizes {}..{}", b.capture_sizes.size(), b.capture_sizes.front(),
                         b.capture_sizes.back());
-  std::string out = "KV-cache budget:\n";
+  std::string out;
   out += line("capacity", b.capacity, "");
   out +=
       line("usable", b.usable, fmt::format("gpu_memory_utilization {}", b.gpu_memory_utilization));
@@ -252,7 +252,10 @@ std::string format_kv_budget(const KvBudget& b) {
               fmt::format("profile run: {} tokens, sampler on {} rows; allocator reserved {}",
                           b.profile_tokens, b.sampler_rows, gib(b.activation_reserved_peak)));
   out += line("- graph memory", b.graph_memory,
-              fmt::format("{}, captures: {}", b.graph_strategy, sizes));
+              b.capture_sizes.empty()
+                  ? b.graph_strategy
+                  : fmt::format("{}, captures: {} largest first (the GEMM workspace apart)",
+                                b.graph_strategy, sizes));
   out += line("= kv cache", b.kv_bytes,
               fmt::format("{} tokens at {} B/token, {} blocks of {}", b.kv_tokens,
                           b.kv_bytes_per_token, b.kv_blocks, b.kv_block_size));
