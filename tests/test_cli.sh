@@ -242,15 +242,23 @@ run replay_var replay "$SNAP" --no-min-capacity --no-plots --out "$TMP/out_repla
   --allocator 'torch_caching:roundup_power2_divisions=4,max_split_size=64MiB' \
   --set torch_caching.garbage_collection_threshold=0.5
 expect_rc replay_var 0
-expect_re "$TMP/replay_var.out" "^torch_caching:garbage_collection_threshold=0.5 +119.1 MiB +144.0 MiB" \
+expect_re "$TMP/replay_var.out" "^torch_caching:garbage_collection_threshold=0.5 +117.7 MiB +119.1 MiB +144.0 MiB" \
   "replay variants: --set labels its row"
 expect_re "$TMP/replay_var.out" \
-  "^torch_caching:garbage_collection_threshold=0.5,expandable_segments=true +117.7 MiB +144.0 MiB" \
+  "^torch_caching:garbage_collection_threshold=0.5,expandable_segments=true +117.7 MiB +117.7 MiB +144.0 MiB" \
   "replay variants: expandable segments row"
 expect_re "$TMP/replay_var.out" \
-  "^torch_caching:garbage_collection_threshold=0.5,roundup_power2_divisions=4,max_split_size=64MiB +129.7 MiB +164.0 MiB" \
+  "^torch_caching:garbage_collection_threshold=0.5,roundup_power2_divisions=4,max_split_size=64MiB +117.7 MiB +129.7 MiB +164.0 MiB" \
   "replay variants: two options in one row"
 expect_in "$TMP/replay_var.out" "plots skipped (--no-plots)" "replay: --no-plots"
+expect_in "$TMP/replay_var.out" "columns: add --explain, or see docs/tables.md#allocators-and-memsim-replay" \
+  "replay: the table's footer points to its columns"
+run replay_explain replay "$SNAP" --no-min-capacity --no-plots --out "$TMP/out_replay_explain" \
+  --allocator torch_caching --explain
+expect_rc replay_explain 0
+expect_re "$TMP/replay_explain.out" "^  peak requested +peak of the bytes the program asked for" \
+  "replay --explain: a legend line per column"
+check "replay --explain: no footer" bash -c "! grep -q 'add --explain' '$TMP/replay_explain.out'"
 expect_in "$TMP/out_replay_var/replay/summary.json" \
   '"config": "{garbage_collection_threshold: 0.5, expandable_segments: true}"' \
   "replay variants: summary.json has the resolved options"
@@ -308,8 +316,13 @@ ALCONF=$ROOT/experiments/allocators.yaml
 sed -e 's/steps: 300 /steps: 40 /' -e 's#path: ../tests#path: '"$ROOT"'/tests#' "$ALCONF" \
   > "$TMP/alloc_small.yaml"
 MEMSIM_ROOT=$ROOT run alloc --config "$TMP/alloc_small.yaml" --out "$TMP/out_alloc" \
-  --set min_capacity=false
+  --set min_capacity=false --explain
 expect_rc alloc 0
+expect_re "$TMP/alloc.out" "^workload +allocator +peak requested +peak allocated +peak reserved" \
+  "allocators: header names requested and allocated peaks"
+expect_re "$TMP/alloc.out" "^  workload +the allocation program replayed" "allocators --explain: legend"
+expect_in "$TMP/out_alloc/allocators/summary.json" '"peak_requested_bytes": ' \
+  "allocators: summary.json has the requested peak"
 expect_in "$TMP/alloc.out" "reserved equal to the recording after every op" \
   "allocators: torch_caching reproduces the committed snapshot"
 for f in summary.json timeseries.csv; do

@@ -38,6 +38,28 @@ Result<AllocatorRunRecord> run_allocator(const AllocTrace& trace, const std::str
 
 namespace {
 
+constexpr ColumnDoc kAllocatorColumns[] = {
+    {"workload", "the allocation program replayed", -16},
+    {"allocator",
+     "the allocator and the options given to it; (recorded) is PyTorch's own figure from the "
+     "snapshot",
+     -18},
+    {"peak requested", "peak of the bytes the program asked for, of live blocks: its demand", 15},
+    {"peak allocated",
+     "peak of the allocator's allocated bytes: live blocks after its rounding (PyTorch's "
+     "allocated_bytes.all.peak)",
+     15},
+    {"peak reserved", "peak bytes of the allocator's live segments: what the device sees", 15},
+    {"frag@peak", "1 - allocated / reserved at the first op where reserved reached its peak", 10},
+    {"dev allocs", "the backend's device_malloc + create_physical calls", 11},
+    {"min capacity",
+     "the smallest device capacity (whole 2 MiB granules) the replay fits in; - when not searched",
+     13},
+    {"notes",
+     "against a recording: reserved equal to it after every op, or peak Nx its peak; or why the "
+     "replay stopped"},
+};
+
 std::string vs_recorded(const AllocatorRunRecord& r) {
   const ReplayOutcome& x = r.outcome;
   if (!x.error.empty())
@@ -50,29 +72,35 @@ std::string vs_recorded(const AllocatorRunRecord& r) {
 
 }  // namespace
 
-std::string format_allocator_table(const std::vector<AllocatorRunRecord>& runs, bool workloads) {
-  std::string out;
-  const std::string wl = workloads ? fmt::format("{:<16} ", "workload") : "";
-  size_t aw = 18;  // the allocator column: as wide as its longest label (replay variants)
-  for (const AllocatorRunRecord& r : runs) aw = std::max(aw, r.allocator.size());
-  out += fmt::format("{}{:<{}} {:>12} {:>14} {:>10} {:>10} {:>13}  {}\n", wl, "allocator", aw,
-                     "peak alloc", "peak reserved", "frag@peak", "dev allocs", "min capacity",
-                     "notes");
+std::span<const ColumnDoc> allocator_columns() {
+  return kAllocatorColumns;
+}
+
+std::string format_allocator_table(const std::vector<AllocatorRunRecord>& runs, bool workloads,
+                                   bool explain) {
+  std::vector<ColumnDoc> cols(std::begin(kAllocatorColumns) + (workloads ? 0 : 1),
+                              std::end(kAllocatorColumns));
+  // The allocator column: as wide as its longest label (replay variants).
+  ColumnDoc& label = cols[workloads ? 1 : 0];
+  for (const AllocatorRunRecord& r : runs)
+    label.width = std::min(label.width, -static_cast<int>(r.allocator.size()));
+  const size_t aw = static_cast<size_t>(-label.width);
+  std::string out = header_row(cols);
   std::string last_workload;
   for (const AllocatorRunRecord& r : runs) {
+    const std::string wl = workloads ? fmt::format("{:<16} ", r.workload) : "";
     if (r.recorded_peak != 0 && r.workload != last_workload)
-      out += fmt::format("{}{:<{}} {:>12} {:>14}\n",
-                         workloads ? fmt::format("{:<16} ", r.workload) : "", "(recorded)", aw, "",
+      out += fmt::format("{}{:<{}} {:>15} {:>15} {:>15}\n", wl, "(recorded)", aw, "", "",
                          human_bytes(r.recorded_peak));
     last_workload = r.workload;
     const ReplayOutcome& x = r.outcome;
-    out += fmt::format("{}{:<{}} {:>12} {:>14} {:>9.1f}% {:>10} {:>13}  {}\n",
-                       workloads ? fmt::format("{:<16} ", r.workload) : "", r.allocator, aw,
+    out += fmt::format("{}{:<{}} {:>15} {:>15} {:>15} {:>9.1f}% {:>11} {:>13}  {}\n", wl,
+                       r.allocator, aw, human_bytes(x.peak_requested),
                        human_bytes(x.peak_allocated), human_bytes(x.peak_reserved),
                        100.0 * x.fragmentation_at_peak(), x.device_alloc_calls,
                        r.min_capacity ? human_bytes(r.min_capacity) : "-", vs_recorded(r));
   }
-  return out;
+  return out + table_legend(cols, kAllocatorsAnchor, explain);
 }
 
 std::string allocator_runs_json(const std::vector<AllocatorRunRecord>& runs) {
@@ -83,14 +111,15 @@ std::string allocator_runs_json(const std::vector<AllocatorRunRecord>& runs) {
     const bool recorded = r.recorded_peak != 0;
     js += fmt::format(
         "    {{\"workload\": \"{}\", \"allocator\": \"{}\", \"config\": \"{}\", "
-        "\"peak_allocated_bytes\": {}, \"peak_reserved_bytes\": {}, "
+        "\"peak_requested_bytes\": {}, \"peak_allocated_bytes\": {}, \"peak_reserved_bytes\": {}, "
         "\"fragmentation_at_peak\": {:.6f}, \"device_alloc_calls\": {}, "
         "\"min_capacity_bytes\": {}, \"oom\": {}, \"error\": \"{}\", \"ops_done\": {}, "
         "\"backend_time_us\": {:.3f}, \"matches_recorded\": {}, \"first_mismatch_op\": {}}}{}\n",
         json_escape(r.workload), json_escape(r.allocator), json_escape(r.config_yaml),
-        x.peak_allocated, x.peak_reserved, x.fragmentation_at_peak(), x.device_alloc_calls,
-        r.min_capacity == 0 ? "null" : std::to_string(r.min_capacity), x.oom ? "true" : "false",
-        json_escape(x.error), x.ops_done, static_cast<double>(x.backend_ns) / 1e3,
+        x.peak_requested, x.peak_allocated, x.peak_reserved, x.fragmentation_at_peak(),
+        x.device_alloc_calls, r.min_capacity == 0 ? "null" : std::to_string(r.min_capacity),
+        x.oom ? "true" : "false", json_escape(x.error), x.ops_done,
+        static_cast<double>(x.backend_ns) / 1e3,
         !recorded ? "null" : (x.error.empty() && !x.first_mismatch ? "true" : "false"),
         x.first_mismatch && recorded ? std::to_string(*x.first_mismatch) : "null",
         k + 1 < runs.size() ? "," : "");

@@ -5,13 +5,15 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backends/sim/cost_model.h"
+#include "src/alloc/registry.h"
+#include "src/app/legend.h"
 #include "src/drivers/trace_replay.h"
 #include "workload/alloc_trace.h"
-#include "src/alloc/registry.h"
 
 namespace memsim {
 
@@ -35,8 +37,14 @@ Result<AllocatorRunRecord> run_allocator(const AllocTrace& trace, const std::str
 // The recorded peak reserved bytes of a trace (0 when it is not a recording).
 uint64_t recorded_peak(const AllocTrace& trace);
 
-// Table: one row per run (with a workload column when `workloads` is set).
-std::string format_allocator_table(const std::vector<AllocatorRunRecord>& runs, bool workloads);
+// Table: one row per run (with a workload column when `workloads` is set); after it, its
+// legend with `explain`, else a footer pointing to it.
+std::string format_allocator_table(const std::vector<AllocatorRunRecord>& runs, bool workloads,
+                                   bool explain = false);
+// The allocators table's columns (workload first: only with several workloads), and their
+// section of docs/tables.md.
+std::span<const ColumnDoc> allocator_columns();
+inline constexpr std::string_view kAllocatorsAnchor = "allocators-and-memsim-replay";
 
 // The summary.json "runs" list entries (without brackets), one per line, indented by 4.
 std::string allocator_runs_json(const std::vector<AllocatorRunRecord>& runs);

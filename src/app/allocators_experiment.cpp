@@ -7,14 +7,14 @@
 
 #include <fmt/format.h>
 
-#include "workload/executor_program.h"
-#include "workload/snapshot.h"
 #include "src/app/allocator_reports.h"
 #include "src/app/plots.h"
 #include "src/app/writers.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
+#include "workload/executor_program.h"
+#include "workload/snapshot.h"
 
 namespace memsim {
 
@@ -170,7 +170,7 @@ AllocTrace generate_serving_trace(const ModelShape& model, const GeneratedServin
 }
 
 int run_allocators_experiment(const AllocatorsConfig& c, OutputDir& dir, std::ostream& out,
-                              std::ostream& err) {
+                              std::ostream& err, bool explain) {
   std::vector<AllocTrace> traces;
   for (size_t k = 0; k < c.workloads.size(); ++k) {
     const AllocWorkload& w = c.workloads[k];
@@ -205,7 +205,7 @@ int run_allocators_experiment(const AllocatorsConfig& c, OutputDir& dir, std::os
       runs.push_back(std::move(*r));
     }
   }
-  out << format_allocator_table(runs, true);
+  out << format_allocator_table(runs, true, explain);
   dir.write("summary.json", [&](std::ostream& js) {
     js << fmt::format(
         "{{\n  \"experiment\": \"{}\",\n  \"config\": \"{}\",\n  \"gpu\": \"{}\",\n"

@@ -11,10 +11,10 @@
 #include "src/config/config_node.h"
 
 #include "backends/sim/cost_model.h"
-#include "workload/alloc_trace.h"
-#include "workload/model_shape.h"
 #include "src/alloc/registry.h"
 #include "src/app/output.h"
+#include "workload/alloc_trace.h"
+#include "workload/model_shape.h"
 
 namespace memsim {
 
@@ -75,6 +75,6 @@ AllocTrace generate_serving_trace(const ModelShape& model, const GeneratedServin
 // a bad snapshot).
 // The outputs go to `dir`'s staging folder (the caller commits it); OutputError escapes.
 int run_allocators_experiment(const AllocatorsConfig& c, OutputDir& dir, std::ostream& out,
-                              std::ostream& err);
+                              std::ostream& err, bool explain = false);
 
 }  // namespace memsim

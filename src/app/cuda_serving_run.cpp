@@ -9,6 +9,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "src/app/cuda_serving.h"
+#include "src/app/legend.h"
 #include "src/exec/step_profiler.h"
 
 namespace memsim {
@@ -307,6 +308,7 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
   }
   dir.write("validation.csv", csv.str());
   if (predicted) report_sim_vs_measured(config, results, *predicted, dir, out);
+  out << docs_footer(kCudaTablesAnchor);
   return status;
 }
 

@@ -372,6 +372,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputD
   out << fmt::format("{} of {} primitive classes of more than 10 calls within 25%\n", within,
                      counted);
   out << common_factor_line(ratios);
+  out << docs_footer(kCudaTablesAnchor);
   return all_ok ? 0 : 1;
 }
 

@@ -59,7 +59,7 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
   TerminalProgress progress(config, std::cerr, isatty(STDERR_FILENO) != 0);
   hooks.progress = progress.hook();
   const ServingResults results = run_serving_experiment(config, hooks);
-  std::cout << format_serving_table(config, results);
+  std::cout << format_serving_table(config, results, ctx.explain);
   write_serving_outputs(config, results, dir);
   dir.add_note(plot_serving(config, dir));
   int rc = 0;
@@ -76,7 +76,7 @@ int run_shapes_experiment(const ConfigNode& root, const RunContext& ctx) {
   if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
   OutputDir dir(ctx.out_dir, config.experiment);
   const ShapesResults results = run_shapes(config);
-  std::cout << format_shapes_table(config, results);
+  std::cout << format_shapes_table(config, results, ctx.explain);
   write_shapes_outputs(config, results, dir);
   if (!results.snapshots.empty())
     dir.add_note(
@@ -95,7 +95,7 @@ int run_shapes_experiment(const ConfigNode& root, const RunContext& ctx) {
 int run_allocators(const ConfigNode& root, const RunContext& ctx) {
   const AllocatorsConfig config = load_allocators_config(root);
   OutputDir dir(ctx.out_dir, config.experiment);
-  const int rc = run_allocators_experiment(config, dir, std::cout, std::cerr);
+  const int rc = run_allocators_experiment(config, dir, std::cout, std::cerr, ctx.explain);
   return finish(dir, rc);
 }
 
@@ -103,7 +103,7 @@ int run_rl(const ConfigNode& root, const RunContext& ctx) {
   const RlConfig config = load_rl_config(root);
   if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
   OutputDir dir(ctx.out_dir, config.experiment);
-  int rc = run_rl_experiment(config, dir, std::cout, std::cerr);
+  int rc = run_rl_experiment(config, dir, std::cout, std::cerr, ctx.explain);
   if (ctx.cuda) {
     const int cuda_rc = cuda_rl_run(config, dir, std::cout, std::cerr);
     if (rc == 0) rc = cuda_rc;

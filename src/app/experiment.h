@@ -15,6 +15,7 @@ namespace memsim {
 struct RunContext {
   std::string out_dir = "results";  // results go to OUT_DIR/<experiment>/
   bool cuda = false;                // --backend cuda: the experiment's GPU mode too
+  bool explain = false;             // --explain: each table's legend after it (else a footer)
 };
 
 struct ExperimentKind {

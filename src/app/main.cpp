@@ -28,7 +28,7 @@ constexpr int kExitRunFailure = 1;
 struct RunCli {
   std::string config_path, backend = "sim", out_dir = "results", seed, config_base;
   std::vector<std::string> overrides, unsets;
-  bool no_plots = false;
+  bool no_plots = false, explain = false;
   CLI::Option* config_opt = nullptr;
   CLI::Option* seed_opt = nullptr;
 };
@@ -81,6 +81,8 @@ void add_run_options(CLI::App& app, RunCli& r) {
   app.add_option("--unset", r.unsets,
                  "remove a config key before the --set values apply (repeatable)");
   app.add_flag("--no-plots", r.no_plots, "write no plots (sweeps pass it to their points)");
+  app.add_flag("--explain", r.explain,
+               "after each table, what its columns mean (docs/tables.md has them all)");
 }
 
 void add_calibrate(CLI::App& app, CalibrateCli& c) {
@@ -150,6 +152,8 @@ void add_replay(CLI::App& app, ReplayCli& r) {
   r.cmd->add_option("--export", o.export_path,
                     "write torch_caching's replay as a snapshot pickle (for memory_viz)");
   r.cmd->add_flag("--no-plots", r.no_plots, "write no plots");
+  r.cmd->add_flag("--explain", o.explain,
+                  "after the table, what its columns mean (docs/tables.md has them all)");
 }
 
 void add_sweep(CLI::App& app, SweepCli& s) {
@@ -248,7 +252,7 @@ int run_experiment_cli(RunCli& r) {
       return kExitConfigError;
     }
   }
-  return memsim::experiment_kind(root).run(root, {r.out_dir, cuda});
+  return memsim::experiment_kind(root).run(root, {r.out_dir, cuda, r.explain});
 }
 
 int run_cli(int argc, char** argv) {

@@ -281,7 +281,7 @@ int run_replay(const ReplayCommandOptions& o, std::ostream& out, std::ostream& e
     if (!r->outcome.error.empty() && !r->outcome.oom) failed = true;
     runs.push_back(std::move(*r));
   }
-  out << format_allocator_table(runs, false);
+  out << format_allocator_table(runs, false, o.explain);
 
   write_outputs(dir, o, t, *snap, runs);
   std::string exported;

@@ -18,6 +18,7 @@ struct ReplayCommandOptions {
   bool min_capacity = true;  // bisect the smallest capacity per allocator
   std::string export_path;   // write torch_caching's replay as a snapshot pickle here
   bool cuda = false;         // also replay on the GPU, checked against cudaMemGetInfo
+  bool explain = false;      // --explain: the table's legend after it (else a footer line)
 };
 
 // Returns the process exit code: 0, 1 (a replay failed other than by running out of memory) or

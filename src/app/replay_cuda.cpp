@@ -10,8 +10,8 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "core/clock.h"
-#include "src/drivers/trace_replay.h"
 #include "src/app/writers.h"
+#include "src/drivers/trace_replay.h"
 
 namespace memsim {
 
@@ -75,6 +75,7 @@ int replay_on_cuda(const AllocTrace& trace,
                        human_bytes(max_delta), human_bytes(peak_used), ms, note);
   }
   dir.write("cuda_replay.csv", csv.str());
+  out << docs_footer(kCudaTablesAnchor);
   return all_ok ? 0 : 1;
 }
 

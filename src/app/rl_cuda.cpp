@@ -140,6 +140,7 @@ int run_rl_on_cuda(const RlConfig& c, OutputDir& dir, std::ostream& out, std::os
   }
   dir.write("cuda_rl.csv", csv.str());
   dir.write("cuda_rl_primitives.csv", prim.str());
+  out << docs_footer(kCudaTablesAnchor);
   return all_ok ? 0 : 1;
 }
 

@@ -236,37 +236,47 @@ RlConfig load_rl_config(const ConfigNode& root) {
 
 namespace {
 
-// The RL table's columns: two header lines (name, unit) and one row per run.
+// The RL table's columns: two header lines (name, unit) and one row per run. GiB: device memory
+// of one GPU, max over iterations (separate_gpus runs: either of the rank's 2 GPUs).
+constexpr ColumnDoc kRlColumns[] = {
+    {"run", "the run's label (in every column, - marks a figure that does not exist for it)", -22},
+    {"saver", "none, tagged_regions or sleep_mode", -14},
+    {"KV", "the rollout engine's KV budget", 6, "GiB"},
+    {"weights",
+     "device memory held for the engine's weights (a saver rounds each tensor up to 2 MiB; the "
+     "model line gives the parameters' bytes)",
+     7, "GiB"},
+    {"peak",
+     "peak device memory of one GPU over every phase and iteration (separate_gpus: either of the "
+     "rank's 2 GPUs)",
+     6, "GiB"},
+    {"rollout", "peak device memory during the rollout phase", 7, "GiB"},
+    {"train", "peak device memory during the train phase", 6, "GiB"},
+    {"sync", "peak device memory during the weight sync (memory, not a time)", 6, "GiB"},
+    {"freed",
+     "what each pause gives back: device bytes at the start of the release phase less at its end",
+     7, "GiB"},
+    {"resumed", "what the resume stages take back (the saver's tags only)", 7, "GiB"},
+    {"pinned", "peak pinned host memory", 8, "host GiB"},
+    {"pause", "simulated ms per iteration of the saver's pause (the release phase)", 8, "ms"},
+    {"wake1", "resume stage 1 per iteration: the weights (all at once: everything)", 7, "ms"},
+    {"wake2", "resume stage 2 per iteration: the rest", 7, "ms"},
+    {"rollout", "simulated seconds of the rollout phase per iteration", 7, "s"},
+    {"iter", "simulated seconds per completed iteration", 7, "s"},
+    {"max util",
+     "the largest rollout gpu_memory_utilization at which every iteration completes; - when not "
+     "searched",
+     8},
+    {"graphs",
+     "valid when every replay of the captured decode graph after a resume ran, else BROKEN", -6},
+    {"outcome", "ok; OOM at iteration N, PHASE: what ran out (bytes short); or error: ..."},
+};
 constexpr char kRlRow[] =
     "  {:<22} {:<14} {:>6} {:>7} {:>6} {:>7} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} "
-    "{:>7} {:>7} {:>5} {:<6} {}\n";
-
-// Compact column definitions, printed once above the per-model tables.
-constexpr char kRlLegend[] =
-    "columns (GiB: device memory of one GPU, max over iterations; separate runs: either of the "
-    "rank's 2 GPUs):\n"
-    "  KV: the engine's KV budget; weights: device memory held for the engine's weights (the "
-    "model line: the parameters' bytes; a saver rounds each tensor up to 2 MiB)\n"
-    "  peak: the whole run; rollout, train, sync: during that phase; pinned: host memory\n"
-    "  freed: what each pause gives back (release phase, device bytes before - after); resumed: "
-    "what the resume stages take back\n"
-    "  pause, wake1, wake2: the saver's pause, resume stage 1 (weights; all at once: everything) "
-    "and stage 2 (the rest), per iteration\n"
-    "  max util: the largest rollout gpu_memory_utilization at which every iteration completes; "
-    "-: no such figure\n";
-
-// A header line without the padding of its empty last cells.
-std::string trimmed(std::string line) {
-  while (line.size() > 1 && line[line.size() - 2] == ' ') line.erase(line.size() - 2, 1);
-  return line;
-}
+    "{:>7} {:>7} {:>8} {:<6}  {}\n";
 
 std::string rl_table_header() {
-  return fmt::format(kRlRow, "run", "saver", "KV", "weights", "peak", "rollout", "train", "sync",
-                     "freed", "resumed", "pinned", "pause", "wake1", "wake2", "rollout", "iter",
-                     "max", "graphs", "outcome") +
-         trimmed(fmt::format(kRlRow, "", "", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB",
-                             "host GiB", "ms", "ms", "ms", "s", "s", "util", "", ""));
+  return header_row(kRlColumns, "  ") + unit_row(kRlColumns, "  ");
 }
 
 // The model's line: its weights as parameters (summary.json weights_bytes).
@@ -343,14 +353,17 @@ std::string rl_primitive_table(const RlResults& res) {
 
 }  // namespace
 
-std::string format_rl_table(const RlConfig& c, const RlResults& res) {
+std::span<const ColumnDoc> rl_columns() {
+  return kRlColumns;
+}
+
+std::string format_rl_table(const RlConfig& c, const RlResults& res, bool explain) {
   std::string out = fmt::format(
       "RL co-location on {} ({:.0f} GiB), {} iterations; trainer dp={} tp={} {} ({} params), "
       "rollout gpu_memory_utilization {:.2f}\n",
       c.gpu.name, static_cast<double>(c.gpu.capacity) / (1ull << 30), c.iterations, c.train.dp,
       c.train.tp, to_string(c.train.sharding),
       c.train.param_dtype == DType::kFP32 ? "fp32" : "bf16", c.rollout.gpu_memory_utilization);
-  out += kRlLegend;
   std::string model;
   for (const RlRunResult& r : res.runs) {
     if (r.model != model) {
@@ -359,6 +372,7 @@ std::string format_rl_table(const RlConfig& c, const RlResults& res) {
     }
     out += rl_table_row(r);
   }
+  out += "\n" + table_legend(kRlColumns, kRlAnchor, explain);
   out += rl_primitive_table(res);
   out += fmt::format("\n{:.1f} s wall\n", res.wall_seconds);
   return out;
@@ -432,9 +446,10 @@ void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
   });
 }
 
-int run_rl_experiment(const RlConfig& c, OutputDir& dir, std::ostream& out, std::ostream&) {
+int run_rl_experiment(const RlConfig& c, OutputDir& dir, std::ostream& out, std::ostream&,
+                      bool explain) {
   const RlResults res = run_rl(c);
-  out << format_rl_table(c, res);
+  out << format_rl_table(c, res, explain);
   write_rl_outputs(c, res, dir);
   dir.add_note(run_plot_script("plot_rl.py", dir, {}, {"rl_timeline.png", "rl_timeline.svg"}));
   for (const RlRunResult& r : res.runs)

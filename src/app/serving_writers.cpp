@@ -16,6 +16,45 @@ namespace memsim {
 namespace fs = std::filesystem;
 namespace {
 
+constexpr ColumnDoc kServingColumns[] = {
+    {"run", "the run's label", -30},
+    {"KV", "the run's KV budget: the budget's = kv cache line, or engine.kv_budget", 9},
+    {"blocks",
+     "units the pool can hold: blocks, token slots (radix), sequence slabs (static) or page "
+     "groups (vmm)",
+     9},
+    {"blk-table", "device bytes of block tables or request-to-token tables", 9},
+    {"max seq", "the most sequences running at once (a request with n samples or beams counts n)",
+     8},
+    {"waste%", "time-weighted mean % of allocated token slots holding no token", 7},
+    {"hit%",
+     "prefix-cache hit tokens / tokens looked up; a readmission after preemption is looked up "
+     "again",
+     7},
+    {"CoW", "copy-on-write block copies", 6},
+    {"preem", "preemptions: running groups taken out to free KV", 6},
+    {"swapGiB", "GiB moved over PCIe by swapping, out and back in", 7},
+    {"tok/s", "output tokens / simulated seconds from the first arrival to the last completion", 9},
+    {"TTFT p50", "median over requests of first-token time - arrival", 8},
+    {"TPOT p50", "median over requests of (finish - first token) / (outputs - 1)", 8},
+    {"E2E p99", "99th percentile over finished requests of finish - arrival", 8},
+    {"outcome",
+     "ok; N truncated; N rejected (never fit); no KV memory; FAILED (the error under the row)"},
+};
+
+constexpr ColumnDoc kKvBudgetLines[] = {
+    {"capacity", "the GPU's capacity"},
+    {"usable", "floor(gpu_memory_utilization x capacity)"},
+    {"- weights", "the model's weight bytes"},
+    {"- activation peak",
+     "peak allocated bytes of vLLM's profile run (one forward pass of max_num_batched_tokens, "
+     "and the sampler) through torch_caching"},
+    {"- graph memory",
+     "peak reserved bytes of the graph strategy capturing the sizes listed, largest first "
+     "(without the GEMM workspace); 0 with enforce_eager"},
+    {"= kv cache", "usable less the three above; then whole tokens and whole blocks"},
+};
+
 std::string outcome(const ServingRunResult& r) {
   if (!r.budget_error.empty()) return "no KV memory";
   if (!r.result.error.empty()) return "FAILED";
@@ -96,7 +135,16 @@ std::string num(double v) {
 
 }  // namespace
 
-std::string format_serving_table(const ServingConfig& c, const ServingResults& results) {
+std::span<const ColumnDoc> serving_columns() {
+  return kServingColumns;
+}
+
+std::span<const ColumnDoc> kv_budget_lines() {
+  return kKvBudgetLines;
+}
+
+std::string format_serving_table(const ServingConfig& c, const ServingResults& results,
+                                 bool explain) {
   std::ostringstream o;
   // Each distinct budget once.
   std::set<std::string> shown;
@@ -110,6 +158,8 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
     if (shown.insert(text).second)
       o << fmt::format("KV-cache budget ({}, {}):\n{}", c.model.name, c.gpu.name, text);
   }
+  if (explain && !shown.empty())
+    o << table_legend(kKvBudgetLines, kKvBudgetAnchor, true, "budget lines");
   for (const RequestSet& s : c.request_sets) o << "requests: " << s.summary.describe() << "\n";
   std::set<std::string> sources;
   for (const ServingRunResult& r : results.runs)
@@ -126,11 +176,7 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
                 : fmt::format(" ({}; {})", c.step_profile_path, c.step_profile_note);
     o << "step time: " << s << why << "\n";
   }
-  o << fmt::format(
-      "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>9} {:>8} {:>8} {:>8}  "
-      "{}\n",
-      "run", "KV", "blocks", "blk-table", "max seq", "waste%", "hit%", "CoW", "preem", "swapGiB",
-      "OOM", "tok/s", "TTFT p50", "TPOT p50", "E2E p99", "outcome");
+  o << header_row(kServingColumns);
   for (const ServingRunResult& r : results.runs) {
     const ServingResult& x = r.result;
     if (!r.budget_error.empty()) {
@@ -138,14 +184,13 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
       continue;
     }
     o << fmt::format(
-        "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7.1f} {:>7.1f} {:>6} {:>6} {:>7.2f} {:>7} {:>9.0f} "
+        "{:<30} {:>9} {:>9} {:>9} {:>8} {:>7.1f} {:>7.1f} {:>6} {:>6} {:>7.2f} {:>9.0f} "
         "{:>6.0f}ms "
         "{:>6.1f}ms {:>7.1f}s  {}\n",
         r.spec.label, human_bytes(r.budget.kv_bytes), x.kv.total_blocks,
         human_bytes(x.kv.metadata_bytes), x.max_running_seqs, x.waste_pct, 100 * x.prefix_hit_rate,
         x.kv.cow_copies, x.counters.preemptions, double(x.counters.swapped_bytes) / (1ull << 30),
-        x.counters.oom_events, x.output_tokens_per_s, x.ttft_ms.p50, x.tpot_ms.p50,
-        x.e2e_ms.p99 / 1000, outcome(r));
+        x.output_tokens_per_s, x.ttft_ms.p50, x.tpot_ms.p50, x.e2e_ms.p99 / 1000, outcome(r));
     if (x.kv_critical_time || x.kv_background_time)
       o << fmt::format(
           "    KV calls: {:.1f} ms on the critical path, {:.1f} ms in background steps ({:.1f} ms "
@@ -171,6 +216,7 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
   o << fmt::format(
       "{} runs: {:.1f} s simulated in {:.2f} s of engine time ({:.0f}x), {:.2f} s wall\n",
       results.runs.size(), sim, wall, wall > 0 ? sim / wall : 0.0, results.wall_seconds);
+  o << table_legend(kServingColumns, kServingAnchor, explain);
   return o.str();
 }
 

@@ -36,6 +36,29 @@ std::string outcome(const CaptureRunResult& r) {
   return "ok";
 }
 
+constexpr ColumnDoc kShapesColumns[] = {
+    {"strategy", "the run's label (default: impl, plus /large_first etc. for its options)", -26},
+    {"peak phys",
+     "peak physical bytes the backend held, each physical allocation counted once however many "
+     "VA ranges map it",
+     12},
+    {"peak virt",
+     "peak bytes of virtual address space mapped to physical memory (reserved but unmapped VA "
+     "not counted)",
+     12},
+    {"/max", "peak phys / max(shape): each capture size captured alone in a fresh private pool", 8},
+    {"/sum", "peak phys / sum(shape) of those standalone peaks", 8},
+    {"capture ms",
+     "simulated ms from each graph's begin_graph through end_capture and its warm-up launch, "
+     "summed; includes switch ms",
+     12},
+    {"switch ms", "simulated ms the strategy spent preparing captures (vmm_alias's VA switches)",
+     10},
+    {"outcome",
+     "ok; ok (held outputs aliased); OOM at b=B (N short); error: ...; VIOLATION (an invariant "
+     "check failed)"},
+};
+
 const StandaloneRef& reference_of(const ShapesResults& res, const Variant& v) {
   for (const auto& [var, ref] : res.references)
     if (var == v) return ref;
@@ -67,7 +90,11 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res) {
+std::span<const ColumnDoc> shapes_columns() {
+  return kShapesColumns;
+}
+
+std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res, bool explain) {
   std::string out;
   const StandaloneRef& ref = reference_of(res, c.table);
   out += fmt::format("memsim shapes: {} on {} ({} capture sizes {}..{}), variant {}\n",
@@ -81,9 +108,7 @@ std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res)
       "standalone footprints (each shape alone, fresh private pool): max(shape) "
       "= {}, sum(shape) = {}\n\n",
       human_bytes(ref.max), human_bytes(ref.sum));
-  out +=
-      fmt::format("{:<26} {:>12} {:>12} {:>8} {:>8} {:>12} {:>10}  {}\n", "strategy", "peak phys",
-                  "peak virt", "/max", "/sum", "capture ms", "switch ms", "outcome");
+  out += header_row(kShapesColumns);
   for (const RunRecord& r : res.runs) {
     if (!(r.variant == c.table)) continue;
     const CaptureRunResult& x = r.result;
@@ -93,6 +118,7 @@ std::string format_shapes_table(const ShapesConfig& c, const ShapesResults& res)
                        ratio(x.peak_physical, r.reference_sum), us(x.capture_time) / 1000.0,
                        us(x.switch_time) / 1000.0, outcome(x));
   }
+  out += table_legend(kShapesColumns, kShapesAnchor, explain);
   out += "\npeak physical / max(shape), every variant (outputs/arrival/graphs/inputs):\n";
   out += fmt::format("{:<36}", "variant");
   for (const StrategySpec& s : c.strategies) out += fmt::format(" {:>14.14}", s.label);

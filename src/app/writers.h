@@ -2,16 +2,23 @@
 // timeseries.csv, and the plot (tools/plot_shapes.py).
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
+#include "src/app/legend.h"
 #include "src/app/output.h"
 #include "src/app/shapes_experiment.h"
 
 namespace memsim {
 
-// The readable default table (the config's table slice) plus a one-line-per-variant overview.
-std::string format_shapes_table(const ShapesConfig& config, const ShapesResults& results);
+// The readable default table (the config's table slice) plus a one-line-per-variant overview;
+// after the table, its legend with `explain`, else a footer pointing to it.
+std::string format_shapes_table(const ShapesConfig& config, const ShapesResults& results,
+                                bool explain = false);
+// The shapes table's columns (its header and legend), and their section of docs/tables.md.
+std::span<const ColumnDoc> shapes_columns();
+inline constexpr std::string_view kShapesAnchor = "shapes-the-main-job";
 
 // Writes summary.json, curves.csv, timeseries.csv (and snapshots/) into `dir`'s staging folder;
 // throws OutputError.

@@ -61,6 +61,7 @@ Result<ReplayOutcome> replay_trace(const AllocTrace& trace, CachingAllocator& al
       out.allocated_at_peak = s.allocated_bytes;
     }
     out.peak_allocated = std::max(out.peak_allocated, s.allocated_bytes);
+    out.peak_requested = std::max(out.peak_requested, s.requested_bytes);
     if (options.series)
       out.series.push_back({k, time_us, s.allocated_bytes, s.requested_bytes, s.reserved_bytes});
     if (trace.recorded && !out.first_mismatch && k < trace.recorded_reserved.size() &&
@@ -72,6 +73,7 @@ Result<ReplayOutcome> replay_trace(const AllocTrace& trace, CachingAllocator& al
     out.peak_reserved = s.reserved_bytes;
     out.allocated_at_peak = s.allocated_bytes;
     out.peak_allocated = s.allocated_bytes;
+    out.peak_requested = s.requested_bytes;
   }
   for (uint32_t k = 0; !stopped && k < trace.ops.size(); ++k) {
     const TraceOp& op = trace.ops[k];

@@ -10,9 +10,9 @@
 
 #include "backends/backend.h"
 #include "backends/sim/cost_model.h"
-#include "workload/alloc_trace.h"
 #include "src/alloc/caching_allocator.h"
 #include "src/alloc/registry.h"
+#include "workload/alloc_trace.h"
 
 namespace memsim {
 
@@ -32,6 +32,7 @@ struct ReplayOutcome {
   AllocatorStats stats;  // at the end (before teardown)
   uint64_t peak_reserved = 0;
   uint64_t peak_allocated = 0;
+  uint64_t peak_requested = 0;       // of the bytes callers asked for: the program's demand
   uint64_t allocated_at_peak = 0;    // allocated bytes when reserved first reached its peak
   uint64_t device_alloc_calls = 0;   // device_malloc + create_physical calls of the backend
   int64_t backend_ns = 0;            // simulated (or measured) time in backend calls
