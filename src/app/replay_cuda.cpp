@@ -1,6 +1,7 @@
 // Allocator replays on the CUDA backend, checked against cudaMemGetInfo.
 #include "src/app/replay_cuda.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <ostream>
@@ -23,8 +24,10 @@ int replay_on_cuda(const AllocTrace& trace,
   out << fmt::format(
       "on the GPU (--backend cuda): device used bytes (cudaMemGetInfo) against "
       "each allocator's reserved bytes after every op\n");
-  out << fmt::format("{:<18} {:>8} {:>8} {:>14} {:>14} {:>10}  {}\n", "allocator", "ops", "equal",
-                     "max |delta|", "peak used", "wall ms", "after teardown");
+  size_t aw = 18;  // as wide as the longest label (replay variants)
+  for (const auto& a : allocators) aw = std::max(aw, a.first.size());
+  out << fmt::format("{:<{}} {:>8} {:>8} {:>14} {:>14} {:>10}  {}\n", "allocator", aw, "ops",
+                     "equal", "max |delta|", "peak used", "wall ms", "after teardown");
   bool all_ok = true;
   for (const auto& [name, factory] : allocators) {
     SimClock clock;
@@ -54,7 +57,7 @@ int replay_on_cuda(const AllocTrace& trace,
       max_delta = std::max(max_delta, delta);
       ++ops;
       equal += delta == 0 ? 1 : 0;
-      csv << fmt::format("{},{},{},{}\n", name, k, s.reserved_bytes, used);
+      csv << fmt::format("{},{},{},{}\n", csv_cell(name), k, s.reserved_bytes, used);
     };
     const auto t0 = std::chrono::steady_clock::now();
     Result<ReplayOutcome> r = replay_trace(trace, *alloc, backend, opt);
@@ -71,7 +74,7 @@ int replay_on_cuda(const AllocTrace& trace,
     else if (!r->error.empty())
       note += "; stopped at op " + std::to_string(r->failed_op) + ": " + r->error;
     all_ok = all_ok && r.ok() && r->error.empty() && equal == ops && left == 0;
-    out << fmt::format("{:<18} {:>8} {:>8} {:>14} {:>14} {:>10.1f}  {}\n", name, ops, equal,
+    out << fmt::format("{:<{}} {:>8} {:>8} {:>14} {:>14} {:>10.1f}  {}\n", name, aw, ops, equal,
                        human_bytes(max_delta), human_bytes(peak_used), ms, note);
   }
   dir.write("cuda_replay.csv", csv.str());
