@@ -3,11 +3,16 @@
 // GPU. Exits 77 without a GPU.
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <random>
@@ -19,6 +24,7 @@
 
 #include "bench/bench_cli.h"
 #include "kernels/attention.h"
+#include "src/app/spawn.h"
 
 namespace {
 
@@ -191,16 +197,27 @@ PrefillRow bench_prefill(const AttentionShape& sh, uint32_t len, uint32_t page, 
 // "prefill L s backend". Returns an explanation when it could not run.
 std::string run_sdpa(const std::string& script, const AttentionShape& sh,
                      std::vector<DecodeRow>& dec, std::vector<PrefillRow>& pre) {
-  std::string cmd = fmt::format("python3 {} --q-heads {} --kv-heads {} --head-dim {} --dtype {}",
-                                script, sh.q_heads, sh.kv_heads, sh.head_dim, to_string(sh.dtype));
-  for (const DecodeRow& r : dec) cmd += fmt::format(" --decode {}x{}", r.batch, r.ctx);
-  for (const PrefillRow& r : pre) cmd += fmt::format(" --prefill {}", r.len);
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  if (!f) return "could not start python3";
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, f)) out += buf;
-  const int rc = pclose(f);
+  std::vector<std::string> argv = {"python3",    script,
+                                   "--q-heads",  std::to_string(sh.q_heads),
+                                   "--kv-heads", std::to_string(sh.kv_heads),
+                                   "--head-dim", std::to_string(sh.head_dim),
+                                   "--dtype",    to_string(sh.dtype)};
+  for (const DecodeRow& r : dec)
+    argv.insert(argv.end(), {"--decode", fmt::format("{}x{}", r.batch, r.ctx)});
+  for (const PrefillRow& r : pre) argv.insert(argv.end(), {"--prefill", std::to_string(r.len)});
+  std::string cmd;  // for messages only: the script is started with the vector, no shell
+  for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  // Its stdout goes to a private temporary file (its stderr to ours), then is parsed.
+  char path[] = "/tmp/memsim-attn-sdpa-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return fmt::format("cannot create a temporary file: {}", std::strerror(errno));
+  close(fd);
+  std::string why;
+  const int rc = memsim::run_process(argv, {path, "", ""}, &why);
+  std::ifstream file(path);
+  const std::string out((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  unlink(path);
+  if (rc < 0) return fmt::format("could not start python3: {}", why);
   std::istringstream in(out);
   std::string kind;
   int parsed = 0;
@@ -223,7 +240,8 @@ std::string run_sdpa(const std::string& script, const AttentionShape& sh,
         if (r.len == l) r.sdpa_s = s, r.sdpa_backend = be, ++parsed;
     }
   }
-  if (rc != 0 || parsed == 0) return fmt::format("`{}` failed (exit {}):\n{}", cmd, rc, out);
+  if (rc != 0 || parsed == 0)
+    return fmt::format("`{}` failed (exit {}; its errors are above):\n{}", cmd, rc, out);
   return {};
 }
 
