@@ -547,6 +547,39 @@ expect_in "$TMP/shapes_70b.err" "(--set model): the weights of llama-3.1-70b (13
   "shapes: weights larger than the GPU"
 expect_absent "$TMP/out_70b" "shapes_70b: no output"
 
+# Tensor parallelism: the tp_memory experiment (per-rank rows, a point that does not fit as an
+# outcome), a TP serving run (the rank's budget, the collectives in the step time), and the
+# config errors that name the key and the field that does not split.
+TPCONF=$ROOT/experiments/tp_memory.yaml
+run tp_memory --config "$TPCONF" --out "$TMP/out_tp" --set models=[llama-3.1-70b] \
+  --set gpus=[h100] --set 'tensor_parallel_sizes=[1, 2]' --set graph_memory=[shared_pool]
+expect_rc tp_memory 0
+expect_re "$TMP/tp_memory.out" "llama-3.1-70b +h100 +1 shared_pool .* the weights \(131.42 GiB\) do not fit" \
+  "tp_memory: TP 1 of a 70B on an H100 does not fit, said"
+expect_re "$TMP/tp_memory.out" "llama-3.1-70b +h100 +2 shared_pool +65.71 .* 0.88 +0.04 .* ok" \
+  "tp_memory: TP 2 rank: 65.71 GiB of weights, NCCL 0.88 GiB, custom all-reduce 0.04 GiB"
+check "tp_memory: ranks.csv has a row per rank (1 + 2) and a header" \
+  test "$(wc -l < "$TMP/out_tp/tp_memory/ranks.csv")" -eq 4
+expect_in "$TMP/out_tp/tp_memory/ranks.csv" "llama-3.1-70b,h100,2,shared_pool,1,0,70555025408," \
+  "tp_memory: rank 1 reported with the shard's exact weight bytes"
+run tp_split --config "$TPCONF" --out "$TMP/out_tp_split" --set 'tensor_parallel_sizes=[3]'
+expect_rc tp_split 2
+expect_in "$TMP/tp_split.err" "tensor_parallel_sizes[0]" "tp_memory: the bad size's key named"
+expect_in "$TMP/tp_split.err" "heads (64) do not divide by tensor_parallel_size 3" \
+  "tp_memory: the field that does not split named"
+run tp_serving --config "$KVCONF" --out "$TMP/out_tp_serving" --set model=llama-3.1-70b \
+  --set gpu=h200 --set parallel.tensor_parallel_size=4 --unset engine.kv_budget --no-plots
+expect_rc tp_serving 0
+expect_in "$TMP/tp_serving.out" "every term is one rank's of 4" "tp serving: the budget is a rank's"
+expect_in "$TMP/tp_serving.out" "roofline + collectives (NCCL 2.28.9 measured at 4 ranks (h200))" \
+  "tp serving: the step time adds measured collectives"
+expect_in "$TMP/out_tp_serving/"*/summary.json '"tensor_parallel_size": 4' \
+  "tp serving: summary.json says the figures are per rank"
+run tp_pp --config "$KVCONF" --out "$TMP/out_tp_pp" --set parallel.pipeline_parallel_size=2
+expect_rc tp_pp 2
+expect_in "$TMP/tp_pp.err" "pipeline_parallel_size): only 1 is modelled yet" \
+  "tp serving: pipeline parallelism refused, not ignored"
+
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 exit 0

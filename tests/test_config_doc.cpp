@@ -19,6 +19,7 @@
 #include "src/app/allocators_experiment.h"
 #include "src/app/rl_experiment.h"
 #include "src/app/shapes_experiment.h"
+#include "src/app/tp_memory_experiment.h"
 #include "src/config/config_keys.h"
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
@@ -126,6 +127,7 @@ const std::vector<Kind>& kinds() {
       {"serving", serving_config_keys()},
       {"allocators", allocators_config_keys()},
       {"rl", rl_config_keys()},
+      {"tp_memory", tp_memory_config_keys()},
       {"requests", requests_keys()},
       {"gpu", gpu_file_keys()},
       {"model", model_file_keys()},

@@ -18,6 +18,7 @@
 #include "src/app/legend.h"
 #include "src/app/rl_experiment.h"
 #include "src/app/serving_writers.h"
+#include "src/app/tp_memory_experiment.h"
 #include "src/app/writers.h"
 #include "src/serve/kv_budget.h"
 
@@ -125,6 +126,12 @@ TEST_CASE("every printed column has a legend line and every legend line a printe
     const std::string replay = format_allocator_table({}, false);
     CHECK(line_starting(replay, "allocator").find("workload") == std::string::npos);
   }
+  SECTION("TP memory") {
+    TpMemoryResults res;
+    res.points.emplace_back();
+    const std::string table = format_tp_memory_table(TpMemoryConfig{}, res, false);
+    check_header(line_starting(table, "model"), tp_memory_columns());
+  }
   SECTION("RL") {
     RlResults res;
     res.runs.emplace_back();
@@ -140,7 +147,7 @@ TEST_CASE("docs/tables.md lists exactly the columns each table prints") {
   const std::pair<std::string_view, std::span<const ColumnDoc>> tables[] = {
       {kShapesAnchor, shapes_columns()},   {kKvBudgetAnchor, kv_budget_lines()},
       {kServingAnchor, serving_columns()}, {kAllocatorsAnchor, allocator_columns()},
-      {kRlAnchor, rl_columns()},
+      {kRlAnchor, rl_columns()},           {kTpMemoryAnchor, tp_memory_columns()},
   };
   for (const auto& [anchor, cols] : tables) {
     CAPTURE(anchor);

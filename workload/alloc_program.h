@@ -60,6 +60,13 @@ struct ProgramOptions {
   uint64_t gemm_workspace_bytes = 0;  // per capture stream; 0 = no workspace tensor
   uint32_t max_model_len = 8192;      // sizes the block-table input
   uint32_t kv_block_size = 16;
+  // Tensor parallelism: `model` is one rank's shard (workload/tensor_parallel.h) and the program
+  // gains vLLM's collectives' outputs (see decode_program.cpp); vocab_padded is the whole padded
+  // vocabulary the gathered logits span, vocab the model's own (the sampler's width). 1: one
+  // GPU, no collectives.
+  uint32_t tensor_parallel = 1;
+  uint64_t vocab_padded = 0;
+  uint64_t vocab = 0;
 };
 
 // Checks a graph: every op names a tensor in range; every intermediate is allocated once and

@@ -34,6 +34,16 @@
 //   probs                         [b, vocab] fp32  softmax for the sampler
 //   sampled_ids                   [b] int64        sampled tokens            (graph output)
 //
+// Tensor parallelism (options.tensor_parallel > 1; the model is one rank's shard, vLLM's
+// VocabParallelEmbedding / RowParallelLinear / LogitsProcessor): every all-reduce is out of
+// place (pynccl and the custom all-reduce both return torch.empty_like(input)), so the embedding
+// lookup, o_proj and down each allocate their partial sum ("embed.partial", "o_proj.partial",
+// "down.partial") and then the reduced tensor under the name above, freeing the partial. The LM
+// head gives [b, vocab_padded / tp] ("logits.partial"); V1 all-gathers it (use_all_gather) into
+// [tp, b, vocab_padded / tp] ("logits.gathered") and the movedim + reshape copies it into
+// "logits" [b, vocab_padded] (the padding is sliced off as a view). The masked-id tensors of the
+// embedding ([b] int64 and bool) are left out.
+//
 // Each tensor is freed right after the op that reads it last, i.e. after that op's own output
 // has been allocated (an op's inputs and output are live together). The residual chain: embed
 // is read last by layer 0's post_attn_residual; input_residual(i) by post_attn_residual(i);
@@ -137,6 +147,11 @@ void check_shape(const ModelShape& m, uint32_t batch, const ProgramOptions& o) {
   if (o.kv_block_size == 0 || o.max_model_len == 0) {
     throw std::invalid_argument("decode program: max_model_len and kv_block_size must be > 0");
   }
+  if (o.tensor_parallel > 1 &&
+      (o.vocab == 0 || o.vocab > o.vocab_padded || o.vocab_padded != m.vocab * o.tensor_parallel)) {
+    throw std::invalid_argument(
+        "decode program: tensor_parallel needs vocab <= vocab_padded = the shard's vocab x tp");
+  }
 }
 
 }  // namespace
@@ -171,7 +186,16 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
   pb.begin_graph(graph_name(batch, piecewise ? "embed" : "full"));
 
   using Handle = ProgramBuilder::Handle;
-  Handle hidden = pb.alloc("embed", hidden_bytes);
+  const bool tp = options.tensor_parallel > 1;
+  // A row-parallel op's output: its partial sum, then the all-reduce's out-of-place result.
+  auto reduced = [&](const std::string& name) {
+    if (!tp) return pb.alloc(name, hidden_bytes);
+    const Handle partial = pb.alloc(name + ".partial", hidden_bytes);
+    const Handle sum = pb.alloc(name, hidden_bytes);
+    pb.free(partial);
+    return sum;
+  };
+  Handle hidden = reduced("embed");
   Handle residual = hidden;  // layer 0: residual is the embedding output itself
   bool workspace_done = options.gemm_workspace_bytes == 0;
 
@@ -209,7 +233,7 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
     }
     pb.free(qkv);  // v (and q, k when not normalized) is read by attention last
 
-    const Handle o = pb.alloc(p + "o_proj", hidden_bytes);
+    const Handle o = reduced(p + "o_proj");
     pb.free(attn);
 
     const Handle res2 = pb.alloc(p + "post_attn_residual", hidden_bytes);
@@ -222,7 +246,7 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
     pb.free(norm_post);
     const Handle a = pb.alloc(p + "act", b * model.intermediate * act);
     pb.free(gate_up);
-    hidden = pb.alloc(p + "down", hidden_bytes);
+    hidden = reduced(p + "down");
     pb.free(a);
   }
 
@@ -232,11 +256,22 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
   pb.free(residual);
   const Handle final_norm = pb.alloc("final.norm", hidden_bytes);
   pb.free(final_sum);
-  const Handle logits = pb.alloc("logits", b * model.vocab * act);
-  pb.free(final_norm);
-  pb.alloc("logits_fp32", b * model.vocab * fp32);  // output
+  Handle logits;
+  if (tp) {
+    const Handle partial = pb.alloc("logits.partial", b * model.vocab * act);
+    pb.free(final_norm);
+    const Handle gathered = pb.alloc("logits.gathered", b * options.vocab_padded * act);
+    pb.free(partial);
+    logits = pb.alloc("logits", b * options.vocab_padded * act);
+    pb.free(gathered);
+  } else {
+    logits = pb.alloc("logits", b * model.vocab * act);
+    pb.free(final_norm);
+  }
+  const uint64_t vocab = tp ? options.vocab : model.vocab;
+  pb.alloc("logits_fp32", b * vocab * fp32);  // output
   pb.free(logits);
-  const Handle probs = pb.alloc("probs", b * model.vocab * fp32);
+  const Handle probs = pb.alloc("probs", b * vocab * fp32);
   pb.alloc("sampled_ids", b * i64);  // output
   pb.free(probs);
   pb.close_graph();

@@ -1,6 +1,7 @@
 // Roofline step-time model: parameter and byte counts from the model shape, rates from the GPU.
 #include "workload/step_time.h"
 
+#include "workload/collectives.h"
 #include "workload/step_profile.h"
 
 #include <algorithm>
@@ -65,12 +66,25 @@ StepTimeModel::StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
   overhead_ns_ = static_cast<SimTime>(std::llround(c.step_overhead_us * 1000.0));
 }
 
+StepTimeModel::StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
+                             std::shared_ptr<const CollectiveTime> collectives)
+    : StepTimeModel(model, gpu, std::shared_ptr<const ProfiledStepTime>()) {
+  collectives_ = std::move(collectives);
+  const uint64_t dt = dtype_bytes(model.dtype);
+  hidden_row_bytes_ = model.hidden * dt;
+  logits_row_bytes_ = model.vocab * dt;
+  all_reduces_ = 2 * model.layers + 1;
+}
+
 SimTime StepTimeModel::step_time(const StepShape& s) const {
   return profile_ ? profile_->step_time(s) : breakdown(s).total_ns;
 }
 
 std::string StepTimeModel::source() const {
-  if (!profile_) return "roofline";
+  if (!profile_)
+    return collectives_ && collectives_->ranks() > 1
+               ? "roofline + collectives (" + collectives_->source() + ")"
+               : "roofline";
   return "profile " + profile_->describe();
 }
 
@@ -87,7 +101,11 @@ StepBreakdown StepTimeModel::breakdown(const StepShape& s) const {
   b.memory_ns = seconds_to_ns(static_cast<double>(b.bytes) / bytes_per_s_);
   b.overhead_ns = overhead_ns_;
   b.bound = b.compute_ns > b.memory_ns ? StepBound::kCompute : StepBound::kMemory;
-  b.total_ns = overhead_ns_ + std::max(b.compute_ns, b.memory_ns);
+  if (collectives_) {
+    b.collective_ns = all_reduces_ * collectives_->all_reduce(s.new_tokens * hidden_row_bytes_) +
+                      collectives_->all_gather(uint64_t{s.num_seqs} * logits_row_bytes_);
+  }
+  b.total_ns = overhead_ns_ + std::max(b.compute_ns, b.memory_ns) + b.collective_ns;
   return b;
 }
 

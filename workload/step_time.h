@@ -25,8 +25,15 @@
 // decode, hidden under compute in prefill), elementwise and norm FLOPs, biases, softmax, sampling
 // on the GPU, kernel-launch gaps and tail effects beyond the two efficiency factors, overlap of
 // compute and memory inside a kernel (max() assumes perfect overlap), tensor parallelism and
-// communication, quantized weights or KV (dtype is the model dtype), and attention variants
-// (sliding windows, MLA). The efficiencies and overhead come from the GPU file (GpuSpec.compute).
+// communication (but see below), quantized weights or KV (dtype is the model dtype), and attention
+// variants (sliding windows, MLA). The efficiencies and overhead come from the GPU file
+// (GpuSpec.compute).
+//
+// Tensor parallelism (a StepCollectives given): `model` is one rank's shard, so FLOPs, weights
+// and KV bytes are one rank's, and the step adds its collectives, serialized with the compute
+// (vLLM's TP forward waits on each): an all-reduce of [new_tokens, hidden] after the embedding
+// and after each layer's o_proj and down (2 x layers + 1), and the all-gather of the logits
+// ([num_seqs, vocab / tp] a rank), priced by workload/collectives.h.
 #pragma once
 
 #include <cstdint>
@@ -60,11 +67,14 @@ struct StepBreakdown {
   SimTime compute_ns = 0;
   SimTime memory_ns = 0;
   SimTime overhead_ns = 0;
-  SimTime total_ns = 0;  // overhead_ns + max(compute_ns, memory_ns); 0 when no token is computed
+  SimTime collective_ns = 0;  // tensor parallelism's collectives (0 on one GPU)
+  // overhead_ns + max(compute_ns, memory_ns) + collective_ns; 0 when no token is computed
+  SimTime total_ns = 0;
   StepBound bound = StepBound::kMemory;  // the larger of the two (memory on a tie)
 };
 
 class ProfiledStepTime;
+class CollectiveTime;
 
 class StepTimeModel {
  public:
@@ -74,6 +84,10 @@ class StepTimeModel {
   // instead of the roofline; breakdown() and attention_time() stay the roofline's.
   StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
                 std::shared_ptr<const ProfiledStepTime> profile = nullptr);
+  // Tensor parallelism: `model` is one rank's shard; collectives priced by `collectives` are
+  // added to the roofline (no profile: a step profile is measured on one GPU).
+  StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
+                std::shared_ptr<const CollectiveTime> collectives);
 
   SimTime step_time(const StepShape& s) const;
   // "roofline", or "profile <gpu>/<model> (<mode>)".
@@ -105,6 +119,10 @@ class StepTimeModel {
   double pcie_bytes_per_s_ = 0;
   SimTime overhead_ns_ = 0;
   std::shared_ptr<const ProfiledStepTime> profile_;
+  std::shared_ptr<const CollectiveTime> collectives_;
+  uint64_t hidden_row_bytes_ = 0;  // one token's hidden state (an all-reduce row)
+  uint64_t logits_row_bytes_ = 0;  // one sequence's logits on this rank (an all-gather part)
+  uint32_t all_reduces_ = 0;       // per step: 2 x layers + 1
 };
 
 }  // namespace memsim

@@ -3,7 +3,9 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "backends/backend.h"
 
@@ -74,6 +76,28 @@ struct ComputeSpec {
   uint32_t decode_ctas_per_sm = 2;
 };
 
+// The GPUs of one node and what tensor parallelism costs on them (workload/collectives.h):
+// NCCL's device memory per rank, measured with and without cuMem, and collective times measured
+// inside CUDA graphs at rank counts of the node (tools/collective_bench.py).
+struct InterconnectSpec {
+  uint32_t gpus_per_node = 0;  // 0: the GPU file has no interconnect section
+  std::string nccl_version;    // of the measurements
+  // NCCL's memory on each rank, in the three steps it is taken: ncclCommInitRank, the first
+  // collective (its buffers, set up lazily), the first send/recv (point-to-point buffers).
+  struct NcclMemory {
+    uint64_t communicator = 0;
+    uint64_t collectives = 0;
+    uint64_t point_to_point = 0;
+  };
+  NcclMemory nccl_cumem;     // NCCL_CUMEM_ENABLE=1 (NCCL's default)
+  NcclMemory nccl_no_cumem;  // NCCL_CUMEM_ENABLE=0 (what vLLM sets, env_override.py)
+  // Collective times: message sizes (ascending; all-reduce: the buffer, all-gather: one rank's
+  // part) and, per measured rank count, microseconds at each size.
+  std::vector<uint64_t> collective_sizes;
+  std::map<uint32_t, std::vector<double>> all_reduce_us;
+  std::map<uint32_t, std::vector<double>> all_gather_us;
+};
+
 struct GpuSpec {
   std::string name;
   uint64_t capacity = 0;     // device memory in bytes
@@ -96,6 +120,7 @@ struct GpuSpec {
   uint64_t graph_mem_chunk = 0;  // growth unit of the driver's graph-memory arena (0 = granule)
   std::array<CostTerm, static_cast<size_t>(Primitive::kCount)> costs{};
   ComputeSpec compute;
+  InterconnectSpec interconnect;
 
   const CostTerm& cost(Primitive p) const { return costs[static_cast<size_t>(p)]; }
   CostTerm& cost(Primitive p) { return costs[static_cast<size_t>(p)]; }

@@ -14,6 +14,7 @@
 #include "src/app/run_progress.h"
 #include "src/app/serving_writers.h"
 #include "src/app/shapes_experiment.h"
+#include "src/app/tp_memory_experiment.h"
 #include "src/app/writers.h"
 #include "src/serve/serving_experiment.h"
 
@@ -45,6 +46,12 @@ bool refuse_other_gpu(const GpuSpec& gpu) {
 int run_serving(const ConfigNode& root, const RunContext& ctx) {
   const ServingConfig config = load_serving_config(root);
   if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
+  if (ctx.cuda && config.parallel.sizes.tensor > 1) {
+    std::cerr << "memsim: --backend cuda: tensor_parallel_size " << config.parallel.sizes.tensor
+              << " needs one process per GPU, which is not built yet (issue 31); the "
+                 "simulation runs without --backend cuda\n";
+    return kExitConfigError;
+  }
   ServingRunHooks hooks;
   if (ctx.cuda) {
     auto made = cuda_serving_hooks_for(config);
@@ -111,6 +118,21 @@ int run_rl(const ConfigNode& root, const RunContext& ctx) {
   return finish(dir, rc);
 }
 
+// experiments/tp_memory.yaml: each rank's memory under tensor parallelism (simulation only).
+int run_tp_memory_experiment(const ConfigNode& root, const RunContext& ctx) {
+  const TpMemoryConfig config = load_tp_memory_config(root);
+  if (ctx.cuda) {
+    std::cerr << "memsim: --backend cuda: the tp_memory experiment has no GPU mode yet (one "
+                 "process per rank is not built; issue 31)\n";
+    return kExitConfigError;
+  }
+  OutputDir dir(ctx.out_dir, config.experiment);
+  const TpMemoryResults results = run_tp_memory(config);
+  std::cout << format_tp_memory_table(config, results, ctx.explain);
+  write_tp_memory_outputs(config, results, dir);
+  return finish(dir, 0);
+}
+
 }  // namespace
 
 const std::vector<ExperimentKind>& experiment_kinds() {
@@ -119,6 +141,9 @@ const std::vector<ExperimentKind>& experiment_kinds() {
        [](const ConfigNode& r) { return load_allocators_config(r).experiment; }, run_allocators},
       {"rl", [](const ConfigNode& r) { return is_rl_config(r); },
        [](const ConfigNode& r) { return load_rl_config(r).experiment; }, run_rl},
+      {"tp_memory", [](const ConfigNode& r) { return is_tp_memory_config(r); },
+       [](const ConfigNode& r) { return load_tp_memory_config(r).experiment; },
+       run_tp_memory_experiment},
       {"serving", [](const ConfigNode& r) { return is_serving_config(r); },
        [](const ConfigNode& r) { return load_serving_config(r).experiment; }, run_serving},
       {"shapes", [](const ConfigNode&) { return true; },

@@ -170,6 +170,8 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
       why = c.step_profile ? " (engine.step_time: roofline)" : " (" + c.step_profile_note + ")";
     else if (s == "measured")
       why = " (the GPU's wall time of each model step)";
+    else if (c.parallel.sizes.tensor > 1)
+      why = " (" + c.step_profile_note + ")";
     else
       why = c.step_profile_note.empty()
                 ? fmt::format(" ({})", c.step_profile_path)
@@ -226,7 +228,13 @@ namespace {
 void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingResults& results) {
   f << "{\n  \"experiment\": " << json_string(c.experiment)
     << ",\n  \"source\": " << json_string(c.source) << ",\n  \"gpu\": " << json_string(c.gpu.name)
-    << ",\n  \"model\": " << json_string(c.model.name) << ",\n  \"requests\": [";
+    << ",\n  \"model\": " << json_string(c.model.name);
+  if (c.parallel.sizes.tensor > 1)  // one rank simulated, standing for every rank
+    f << ",\n  \"parallel\": {\"tensor_parallel_size\": " << c.parallel.sizes.tensor
+      << ", \"custom_all_reduce\": " << (c.parallel.comm.custom_all_reduce ? "true" : "false")
+      << ", \"nccl_cumem\": " << (c.parallel.comm.nccl_cumem ? "true" : "false")
+      << ", \"figures\": \"per rank\"}";
+  f << ",\n  \"requests\": [";
   for (size_t i = 0; i < c.request_sets.size(); ++i)
     f << (i ? ", " : "") << json_string(c.request_sets[i].summary.describe());
   f << "],\n  \"runs\": [\n";
@@ -243,7 +251,11 @@ void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingRe
       << ",\n     \"budget\": {\"capacity\": " << b.capacity << ", \"usable\": " << b.usable
       << ", \"weights\": " << b.weights << ", \"activation_peak\": " << b.activation_peak
       << ", \"graph_memory\": " << b.graph_memory << ", \"kv_bytes\": " << b.kv_bytes
-      << ", \"graph_strategy\": " << json_string(b.graph_strategy) << "},\n     ";
+      << ", \"graph_strategy\": " << json_string(b.graph_strategy);
+    if (b.tensor_parallel > 1)
+      f << ", \"nccl\": " << b.comm.nccl() << ", \"custom_all_reduce\": " << b.comm.custom()
+        << ", \"free\": " << b.free_bytes();
+    f << "},\n     ";
     if (r.result.executed) {
       const ExecutorReport& v = r.result.validation;
       f << "\"validation\": {\"kind\": " << json_string(v.kind) << ", \"steps\": " << v.steps

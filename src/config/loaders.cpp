@@ -24,7 +24,7 @@ const ConfigKeys& gpu_file_keys() {
   static const ConfigKeys kKeys = {
       {"",
        {"name", "capacity", "granularity", "va_space", "va_mappings_knee", "graphs", "costs",
-        "compute"}},
+        "compute", "interconnect"}},
       {"graphs",
        {"capture_per_node_us", "instantiate_per_node_us", "upload_per_node_us",
         "mem_map_per_granule_us", "mem_remap_per_granule_us", "mem_chunk"}},
@@ -35,6 +35,11 @@ const ConfigKeys& gpu_file_keys() {
       {"compute",
        {"dense_tflops", "hbm_gbps", "pcie_gbps", "flops_efficiency", "bandwidth_efficiency",
         "step_overhead_us", "sms", "decode_ctas_per_sm"}},
+      {"interconnect",
+       {"gpus_per_node", "nccl_version", "nccl_memory", "collective_sizes", "all_reduce_us",
+        "all_gather_us"}},
+      {"interconnect.nccl_memory", {"cumem", "no_cumem"}},
+      {"interconnect.nccl_memory.<env>", {"communicator", "collectives", "point_to_point"}},
   };
   return kKeys;
 }
@@ -85,6 +90,57 @@ ComputeSpec load_compute_spec(const ConfigNode& n) {
   if (auto v = n.find("decode_ctas_per_sm"))
     c.decode_ctas_per_sm = static_cast<uint32_t>(v->as_uint_in(1, 64));
   return c;
+}
+
+InterconnectSpec::NcclMemory load_nccl_memory(const ConfigNode& n) {
+  n.expect_keys(keys_at(gpu_file_keys(), "interconnect.nccl_memory.<env>"));
+  return {n["communicator"].as_bytes(), n["collectives"].as_bytes(),
+          n["point_to_point"].as_bytes()};
+}
+
+// `{RANKS: [us, ...], ...}`: one time per collective size, positive, for rank counts >= 2.
+std::map<uint32_t, std::vector<double>> load_collective_times(const ConfigNode& n, size_t sizes,
+                                                              uint32_t gpus_per_node) {
+  if (!n.is_map()) n.fail("must map a rank count to its times, e.g. {2: [9.1, ...]}");
+  std::map<uint32_t, std::vector<double>> out;
+  for (const std::string& key : n.keys()) {
+    const ConfigNode row = n[key];
+    char* end = nullptr;
+    const unsigned long ranks = std::strtoul(key.c_str(), &end, 10);
+    if (end == key.c_str() || *end != '\0' || ranks < 2 || ranks > gpus_per_node)
+      row.fail(
+          fmt::format("the key must be a rank count from 2 to gpus_per_node ({})", gpus_per_node));
+    const std::vector<ConfigNode> items = row.items();
+    if (items.size() != sizes)
+      row.fail(fmt::format("has {} times; collective_sizes has {}", items.size(), sizes));
+    std::vector<double>& us = out[static_cast<uint32_t>(ranks)];
+    for (const ConfigNode& v : items) us.push_back(v.as_double_in(1e-3, 1e9));
+  }
+  if (out.empty()) n.fail("needs at least one rank count");
+  return out;
+}
+
+InterconnectSpec load_interconnect(const ConfigNode& n) {
+  n.expect_keys(keys_at(gpu_file_keys(), "interconnect"));
+  InterconnectSpec ic;
+  ic.gpus_per_node = static_cast<uint32_t>(n["gpus_per_node"].as_uint_in(1, 1024));
+  ic.nccl_version = n["nccl_version"].as_string();
+  const ConfigNode mem = n["nccl_memory"];
+  mem.expect_keys(keys_at(gpu_file_keys(), "interconnect.nccl_memory"));
+  ic.nccl_cumem = load_nccl_memory(mem["cumem"]);
+  ic.nccl_no_cumem = load_nccl_memory(mem["no_cumem"]);
+  const ConfigNode sizes = n["collective_sizes"];
+  for (const ConfigNode& v : sizes.items()) {
+    const uint64_t b = v.as_bytes();
+    if (b == 0 || (!ic.collective_sizes.empty() && b <= ic.collective_sizes.back()))
+      v.fail("collective sizes must be positive and ascending");
+    ic.collective_sizes.push_back(b);
+  }
+  if (ic.collective_sizes.size() < 2) sizes.fail("needs at least two sizes");
+  const size_t count = ic.collective_sizes.size();
+  ic.all_reduce_us = load_collective_times(n["all_reduce_us"], count, ic.gpus_per_node);
+  ic.all_gather_us = load_collective_times(n["all_gather_us"], count, ic.gpus_per_node);
+  return ic;
 }
 
 }  // namespace
@@ -141,6 +197,7 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
         "{{per_call_us: 0}}` prices one at 0 on purpose; memsim calibrate measures them)",
         missing.size(), names.size(), fmt::join(missing, ", "), missing.front()));
   g.compute = load_compute_spec(node["compute"]);
+  if (auto ic = node.find("interconnect")) g.interconnect = load_interconnect(*ic);
   return g;
 }
 
@@ -179,6 +236,36 @@ ModelShape load_model_shape(const ConfigNode& node) {
       r.original_max_position = f->as_uint_in(1, 1ull << 32);
   }
   return m;
+}
+
+const std::vector<std::string>& parallel_keys() {
+  static const std::vector<std::string> kKeys = {"tensor_parallel_size", "pipeline_parallel_size",
+                                                 "data_parallel_size", "custom_all_reduce",
+                                                 "nccl_cumem"};
+  return kKeys;
+}
+
+void check_tensor_parallel(const ConfigNode& at, uint32_t tp, const ModelShape& model,
+                           const GpuSpec& gpu) {
+  if (Result<TensorParallelShard> shard = shard_tensor_parallel(model, tp); !shard.ok())
+    at.fail(shard.error().message);
+  if (Result<CollectiveTime> c = CollectiveTime::make(gpu, tp); !c.ok()) at.fail(c.error().message);
+}
+
+ParallelSettings load_parallel(const ConfigNode& node, const ModelShape& model,
+                               const GpuSpec& gpu) {
+  node.expect_keys(parallel_keys());
+  ParallelSettings p;
+  if (auto v = node.find("tensor_parallel_size")) {
+    p.sizes.tensor = static_cast<uint32_t>(v->as_uint_in(1, 1024));
+    check_tensor_parallel(*v, p.sizes.tensor, model, gpu);
+  }
+  for (const char* key : {"pipeline_parallel_size", "data_parallel_size"})
+    if (auto v = node.find(key); v && v->as_uint_in(1, 1024) != 1)
+      v->fail("only 1 is modelled yet (tensor parallelism is; issue 31 holds the rest)");
+  if (auto v = node.find("custom_all_reduce")) p.comm.custom_all_reduce = v->as_bool();
+  if (auto v = node.find("nccl_cumem")) p.comm.nccl_cumem = v->as_bool();
+  return p;
 }
 
 std::vector<fs::path> installation_roots() {

@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "workload/model_shape.h"
 #include "src/config/config_keys.h"
 #include "src/config/config_node.h"
+#include "workload/collectives.h"
+#include "workload/model_shape.h"
+#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
@@ -36,6 +38,26 @@ const ConfigKeys& model_file_keys();
 // files such as `memsim calibrate`, which measures no compute figures and carries them over).
 std::string format_compute_yaml(const ComputeSpec& c);
 ModelShape load_model_shape(const ConfigNode& node);
+
+// An experiment's `parallel:` map (shapes of tensor parallelism for serving and tp_memory):
+//   parallel:
+//     tensor_parallel_size: 2      # ranks sharding every layer (vLLM's rules, tensor_parallel.h)
+//     pipeline_parallel_size: 1    # only 1 yet (refused otherwise, naming the key)
+//     data_parallel_size: 1        # only 1 yet
+//     custom_all_reduce: true      # vLLM's custom all-reduce (not disable_custom_all_reduce)
+//     nccl_cumem: false            # NCCL_CUMEM_ENABLE; vLLM sets 0
+struct ParallelSettings {
+  ParallelConfig sizes;
+  CommOptions comm;
+};
+const std::vector<std::string>& parallel_keys();
+// Checks the sizes against `model` (heads, KV heads, MLP and vocabulary must split: an error
+// names tensor_parallel_size and the field) and `gpu` (ranks within its node; an interconnect
+// section when tensor_parallel_size > 1).
+ParallelSettings load_parallel(const ConfigNode& node, const ModelShape& model, const GpuSpec& gpu);
+// One tensor_parallel_size against `model` and `gpu`, failing at `at` (tp_memory's lists).
+void check_tensor_parallel(const ConfigNode& at, uint32_t tp, const ModelShape& model,
+                           const GpuSpec& gpu);
 
 // The first of `candidates` that is a regular file, or nullopt. Never throws: a path the OS
 // refuses (a name too long, no permission) counts as not found, and the first such refusal's

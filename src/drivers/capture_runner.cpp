@@ -170,6 +170,9 @@ std::vector<const ShapeProgram*>& Runner::programs(uint32_t batch) {
   o.gemm_workspace_bytes = cfg_.gemm_workspace_bytes;
   o.max_model_len = cfg_.max_model_len;
   o.kv_block_size = cfg_.kv_block_size;
+  o.tensor_parallel = cfg_.tensor_parallel;
+  o.vocab_padded = cfg_.vocab_padded;
+  o.vocab = cfg_.vocab;
   std::vector<const ShapeProgram*> out;
   if (cfg_.runners != GraphRunners::kPiecewise) {
     o.mode = GraphMode::kFull;

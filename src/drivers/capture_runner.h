@@ -14,9 +14,9 @@
 #include "backends/sim/cost_model.h"
 #include "core/clock.h"
 #include "core/metrics.h"
+#include "src/graph/graph_memory_strategy.h"
 #include "workload/alloc_program.h"
 #include "workload/model_shape.h"
-#include "src/graph/graph_memory_strategy.h"
 
 namespace memsim {
 
@@ -106,6 +106,11 @@ struct CaptureRunConfig {
   uint64_t resident_bytes = 0;
   uint32_t max_model_len = 8192;
   uint32_t kv_block_size = 16;
+  // Tensor parallelism: `model` is one rank's shard and the generated programs hold the
+  // collectives' outputs (ProgramOptions::tensor_parallel, vocab_padded, vocab).
+  uint32_t tensor_parallel = 1;
+  uint64_t vocab_padded = 0;
+  uint64_t vocab = 0;
   std::vector<uint32_t> capture_sizes;  // the graph shapes (padded batch sizes)
   CaptureOrder order = CaptureOrder::kArrival;
   std::vector<uint32_t> order_list;  // for kList: a permutation of capture_sizes

@@ -40,7 +40,8 @@ class Engine {
         requests_(requests),
 
         metrics_(clock_),
-        model_(c.model, c.gpu, c.step_profile) {}
+        model_(c.collectives ? StepTimeModel(c.model, c.gpu, c.collectives)
+                             : StepTimeModel(c.model, c.gpu, c.step_profile)) {}
 
   ServingResult run();
 

@@ -12,14 +12,14 @@
 #include "backends/sim/cost_model.h"
 #include "core/clock.h"
 #include "core/metrics.h"
-#include "workload/model_shape.h"
-#include "workload/request_table.h"
-#include "workload/requests.h"
-#include "workload/step_profile.h"
 #include "src/kv/registry.h"
 #include "src/serve/latency_samples.h"
 #include "src/serve/serve_state.h"
 #include "src/serve/step_executor.h"
+#include "workload/model_shape.h"
+#include "workload/request_table.h"
+#include "workload/requests.h"
+#include "workload/step_profile.h"
 
 namespace memsim {
 
@@ -42,6 +42,9 @@ struct EngineConfig {
   SimTime sample_interval = 100'000'000;  // gauges are sampled every 100 ms of simulated time
   // Measured step times (null: the roofline of gpu.compute).
   std::shared_ptr<const ProfiledStepTime> step_profile;
+  // Tensor parallelism: `model` is one rank's shard and each step adds these collectives
+  // (workload/step_time.h); no step_profile then.
+  std::shared_ptr<const CollectiveTime> collectives;
   // Decode batch sizes captured as CUDA graphs (ascending; empty: every step eager). vLLM pads a
   // decode step of up to the largest size to the next captured size and replays its graph; the
   // step-time profile prices those steps from its graph profile, and an executor on the GPU

@@ -14,24 +14,49 @@
 #include "src/alloc/torch_caching.h"
 #include "src/drivers/trace_recorder.h"
 #include "workload/alloc_program.h"
+#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
 namespace {
 
-constexpr const char* kHeadTensor = "logits";  // the first tensor of the program's head
+// The first tensor of the program's head (the LM head's output).
+const char* head_tensor(const KvBudgetInput& in) {
+  return in.parallel.tensor > 1 ? "logits.partial" : "logits";
+}
 
 std::string gib(uint64_t bytes) {
   return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
 }
 
-ProgramOptions program_options(const KvBudgetInput& in) {
-  ProgramOptions o;
+// `in` with its model replaced by one rank's shard, and the program options of that rank.
+struct RankInput {
+  KvBudgetInput in;
+  ProgramOptions program;
+  uint32_t kv_head_replicas = 1;
+};
+
+Result<RankInput> rank_input(const KvBudgetInput& in) {
+  RankInput r{in, {}, 1};
+  ProgramOptions& o = r.program;
   o.mode = GraphMode::kFull;
   o.gemm_workspace_bytes = in.gemm_workspace_bytes;
   o.max_model_len = in.max_model_len;
   o.kv_block_size = in.kv_block_size;
-  return o;
+  if (in.parallel.pipeline != 1 || in.parallel.data != 1)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv budget: pipeline and data parallelism are not modelled yet (only "
+                      "tensor_parallel_size)");
+  if (in.parallel.tensor > 1) {
+    MEMSIM_ASSIGN_OR_RETURN(const TensorParallelShard shard,
+                            shard_tensor_parallel(in.model, in.parallel.tensor));
+    r.in.model = shard.rank;
+    r.kv_head_replicas = shard.kv_head_replicas;
+    o.tensor_parallel = in.parallel.tensor;
+    o.vocab_padded = shard.vocab_padded;
+    o.vocab = in.model.vocab;
+  }
+  return r;
 }
 
 // Replays the ops of `g` from op `from` up to (not including) op `to` through `alloc`, tracking
@@ -72,12 +97,13 @@ struct ActivationPeak {
 };
 
 // vLLM's profile run: a forward of `tokens` rows, then the sampler on `rows` rows.
-Result<ActivationPeak> profile_run(const KvBudgetInput& in, const GpuSpec& gpu, uint32_t tokens,
+Result<ActivationPeak> profile_run(const RankInput& rank, const GpuSpec& gpu, uint32_t tokens,
                                    uint32_t rows) {
+  const KvBudgetInput& in = rank.in;
   ShapeProgram body, head;
   try {
-    body = make_decode_program(in.model, tokens, program_options(in));
-    head = rows == tokens ? body : make_decode_program(in.model, rows, program_options(in));
+    body = make_decode_program(in.model, tokens, rank.program);
+    head = rows == tokens ? body : make_decode_program(in.model, rows, rank.program);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kInvalidArgument, e.what());
   }
@@ -97,10 +123,10 @@ Result<ActivationPeak> profile_run(const KvBudgetInput& in, const GpuSpec& gpu, 
     }
     const GraphProgram& b = body.graphs.front();
     const GraphProgram& h = head.graphs.front();
-    const size_t cut = find_alloc(b, kHeadTensor);
+    const size_t cut = find_alloc(b, head_tensor(in));
     MEMSIM_TRY(replay_ops(b, 0, cut, alloc, stream, live));
     if (cut < b.ops.size())
-      MEMSIM_TRY(replay_ops(h, find_alloc(h, kHeadTensor), h.ops.size(), alloc, stream, live));
+      MEMSIM_TRY(replay_ops(h, find_alloc(h, head_tensor(in)), h.ops.size(), alloc, stream, live));
     return {};
   }();
   const AllocatorStats stats = alloc.stats();
@@ -120,8 +146,9 @@ Result<ActivationPeak> profile_run(const KvBudgetInput& in, const GpuSpec& gpu, 
   return ActivationPeak{stats.peak_allocated_bytes, stats.peak_reserved_bytes, std::move(snapshot)};
 }
 
-Result<uint64_t> graph_memory(const KvBudgetInput& in, const GpuSpec& gpu,
+Result<uint64_t> graph_memory(const RankInput& rank, const GpuSpec& gpu,
                               const std::vector<uint32_t>& sizes) {
+  const KvBudgetInput& in = rank.in;
   GraphStrategyFactory factory = in.graph_factory;
   if (!factory) {
     const GraphEntry* info = graph_strategies().find(in.graph_strategy);
@@ -139,6 +166,9 @@ Result<uint64_t> graph_memory(const KvBudgetInput& in, const GpuSpec& gpu,
   rc.gemm_workspace_bytes = in.gemm_workspace_bytes;
   rc.max_model_len = in.max_model_len;
   rc.kv_block_size = in.kv_block_size;
+  rc.tensor_parallel = rank.program.tensor_parallel;
+  rc.vocab_padded = rank.program.vocab_padded;
+  rc.vocab = rank.program.vocab;
   rc.capture_sizes = sizes;
   rc.order = in.capture_order;
   rc.arrival = Arrival::kFixed;
@@ -181,12 +211,27 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
     return make_error(ErrorCode::kInvalidArgument,
                       "kv budget: max_num_batched_tokens, max_num_seqs and kv_block_size must "
                       "be > 0");
+  MEMSIM_ASSIGN_OR_RETURN(const RankInput rank, rank_input(in));
+  const ModelShape& model = rank.in.model;
   KvBudget b;
   b.capacity = in.gpu.capacity;
   b.usable =
       static_cast<uint64_t>(in.gpu_memory_utilization * static_cast<double>(in.gpu.capacity));
-  b.weights = in.model.weight_bytes();
-  b.kv_bytes_per_token = in.model.kv_bytes_per_token();
+  b.weights = model.weight_bytes();
+  b.kv_bytes_per_token = model.kv_bytes_per_token();
+  b.tensor_parallel = in.parallel.tensor;
+  b.kv_head_replicas = rank.kv_head_replicas;
+  MEMSIM_ASSIGN_OR_RETURN(b.comm, comm_memory(in.gpu, in.parallel, in.comm));
+  if (b.comm.total() > 0 && b.capacity - std::min(b.capacity, b.comm.total()) < b.usable)
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        fmt::format("kv budget: free memory on startup ({} of {}, after NCCL {} and the custom "
+                    "all-reduce {}) is less than gpu_memory_utilization {} x capacity ({}), as "
+                    "vLLM refuses to start",
+                    gib(b.capacity - std::min(b.capacity, b.comm.total())), gib(b.capacity),
+                    gib(b.comm.nccl()), gib(b.comm.custom()), in.gpu_memory_utilization,
+                    gib(b.usable)),
+        b.usable - (b.capacity - std::min(b.capacity, b.comm.total())));
   b.kv_block_size = in.kv_block_size;
   b.gpu_memory_utilization = in.gpu_memory_utilization;
   b.profile_tokens = in.max_num_batched_tokens;
@@ -205,15 +250,16 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
 
   // The profile run and the captures happen with the weights loaded.
   GpuSpec after_weights = in.gpu;
-  after_weights.capacity = b.capacity - b.weights;
+  after_weights.capacity =
+      b.capacity - b.weights - std::min(b.capacity - b.weights, b.comm.total());
   MEMSIM_ASSIGN_OR_RETURN(
       const ActivationPeak act,
-      profile_run(in, after_weights, in.max_num_batched_tokens, b.sampler_rows));
+      profile_run(rank, after_weights, in.max_num_batched_tokens, b.sampler_rows));
   b.activation_peak = act.allocated;
   b.activation_reserved_peak = act.reserved;
   b.profile_snapshot = act.snapshot;
   if (!in.enforce_eager) {
-    MEMSIM_ASSIGN_OR_RETURN(b.graph_memory, graph_memory(in, after_weights, b.capture_sizes));
+    MEMSIM_ASSIGN_OR_RETURN(b.graph_memory, graph_memory(rank, after_weights, b.capture_sizes));
   }
 
   const uint64_t needed = b.weights + b.activation_peak + b.graph_memory;
@@ -259,6 +305,18 @@ std::string format_kv_budget(const KvBudget& b) {
   out += line("= kv cache", b.kv_bytes,
               fmt::format("{} tokens at {} B/token, {} blocks of {}", b.kv_tokens,
                           b.kv_bytes_per_token, b.kv_blocks, b.kv_block_size));
+  if (b.tensor_parallel > 1) {
+    out += fmt::format(
+        "  every term is one rank's of {} (tensor parallel; ranks alike, each KV head on {} "
+        "rank(s)); outside the budget:\n",
+        b.tensor_parallel, b.kv_head_replicas);
+    out += line("  NCCL", b.comm.nccl(), "communicator + first collective's buffers");
+    out += line("  custom AR", b.comm.custom(),
+                b.comm.custom_all_reduce
+                    ? "vLLM's custom all-reduce: IPC meta + data buffers, rank_data, peer handles"
+                    : "no custom all-reduce");
+    out += line("  free", b.free_bytes(), "capacity - usable - NCCL - custom all-reduce");
+  }
   return out;
 }
 

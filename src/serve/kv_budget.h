@@ -9,8 +9,9 @@
 #include "backends/result.h"
 #include "backends/sim/cost_model.h"
 #include "src/drivers/capture_runner.h"
-#include "workload/model_shape.h"
 #include "src/graph/registry.h"
+#include "workload/collectives.h"
+#include "workload/model_shape.h"
 
 namespace memsim {
 
@@ -36,6 +37,17 @@ namespace memsim {
 //   enforce_eager. (vLLM itself measures this with profile_cudagraph_memory() and subtracts it
 //   only under VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; otherwise graphs come out of the
 //   1 - utilization margin. memsim always subtracts it.)
+//
+// Tensor parallelism (parallel.tensor > 1): every term is one rank's. The weights, the profile
+// run and the captures are of the rank's shard (workload/tensor_parallel.h) with the collectives'
+// outputs in the programs (decode_program.cpp); the KV bytes per token are the rank's KV heads.
+// NCCL's and the custom all-reduce's memory (workload/collectives.h) is taken at distributed
+// init, before vLLM's memory snapshot (gpu_worker init_device), so it is not subtracted: it comes
+// out of the 1 - utilization margin, and vLLM refuses to start when the free memory then is
+// below utilization x capacity ("Free memory on device ... on startup is less than desired GPU
+// memory utilization"), as memsim does. Ranks under TP alone are symmetric (the vocabulary is
+// padded to split evenly), so one rank is computed and stands for all; the engine's KV budget is
+// the minimum over ranks (vLLM's get_kv_cache_configs), which is this rank's.
 struct KvBudgetInput {
   bool export_profile_snapshot = false;  // record the profile run as a PyTorch snapshot
   ModelShape model;
@@ -62,6 +74,8 @@ struct KvBudgetInput {
   uint64_t gemm_workspace_bytes = 32ull << 20;  // cuBLAS workspace (PyTorch's size on Hopper)
   uint32_t max_model_len = 8192;                // sizes the block-table input
   uint32_t kv_block_size = 16;                  // tokens per KV block
+  ParallelConfig parallel;  // tensor > 1: `model` is the whole model, sharded here
+  CommOptions comm;
 };
 
 struct KvBudget {
@@ -82,6 +96,12 @@ struct KvBudget {
   std::vector<uint32_t> capture_sizes;  // captured (empty when eager)
   uint32_t profile_tokens = 0;          // max_num_batched_tokens
   uint32_t sampler_rows = 0;            // min(max_num_seqs, max_num_batched_tokens)
+  // Tensor parallelism: the ranks, what each holds for communication, and what is left free
+  // (capacity - usable - communication: the margin the utilization leaves, less NCCL's share).
+  uint32_t tensor_parallel = 1;
+  uint32_t kv_head_replicas = 1;  // ranks holding a copy of each KV head
+  CommMemory comm;
+  uint64_t free_bytes() const { return capacity - usable - comm.total(); }
 };
 
 // The graph shapes `in` captures (see KvBudgetInput::capture_sizes); empty when enforce_eager.

@@ -33,7 +33,8 @@ const ConfigKeys& serving_config_keys() {
   static const ConfigKeys kKeys = {
       {"",
        {"experiment", "gpu", "model", "engine", "scheduler", "kv", "requests", "runs",
-        "sample_interval_ms", "seed", "grid", "step_profile_scale"}},
+        "sample_interval_ms", "seed", "grid", "step_profile_scale", "parallel"}},
+      {"parallel", parallel_keys()},
       {"engine",
        {"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget", "max_model_len",
         "validate_content", "validate_sample", "gpu_layers", "step_time", "gpu_step",
@@ -219,7 +220,21 @@ ServingConfig load_serving_config(const ConfigNode& root) {
   c.gpu = load_gpu_spec(ConfigNode::load_file(gpu_file));
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
-  load_step_profiles(root, gpu_file, c);
+  c.rank_model = c.model;
+  if (auto p = root.find("parallel")) c.parallel = load_parallel(*p, c.model, c.gpu);
+  const uint32_t tp = c.parallel.sizes.tensor;
+  if (tp > 1) {
+    c.rank_model = shard_tensor_parallel(c.model, tp)->rank;  // checked by load_parallel
+    c.collectives = std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp));
+    c.step_profile_note = fmt::format(
+        "tensor_parallel_size {}: the step profiles are one GPU's; each rank is priced by the "
+        "roofline plus the collectives",
+        tp);
+    if (auto sc = root.find("step_profile_scale"))
+      sc->fail(fmt::format("scales a step profile, but tensor_parallel_size {} uses none", tp));
+  } else {
+    load_step_profiles(root, gpu_file, c);
+  }
   if (auto sc = root.find("step_profile_scale")) {
     sc->expect_keys(keys_at(serving_config_keys(), "step_profile_scale"));
     if (!c.step_profile)
@@ -287,6 +302,8 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     run.validate_sample = e.validate_sample;
     run.gpu_layers = e.gpu_layers;
     run.gpu_step = e.gpu_step;
+    if (e.step_time == "profile" && c.parallel.sizes.tensor > 1)
+      at.fail(fmt::format("engine.step_time: profile, but {}", c.step_profile_note));
     if (e.step_time == "profile" && !c.step_profile)
       at.fail(
           fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
@@ -347,6 +364,8 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     in.max_model_len = r.serve.max_model_len;
     in.kv_block_size = r.budget_block_size;
     in.export_profile_snapshot = r.export_snapshot;
+    in.parallel = c.parallel.sizes;
+    in.comm = c.parallel.comm;
     const std::string key =
         fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", in.gpu_memory_utilization, in.max_num_batched_tokens,
                     in.max_num_seqs, in.enforce_eager, in.graph_strategy, in.max_model_len,
@@ -376,8 +395,9 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     }
     EngineConfig e;
     e.label = o.spec.label;
-    e.model = c.model;
+    e.model = c.rank_model;
     e.gpu = c.gpu;
+    e.collectives = c.collectives;
     e.scheduler = o.spec.scheduler;
     e.serve = o.spec.serve;
     e.kv_impl = o.spec.kv_impl;

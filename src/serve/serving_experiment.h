@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "backends/sim/cost_model.h"
-#include "workload/model_shape.h"
-#include "workload/requests.h"
 #include "src/config/config_keys.h"
 #include "src/config/config_node.h"
+#include "src/config/loaders.h"
 #include "src/serve/engine.h"
 #include "src/serve/kv_budget.h"
 #include "src/serve/scheduler_registry.h"
+#include "workload/model_shape.h"
+#include "workload/requests.h"
 
 namespace memsim {
 
@@ -52,6 +53,12 @@ struct ServingConfig {
   std::string experiment;
   GpuSpec gpu;
   ModelShape model;
+  // parallel: tensor parallelism. With tensor_parallel_size > 1 every run simulates one rank
+  // (ranks alike): rank_model is its shard, the budget is a rank's, steps add the collectives
+  // priced by `collectives`, and no step profile is used (they are one GPU's).
+  ParallelSettings parallel;
+  ModelShape rank_model;  // = model on one GPU
+  std::shared_ptr<const CollectiveTime> collectives;
   SimTime sample_interval = 100'000'000;
   std::string step_profile_path;  // where the (gpu, model) profile is or would be
   std::string step_profile_note;  // how it was found (by the GPU's name), or why there is none

@@ -1,0 +1,251 @@
+// The tp_memory experiment: typed config, one KV budget per point (in parallel), the per-rank
+// table, summary.json and ranks.csv.
+#include "src/app/tp_memory_experiment.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "core/parallel.h"
+#include "src/app/legend.h"
+#include "src/config/loaders.h"
+#include "src/graph/registry.h"
+
+namespace memsim {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr ColumnDoc kColumns[] = {
+    {"model", "the model", -14},
+    {"gpu", "the GPU (its file's capacity and interconnect)", -5},
+    {"TP", "tensor_parallel_size: ranks sharding every layer", 3},
+    {"graphs", "the graph-memory strategy whose captures are subtracted (none: enforce_eager)",
+     -14},
+    {"weights", "one rank's shard of the weights, GiB", 8},
+    {"act", "the profile run's peak allocated bytes on a rank, GiB", 6},
+    {"graph", "the rank's CUDA-graph memory, GiB", 6},
+    {"NCCL", "NCCL's communicator and collective buffers on a rank (outside the budget), GiB", 6},
+    {"AR", "vLLM's custom all-reduce buffers on a rank (outside the budget), GiB", 5},
+    {"KV", "the rank's KV cache: utilization x capacity - weights - act - graph, GiB", 7},
+    {"free", "what a rank leaves free: capacity - usable - NCCL - AR, GiB", 6},
+    {"KV tok", "tokens the KV cache holds (every rank holds its heads of each token)", 9},
+    {"seqs", "sequences of context_tokens the engine holds at once (min over ranks)", 6},
+    {"outcome", "ok, or why vLLM would not start (the shortfall named)", 0},
+};
+constexpr std::string_view kAnchor = kTpMemoryAnchor;
+
+std::string gib(uint64_t b) {
+  return fmt::format("{:.2f}", static_cast<double>(b) / (1ull << 30));
+}
+
+std::vector<std::string> graph_choices() {
+  std::vector<std::string> names = graph_strategies().names();
+  names.push_back("none");
+  return names;
+}
+
+std::vector<ConfigNode> non_empty_list(const ConfigNode& root, const char* key) {
+  const ConfigNode n = root[key];
+  if (!n.is_sequence() || n.items().empty()) n.fail("must be a non-empty list");
+  return n.items();
+}
+
+}  // namespace
+
+const ConfigKeys& tp_memory_config_keys() {
+  static const ConfigKeys kKeys = {
+      {"",
+       {"experiment", "models", "gpus", "tensor_parallel_sizes", "graph_memory",
+        "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+        "kv_block_size", "context_tokens", "parallel"}},
+      {"parallel", {"custom_all_reduce", "nccl_cumem"}},
+  };
+  return kKeys;
+}
+
+bool is_tp_memory_config(const ConfigNode& root) {
+  return root.is_map() && root.has("tensor_parallel_sizes");
+}
+
+TpMemoryConfig load_tp_memory_config(const ConfigNode& root) {
+  root.expect_keys(keys_at(tp_memory_config_keys(), ""));
+  TpMemoryConfig c;
+  c.source = root.file();
+  c.experiment = root["experiment"].as_plain_name();
+  for (const ConfigNode& m : non_empty_list(root, "models"))
+    c.models.push_back(
+        load_model_shape(ConfigNode::load_file(resolve_config_path(m, m.as_string(), "models"))));
+  for (const ConfigNode& g : non_empty_list(root, "gpus"))
+    c.gpus.push_back(
+        load_gpu_spec(ConfigNode::load_file(resolve_config_path(g, g.as_string(), "gpus"))));
+  for (const ConfigNode& t : non_empty_list(root, "tensor_parallel_sizes")) {
+    const auto tp = static_cast<uint32_t>(t.as_uint_in(1, 1024));
+    for (const ModelShape& m : c.models)
+      for (const GpuSpec& g : c.gpus) check_tensor_parallel(t, tp, m, g);
+    c.tensor_parallel_sizes.push_back(tp);
+  }
+  if (auto g = root.find("graph_memory")) {
+    if (!g->is_sequence() || g->items().empty()) g->fail("must be a non-empty list");
+    for (const ConfigNode& s : g->items()) c.graph_memory.push_back(s.as_choice(graph_choices()));
+  } else {
+    c.graph_memory = {"shared_pool"};
+  }
+  if (auto v = root.find("gpu_memory_utilization"))
+    c.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
+  if (auto v = root.find("max_num_seqs"))
+    c.max_num_seqs = static_cast<uint32_t>(v->as_uint_in(1, 1u << 20));
+  if (auto v = root.find("max_num_batched_tokens"))
+    c.max_num_batched_tokens = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
+  if (auto v = root.find("max_model_len"))
+    c.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 24));
+  if (auto v = root.find("kv_block_size"))
+    c.kv_block_size = static_cast<uint32_t>(v->as_uint_in(1, 1u << 16));
+  if (auto v = root.find("context_tokens"))
+    c.context_tokens = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
+  if (auto p = root.find("parallel")) {
+    p->expect_keys(keys_at(tp_memory_config_keys(), "parallel"));
+    if (auto v = p->find("custom_all_reduce")) c.comm.custom_all_reduce = v->as_bool();
+    if (auto v = p->find("nccl_cumem")) c.comm.nccl_cumem = v->as_bool();
+  }
+  return c;
+}
+
+TpMemoryResults run_tp_memory(const TpMemoryConfig& c) {
+  TpMemoryResults out;
+  const auto wall0 = std::chrono::steady_clock::now();
+  std::vector<KvBudgetInput> inputs;
+  for (const ModelShape& m : c.models)
+    for (const GpuSpec& g : c.gpus)
+      for (uint32_t tp : c.tensor_parallel_sizes)
+        for (const std::string& graphs : c.graph_memory) {
+          KvBudgetInput in;
+          in.model = m;
+          in.gpu = g;
+          in.gpu_memory_utilization = c.gpu_memory_utilization;
+          in.max_num_batched_tokens = c.max_num_batched_tokens;
+          in.max_num_seqs = c.max_num_seqs;
+          in.enforce_eager = graphs == "none";
+          in.graph_strategy = in.enforce_eager ? "shared_pool" : graphs;
+          in.max_model_len = c.max_model_len;
+          in.kv_block_size = c.kv_block_size;
+          in.parallel.tensor = tp;
+          in.comm = c.comm;
+          inputs.push_back(in);
+          TpMemoryPoint p;
+          p.model = m.name;
+          p.gpu = g.name;
+          p.graph_memory = graphs;
+          p.tp = tp;
+          out.points.push_back(p);
+        }
+  const uint64_t blocks_per_seq =
+      (uint64_t{c.context_tokens} + c.kv_block_size - 1) / c.kv_block_size;
+  parallel_for(inputs.size(), 0, [&](size_t i) {
+    TpMemoryPoint& p = out.points[i];
+    Result<KvBudget> b = compute_kv_budget(inputs[i]);
+    if (!b.ok()) {
+      p.outcome = b.error().message;
+      p.fits = false;
+      return;
+    }
+    p.budget = std::move(*b);
+    p.fits = true;
+    p.outcome = "ok";
+    p.kv_blocks_min = p.budget.kv_blocks;  // every rank's (ranks alike)
+    p.concurrency = p.kv_blocks_min / blocks_per_seq;
+  });
+  out.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return out;
+}
+
+std::string format_tp_memory_table(const TpMemoryConfig& c, const TpMemoryResults& r,
+                                   bool explain) {
+  std::string o = fmt::format(
+      "Per-rank memory under tensor parallelism: gpu_memory_utilization {}, "
+      "max_num_batched_tokens {}, max_num_seqs {}, context {} tokens, NCCL_CUMEM_ENABLE={}, "
+      "custom all-reduce {} (ranks alike under TP: one simulated, standing for each)\n",
+      c.gpu_memory_utilization, c.max_num_batched_tokens, c.max_num_seqs, c.context_tokens,
+      c.comm.nccl_cumem ? 1 : 0, c.comm.custom_all_reduce ? "on" : "off");
+  o += header_row(kColumns);
+  for (const TpMemoryPoint& p : r.points) {
+    const KvBudget& b = p.budget;
+    // The figures, or a dash each where the engine would not start.
+    auto cell = [&](const std::string& v) { return p.fits ? v : std::string("-"); };
+    o += fmt::format(
+        "{:<14} {:<5} {:>3} {:<14} {:>8} {:>6} {:>6} {:>6} {:>5} {:>7} {:>6} {:>9} {:>6}  {}\n",
+        p.model, p.gpu, p.tp, p.graph_memory, cell(gib(b.weights)), cell(gib(b.activation_peak)),
+        cell(gib(b.graph_memory)), cell(gib(b.comm.nccl())), cell(gib(b.comm.custom())),
+        cell(gib(b.kv_bytes)), cell(gib(p.fits ? b.free_bytes() : 0)),
+        cell(std::to_string(b.kv_tokens)), cell(std::to_string(p.concurrency)), p.outcome);
+  }
+  o += fmt::format("{} points in {:.2f} s\n", r.points.size(), r.wall_seconds);
+  o += table_legend(kColumns, kAnchor, explain);
+  return o;
+}
+
+std::span<const ColumnDoc> tp_memory_columns() {
+  return kColumns;
+}
+
+void write_tp_memory_outputs(const TpMemoryConfig& c, const TpMemoryResults& r, OutputDir& dir) {
+  dir.write("ranks.csv", [&](std::ostream& f) {
+    f << "model,gpu,tensor_parallel_size,graph_memory,rank,simulated_as,weights,"
+         "activation_peak,graph_memory_bytes,nccl,custom_all_reduce,kv_cache,free,kv_tokens,"
+         "kv_blocks,concurrency,outcome\n";
+    for (const TpMemoryPoint& p : r.points) {
+      const KvBudget& b = p.budget;
+      for (uint32_t rank = 0; rank < p.tp; ++rank)
+        f << fmt::format("{},{},{},{},{},0,{},{},{},{},{},{},{},{},{},{},{}\n", csv_cell(p.model),
+                         csv_cell(p.gpu), p.tp, csv_cell(p.graph_memory), rank, b.weights,
+                         b.activation_peak, b.graph_memory, b.comm.nccl(), b.comm.custom(),
+                         b.kv_bytes, p.fits ? b.free_bytes() : 0, b.kv_tokens, b.kv_blocks,
+                         p.concurrency, csv_cell(p.outcome));
+    }
+  });
+  json s;
+  s["experiment"] = c.experiment;
+  s["source"] = c.source;
+  s["gpu_memory_utilization"] = c.gpu_memory_utilization;
+  s["max_num_batched_tokens"] = c.max_num_batched_tokens;
+  s["max_num_seqs"] = c.max_num_seqs;
+  s["context_tokens"] = c.context_tokens;
+  s["nccl_cumem"] = c.comm.nccl_cumem;
+  s["custom_all_reduce"] = c.comm.custom_all_reduce;
+  json points = json::array();
+  for (const TpMemoryPoint& p : r.points) {
+    const KvBudget& b = p.budget;
+    json j;
+    j["model"] = p.model;
+    j["gpu"] = p.gpu;
+    j["tensor_parallel_size"] = p.tp;
+    j["graph_memory"] = p.graph_memory;
+    j["outcome"] = p.outcome;
+    j["ranks_simulated"] = 1;  // alike under TP; ranks.csv repeats it for each
+    if (p.fits) {
+      j["per_rank"] = {{"capacity", b.capacity},
+                       {"usable", b.usable},
+                       {"weights", b.weights},
+                       {"activation_peak", b.activation_peak},
+                       {"graph_memory", b.graph_memory},
+                       {"nccl", b.comm.nccl()},
+                       {"custom_all_reduce", b.comm.custom()},
+                       {"kv_cache", b.kv_bytes},
+                       {"free", b.free_bytes()},
+                       {"kv_bytes_per_token", b.kv_bytes_per_token},
+                       {"kv_tokens", b.kv_tokens},
+                       {"kv_blocks", b.kv_blocks}};
+      j["kv_blocks_min_over_ranks"] = p.kv_blocks_min;
+      j["concurrency"] = p.concurrency;
+    }
+    points.push_back(j);
+  }
+  s["points"] = points;
+  dir.write("summary.json", s.dump(2) + "\n");
+}
+
+}  // namespace memsim

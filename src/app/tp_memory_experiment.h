@@ -1,0 +1,71 @@
+// The tp_memory experiment (experiments/tp_memory.yaml): each rank's memory under tensor
+// parallelism, for every model x GPU x tensor_parallel_size x graph strategy, sized as vLLM
+// sizes it: weights, activation peak, graph memory, NCCL, custom all-reduce, KV cache, free.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/sim/cost_model.h"
+#include "src/app/legend.h"
+#include "src/app/output.h"
+#include "src/config/config_keys.h"
+#include "src/config/config_node.h"
+#include "src/serve/kv_budget.h"
+#include "workload/collectives.h"
+#include "workload/model_shape.h"
+
+namespace memsim {
+
+struct TpMemoryConfig {
+  std::string source;
+  std::string experiment = "tp_memory";
+  std::vector<ModelShape> models;
+  std::vector<GpuSpec> gpus;
+  std::vector<uint32_t> tensor_parallel_sizes;
+  std::vector<std::string> graph_memory;  // graph strategies; "none" = enforce_eager
+  double gpu_memory_utilization = 0.9;
+  uint32_t max_num_seqs = 256;
+  uint32_t max_num_batched_tokens = 8192;
+  uint32_t max_model_len = 8192;
+  uint32_t kv_block_size = 16;
+  uint32_t context_tokens = 8192;  // concurrency: sequences of this many tokens the KV holds
+  CommOptions comm;
+};
+
+const ConfigKeys& tp_memory_config_keys();
+bool is_tp_memory_config(const ConfigNode& root);
+// Throws ConfigError naming file, line and key; a tensor_parallel_size that a model or GPU
+// cannot take is an error naming both.
+TpMemoryConfig load_tp_memory_config(const ConfigNode& root);
+
+// One point: a model on a GPU at one tensor_parallel_size with one graph strategy.
+struct TpMemoryPoint {
+  std::string model, gpu, graph_memory;
+  uint32_t tp = 1;
+  bool fits = false;
+  std::string outcome;  // "ok", or why the engine would not start (vLLM's error)
+  KvBudget budget;      // one rank's (ranks alike under TP: simulated once, reported for each)
+  uint64_t kv_blocks_min = 0;  // the engine's blocks: the minimum over ranks
+  uint64_t concurrency = 0;    // sequences of context_tokens the engine holds at once
+};
+
+struct TpMemoryResults {
+  std::vector<TpMemoryPoint> points;
+  double wall_seconds = 0;
+};
+
+TpMemoryResults run_tp_memory(const TpMemoryConfig& config);
+std::string format_tp_memory_table(const TpMemoryConfig& config, const TpMemoryResults& results,
+                                   bool explain);
+// The table's columns (docs/tables.md#tp-memory).
+std::span<const ColumnDoc> tp_memory_columns();
+inline constexpr std::string_view kTpMemoryAnchor = "tp-memory";
+// summary.json and ranks.csv (one row per rank of every point).
+void write_tp_memory_outputs(const TpMemoryConfig& config, const TpMemoryResults& results,
+                             OutputDir& dir);
+
+}  // namespace memsim

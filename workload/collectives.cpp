@@ -1,0 +1,128 @@
+// Collective times from the GPU file's measured tables, and NCCL's and the custom all-reduce's
+// memory per rank (see collectives.h).
+#include "workload/collectives.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+namespace memsim {
+
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+// PyTorch's caching allocator: a request of 1-10 MiB gets a 20 MiB segment (kLargeBuffer) when
+// no cached block fits, as in an allocator holding nothing else.
+constexpr uint64_t kTorchLargeBuffer = 20 * kMiB;
+// The driver's memory once peers' IPC handles of graph buffers are opened (measured on H200s:
+// 2 MiB on every rank after 64 and after 192 opens, docs/results/tp-memory.md).
+constexpr uint64_t kIpcOpenBytes = 2 * kMiB;
+
+uint64_t round_up(uint64_t bytes, uint64_t granule) {
+  return granule == 0 ? bytes : (bytes + granule - 1) / granule * granule;
+}
+
+Status check_node(const GpuSpec& gpu, uint32_t ranks) {
+  const InterconnectSpec& ic = gpu.interconnect;
+  if (ic.gpus_per_node == 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("gpu {} has no interconnect: section, which {} ranks need "
+                                  "(NCCL's memory and collective times; docs/gpus.md)",
+                                  gpu.name, ranks));
+  if (ranks > ic.gpus_per_node)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("{} ranks exceed the {} GPUs of one {} node (memsim models "
+                                  "one node)",
+                                  ranks, ic.gpus_per_node, gpu.name));
+  return {};
+}
+
+// Microseconds at `bytes` on the table (sizes ascending, at least two).
+double interpolate_us(const std::vector<double>& sizes, const std::vector<double>& us,
+                      double bytes) {
+  if (bytes <= sizes.front()) return us.front();
+  const size_t n = sizes.size();
+  if (bytes >= sizes[n - 1]) {
+    const double slope = (us[n - 1] - us[n - 2]) / (sizes[n - 1] - sizes[n - 2]);
+    return us[n - 1] + std::max(slope, 0.0) * (bytes - sizes[n - 1]);
+  }
+  const size_t hi = static_cast<size_t>(
+      std::distance(sizes.begin(), std::upper_bound(sizes.begin(), sizes.end(), bytes)));
+  const size_t lo = hi - 1;
+  const double t = std::log(bytes / sizes[lo]) / std::log(sizes[hi] / sizes[lo]);
+  return std::exp(std::log(us[lo]) + t * (std::log(us[hi]) - std::log(us[lo])));
+}
+
+SimTime to_ns(double us) {
+  return static_cast<SimTime>(std::llround(us * 1000.0));
+}
+
+}  // namespace
+
+bool custom_all_reduce_supported(uint32_t world_size) {
+  return world_size == 2 || world_size == 4 || world_size == 6 || world_size == 8;
+}
+
+Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, const CommOptions& o) {
+  CommMemory m;
+  if (p.tensor <= 1) return m;
+  MEMSIM_TRY(check_node(gpu, p.tensor));
+  const InterconnectSpec::NcclMemory& nccl =
+      o.nccl_cumem ? gpu.interconnect.nccl_cumem : gpu.interconnect.nccl_no_cumem;
+  m.nccl_communicator = nccl.communicator;
+  m.nccl_collectives = nccl.collectives;
+  if (o.custom_all_reduce && custom_all_reduce_supported(p.tensor)) {
+    m.custom_all_reduce = true;
+    m.custom_meta =
+        round_up(kCustomAllReduceSignalBytes + kCustomAllReduceMaxSize, gpu.granularity);
+    m.custom_buffer = round_up(kCustomAllReduceMaxSize, gpu.granularity);
+    m.custom_rank_data = kTorchLargeBuffer;
+    m.custom_ipc = kIpcOpenBytes;
+  }
+  return m;
+}
+
+Result<CollectiveTime> CollectiveTime::make(const GpuSpec& gpu, uint32_t ranks) {
+  CollectiveTime c;
+  c.ranks_ = ranks;
+  if (ranks <= 1) return c;
+  MEMSIM_TRY(check_node(gpu, ranks));
+  const InterconnectSpec& ic = gpu.interconnect;
+  // The measured count nearest to `ranks` (the larger on a tie).
+  uint32_t measured = 0;
+  for (const auto& [n, us] : ic.all_reduce_us) {
+    const auto dist = [&](uint32_t k) { return k > ranks ? k - ranks : ranks - k; };
+    if (measured == 0 || dist(n) <= dist(measured)) measured = n;
+  }
+  if (!ic.all_gather_us.contains(measured))
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("gpu {}: all_gather_us has no row for {} ranks, which "
+                                  "all_reduce_us has",
+                                  gpu.name, measured));
+  c.sizes_.assign(ic.collective_sizes.begin(), ic.collective_sizes.end());
+  c.reduce_us_ = ic.all_reduce_us.at(measured);
+  c.gather_us_ = ic.all_gather_us.at(measured);
+  const double n = ranks, m = measured;
+  c.reduce_scale_ = (2 * (n - 1) / n) / (2 * (m - 1) / m);
+  c.gather_scale_ = (n - 1) / (m - 1);
+  c.source_ =
+      measured == ranks
+          ? fmt::format("NCCL {} measured at {} ranks ({})", ic.nccl_version, ranks, gpu.name)
+          : fmt::format("NCCL {} measured at {} ranks ({}), bytes per rank scaled to {}",
+                        ic.nccl_version, measured, gpu.name, ranks);
+  return c;
+}
+
+SimTime CollectiveTime::all_reduce(uint64_t bytes) const {
+  if (ranks_ <= 1 || bytes == 0) return 0;
+  return to_ns(interpolate_us(sizes_, reduce_us_, static_cast<double>(bytes) * reduce_scale_));
+}
+
+SimTime CollectiveTime::all_gather(uint64_t part_bytes) const {
+  if (ranks_ <= 1 || part_bytes == 0) return 0;
+  return to_ns(interpolate_us(sizes_, gather_us_, static_cast<double>(part_bytes) * gather_scale_));
+}
+
+}  // namespace memsim

@@ -1,0 +1,89 @@
+// Tensor-parallel communication on one node: what the collectives of a step cost in time (the GPU
+// file's measured tables), and the device memory NCCL and a vLLM-style custom all-reduce hold on
+// each rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/result.h"
+#include "backends/sim/cost_model.h"
+
+namespace memsim {
+
+// How a model is spread over GPUs (vLLM's ParallelConfig). memsim models tensor parallelism;
+// pipeline and data parallelism are refused by the loaders until they are modelled.
+struct ParallelConfig {
+  uint32_t tensor = 1;    // tensor_parallel_size: ranks that shard every layer
+  uint32_t pipeline = 1;  // pipeline_parallel_size
+  uint32_t data = 1;      // data_parallel_size: engine replicas
+  uint32_t gpus() const { return tensor * pipeline * data; }
+};
+
+// The communication settings of the engine (vLLM's defaults).
+struct CommOptions {
+  bool nccl_cumem = false;        // NCCL_CUMEM_ENABLE: vLLM sets 0 (vllm/env_override.py)
+  bool custom_all_reduce = true;  // vLLM: not disable_custom_all_reduce
+};
+
+// vLLM's CustomAllreduce (vllm/distributed/device_communicators/custom_all_reduce.py): world
+// sizes 2, 4, 6 and 8 (_SUPPORTED_WORLD_SIZES; memsim assumes the node's GPUs fully connected by
+// NVLink, as the custom all-reduce requires above 2), buffers of max_size 8 MiB.
+inline constexpr uint64_t kCustomAllReduceMaxSize = 8ull << 20;
+// sizeof(vllm::Signal) (csrc/custom_all_reduce.cuh: start and end flags [36 blocks][8 ranks] and
+// _flag[36], uint32 each, 128-byte aligned): ops.meta_size().
+inline constexpr uint64_t kCustomAllReduceSignalBytes = 2560;
+bool custom_all_reduce_supported(uint32_t world_size);
+
+// One rank's communication memory.
+struct CommMemory {
+  // NCCL: the communicator, and the buffers its first collective sets up (vLLM's
+  // PyNcclCommunicator runs a warm-up all-reduce at init), in the environment chosen.
+  uint64_t nccl_communicator = 0;
+  uint64_t nccl_collectives = 0;
+  // Custom all-reduce, when used: the meta buffer (meta_size() + max_size) and the data buffer
+  // (max_size), each cudaMalloc'd (granule-rounded) and shared by CUDA IPC; rank_data (8 MiB
+  // through PyTorch's caching allocator, which rounds a 1-10 MiB request up to a 20 MiB segment
+  // in an allocator holding nothing else); and the driver's 2 MiB once peers' graph buffers are
+  // opened (register_graph_buffers). Measured: 10 + 8 + 20 + 2 MiB (docs/results/tp-memory.md).
+  bool custom_all_reduce = false;
+  uint64_t custom_meta = 0;
+  uint64_t custom_buffer = 0;
+  uint64_t custom_rank_data = 0;
+  uint64_t custom_ipc = 0;
+
+  uint64_t nccl() const { return nccl_communicator + nccl_collectives; }
+  uint64_t custom() const { return custom_meta + custom_buffer + custom_rank_data + custom_ipc; }
+  uint64_t total() const { return nccl() + custom(); }
+};
+
+// Zero for one GPU. Errors (kInvalidArgument): ranks beyond the node, or a GPU file without an
+// interconnect section.
+Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, const CommOptions& o);
+
+// Collective times on `ranks` GPUs of one node, from the GPU file's tables: log-log linear
+// interpolation between measured sizes, the smallest size's time below it, the last two sizes'
+// slope (bandwidth) above the largest. For a rank count not measured, the table of the nearest
+// measured count is used with the bytes each rank moves scaled: all-reduce (ring) 2 (n - 1) / n,
+// all-gather (n - 1); source() says so.
+class CollectiveTime {
+ public:
+  static Result<CollectiveTime> make(const GpuSpec& gpu, uint32_t ranks);
+
+  SimTime all_reduce(uint64_t bytes) const;       // an all-reduce of a `bytes` buffer
+  SimTime all_gather(uint64_t part_bytes) const;  // each rank contributes part_bytes
+  uint32_t ranks() const { return ranks_; }
+  // "measured at 2 ranks (NCCL 2.28.9, h200)" or "... scaled from 4 measured ranks ...".
+  const std::string& source() const { return source_; }
+
+ private:
+  CollectiveTime() = default;
+  uint32_t ranks_ = 1;
+  std::vector<double> sizes_;  // bytes
+  std::vector<double> reduce_us_, gather_us_;
+  double reduce_scale_ = 1, gather_scale_ = 1;  // bytes multiplier for an unmeasured count
+  std::string source_;
+};
+
+}  // namespace memsim
