@@ -556,8 +556,8 @@ run tp_memory --config "$TPCONF" --out "$TMP/out_tp" --set models=[llama-3.1-70b
 expect_rc tp_memory 0
 expect_re "$TMP/tp_memory.out" "llama-3.1-70b +h100 +1 shared_pool .* the weights \(131.42 GiB\) do not fit" \
   "tp_memory: TP 1 of a 70B on an H100 does not fit, said"
-expect_re "$TMP/tp_memory.out" "llama-3.1-70b +h100 +2 shared_pool +65.71 .* 0.88 +0.04 .* ok" \
-  "tp_memory: TP 2 rank: 65.71 GiB of weights, NCCL 0.88 GiB, custom all-reduce 0.04 GiB"
+expect_re "$TMP/tp_memory.out" "llama-3.1-70b +h100 +2 shared_pool +65.71 .* 0.90 +0.04 .* ok" \
+  "tp_memory: TP 2 rank: 65.71 GiB of weights, NCCL 0.90 GiB, custom all-reduce 0.04 GiB"
 check "tp_memory: ranks.csv has a row per rank (1 + 2) and a header" \
   test "$(wc -l < "$TMP/out_tp/tp_memory/ranks.csv")" -eq 4
 expect_in "$TMP/out_tp/tp_memory/ranks.csv" "llama-3.1-70b,h100,2,shared_pool,1,0,70555025408," \

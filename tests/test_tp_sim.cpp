@@ -103,21 +103,23 @@ TEST_CASE("collectives: NCCL's and the custom all-reduce's memory per rank", "[t
 
   p.tensor = 2;
   const CommMemory m = *comm_memory(h200, p, vllm);
-  CHECK(m.nccl_communicator == 716 * kMiB);  // measured, cuMem off
+  CHECK(m.nccl_communicator == 736 * kMiB);  // measured, cuMem off
   CHECK(m.nccl_collectives == 186 * kMiB);
   CHECK(m.custom_all_reduce);
   CHECK(m.custom_meta == 10 * kMiB);  // 8 MiB + 2560 B, rounded to 2 MiB granules
   CHECK(m.custom_buffer == 8 * kMiB);
   CHECK(m.custom_rank_data == 20 * kMiB);  // PyTorch's 20 MiB segment for an 8 MiB request
-  CHECK(m.custom_ipc == 2 * kMiB);
-  CHECK(m.total() == (716 + 186 + 40) * kMiB);
+  CHECK(m.custom_ipc == 0);                // no IPC cost with cuMem off
+  CHECK(m.total() == (736 + 186 + 38) * kMiB);
 
   CommOptions cumem = vllm;
   cumem.nccl_cumem = true;
   cumem.custom_all_reduce = false;
   const CommMemory c = *comm_memory(h200, p, cumem);
-  CHECK(c.nccl() == (366 + 474) * kMiB);
+  CHECK(c.nccl() == (386 + 474) * kMiB);
   CHECK(c.custom() == 0);
+  cumem.custom_all_reduce = true;
+  CHECK(comm_memory(h200, p, cumem)->custom() == 40 * kMiB);  // 2 MiB of IPC opens with cuMem
 
   // World sizes vLLM's custom all-reduce refuses: 3, 5, 7.
   p.tensor = 3;
@@ -169,7 +171,7 @@ TEST_CASE("kv budget: one rank of Llama-3.1-70B at TP 2 on an H200", "[tp]") {
   CHECK(b.tensor_parallel == 2);
   CHECK(b.weights == 70555025408ull);     // the shard (test_tensor_parallel)
   CHECK(b.kv_bytes_per_token == 163840);  // 2 x 80 layers x 4 KV heads x 128 x 2 B
-  CHECK(b.comm.total() == (716 + 186 + 40) * kMiB);
+  CHECK(b.comm.total() == (736 + 186 + 38) * kMiB);
   // vLLM's formula, with the communication outside it.
   CHECK(b.kv_bytes == b.usable - b.weights - b.activation_peak - b.graph_memory);
   CHECK(b.free_bytes() == b.capacity - b.usable - b.comm.total());

@@ -16,9 +16,9 @@ constexpr uint64_t kMiB = 1ull << 20;
 // PyTorch's caching allocator: a request of 1-10 MiB gets a 20 MiB segment (kLargeBuffer) when
 // no cached block fits, as in an allocator holding nothing else.
 constexpr uint64_t kTorchLargeBuffer = 20 * kMiB;
-// The driver's memory once peers' IPC handles of graph buffers are opened (measured on H200s:
-// 2 MiB on every rank after 64 and after 192 opens, docs/results/tp-memory.md).
-constexpr uint64_t kIpcOpenBytes = 2 * kMiB;
+// With NCCL's cuMem on, opening peers' IPC handles takes 2 MiB of the opener's device memory
+// (measured on H200s, in memsim's ranks and in PyTorch alike); with it off (vLLM), none.
+constexpr uint64_t kIpcOpenBytesUnderCumem = 2 * kMiB;
 
 uint64_t round_up(uint64_t bytes, uint64_t granule) {
   return granule == 0 ? bytes : (bytes + granule - 1) / granule * granule;
@@ -79,7 +79,7 @@ Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, cons
         round_up(kCustomAllReduceSignalBytes + kCustomAllReduceMaxSize, gpu.granularity);
     m.custom_buffer = round_up(kCustomAllReduceMaxSize, gpu.granularity);
     m.custom_rank_data = kTorchLargeBuffer;
-    m.custom_ipc = kIpcOpenBytes;
+    m.custom_ipc = o.nccl_cumem ? kIpcOpenBytesUnderCumem : 0;
   }
   return m;
 }

@@ -45,8 +45,10 @@ struct CommMemory {
   // Custom all-reduce, when used: the meta buffer (meta_size() + max_size) and the data buffer
   // (max_size), each cudaMalloc'd (granule-rounded) and shared by CUDA IPC; rank_data (8 MiB
   // through PyTorch's caching allocator, which rounds a 1-10 MiB request up to a 20 MiB segment
-  // in an allocator holding nothing else); and the driver's 2 MiB once peers' graph buffers are
-  // opened (register_graph_buffers). Measured: 10 + 8 + 20 + 2 MiB (docs/results/tp-memory.md).
+  // in an allocator holding nothing else). Opening peers' handles (the buffers', and the graph
+  // inputs' in register_graph_buffers) takes none of the opener's device memory with NCCL's
+  // cuMem off (vLLM), 2 MiB with it on. Measured by memsim's own ranks on H200s: 10 + 8 + 20
+  // MiB, + 2 with cuMem (docs/results/tp-memory.md).
   bool custom_all_reduce = false;
   uint64_t custom_meta = 0;
   uint64_t custom_buffer = 0;

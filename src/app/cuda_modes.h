@@ -10,14 +10,15 @@
 
 #include "backends/result.h"
 #include "backends/sim/cost_model.h"
-#include "workload/alloc_trace.h"
 #include "src/alloc/registry.h"
 #include "src/app/calibrate.h"
 #include "src/app/calibrate_model.h"
 #include "src/app/output.h"
 #include "src/app/shapes_experiment.h"
+#include "src/app/tp_memory_experiment.h"
 #include "src/rl/rl_timeline.h"
 #include "src/serve/serving_experiment.h"
+#include "workload/alloc_trace.h"
 
 namespace memsim {
 
@@ -45,6 +46,16 @@ int cuda_shapes_validation(const ShapesConfig& config, const ShapesResults& simu
 
 // RL co-location: each co-located run's timeline with real memory (cuda_rl.csv).
 int cuda_rl_run(const RlConfig& config, OutputDir& dir, std::ostream& out, std::ostream& err);
+
+// tp_memory: every point that fits with 1 < tensor_parallel_size <= the GPUs here, on the GPU its
+// file names: one memsim process per rank (NCCL, a custom all-reduce's buffers, the graph
+// captures), each rank against the simulated one (tp_validation.csv). 0 when every check passed.
+int cuda_tp_memory(const TpMemoryConfig& config, const TpMemoryResults& simulated, OutputDir& dir,
+                   std::ostream& out);
+// memsim tp-rank (started by cuda_tp_memory, one per rank): the single point of `config_path`
+// on this process's GPU as rank `rank`, its measurements written to `result_path` as JSON.
+int cuda_tp_rank(const std::string& config_path, int rank, const std::string& nccl_id_hex,
+                 const std::string& result_path, std::ostream& err);
 
 // memsim replay --backend cuda: the allocators on the GPU against cudaMemGetInfo.
 int cuda_replay(const AllocTrace& trace,

@@ -121,16 +121,12 @@ int run_rl(const ConfigNode& root, const RunContext& ctx) {
 // experiments/tp_memory.yaml: each rank's memory under tensor parallelism (simulation only).
 int run_tp_memory_experiment(const ConfigNode& root, const RunContext& ctx) {
   const TpMemoryConfig config = load_tp_memory_config(root);
-  if (ctx.cuda) {
-    std::cerr << "memsim: --backend cuda: the tp_memory experiment has no GPU mode yet (one "
-                 "process per rank is not built; issue 31)\n";
-    return kExitConfigError;
-  }
   OutputDir dir(ctx.out_dir, config.experiment);
   const TpMemoryResults results = run_tp_memory(config);
   std::cout << format_tp_memory_table(config, results, ctx.explain);
   write_tp_memory_outputs(config, results, dir);
-  return finish(dir, 0);
+  const int rc = ctx.cuda ? cuda_tp_memory(config, results, dir, std::cout) : 0;
+  return finish(dir, rc);
 }
 
 }  // namespace

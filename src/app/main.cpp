@@ -189,6 +189,22 @@ void add_merge(CLI::App& app, MergeCli& m) {
       ->check(CLI::ExistingDirectory);
 }
 
+// memsim tp-rank: one rank of tp_memory --backend cuda, started by memsim itself (not listed).
+struct TpRankCli {
+  CLI::App* cmd = nullptr;
+  std::string config, nccl_id, result;
+  int rank = 0;
+};
+
+void add_tp_rank(CLI::App& app, TpRankCli& t) {
+  t.cmd = app.add_subcommand("tp-rank", "one rank of tp_memory --backend cuda (internal)");
+  t.cmd->group("");
+  t.cmd->add_option("config", t.config, "the point's config")->required();
+  t.cmd->add_option("--rank", t.rank, "this process's rank")->required();
+  t.cmd->add_option("--nccl-id", t.nccl_id, "ncclUniqueId, 256 hex digits")->required();
+  t.cmd->add_option("--result", t.result, "where the rank's JSON goes")->required();
+}
+
 void add_plot(CLI::App& app, PlotCli& p) {
   p.cmd = app.add_subcommand(
       "plot",
@@ -264,12 +280,14 @@ int run_cli(int argc, char** argv) {
   SweepCli sweep;
   MergeCli merge;
   PlotCli plot;
+  TpRankCli tp_rank;
   add_run_options(app, run);
   add_calibrate(app, calibrate);
   add_replay(app, replay);
   add_sweep(app, sweep);
   add_merge(app, merge);
   add_plot(app, plot);
+  add_tp_rank(app, tp_rank);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty() && run.config_opt->count() == 0)
@@ -282,6 +300,9 @@ int run_cli(int argc, char** argv) {
     sweep.options.progress = !sweep.quiet;
     return memsim::run_sweep_command(sweep.options, std::cout, std::cerr);
   }
+  if (tp_rank.cmd->parsed())
+    return memsim::cuda_tp_rank(tp_rank.config, tp_rank.rank, tp_rank.nccl_id, tp_rank.result,
+                                std::cerr);
   if (merge.cmd->parsed()) return memsim::run_merge_command(merge.dir, std::cout, std::cerr);
   if (plot.cmd->parsed()) {
     return memsim::run_plot_command(plot.kind, plot.cmd->remaining(), std::cerr);

@@ -48,6 +48,15 @@ int cuda_rl_run(const RlConfig&, OutputDir&, std::ostream&, std::ostream& err) {
   return refuse(err, "");
 }
 
+int cuda_tp_memory(const TpMemoryConfig&, const TpMemoryResults&, OutputDir&, std::ostream& out) {
+  return refuse(out, "");
+}
+
+int cuda_tp_rank(const std::string&, int, const std::string&, const std::string&,
+                 std::ostream& err) {
+  return refuse(err, " tp-rank");
+}
+
 int cuda_replay(const AllocTrace&, const std::vector<std::pair<std::string, AllocatorFactory>>&,
                 const GpuSpec&, OutputDir&, std::ostream&, std::ostream& err) {
   return refuse(err, " replay");

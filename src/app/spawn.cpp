@@ -2,6 +2,8 @@
 // redirected by file actions, and the child's exit status decoded.
 #include "src/app/spawn.h"
 
+#include <string_view>
+
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -42,8 +44,22 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& o,
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   const char* file = o.program.empty() ? ptrs[0] : o.program.c_str();
+  // The environment: this process's, with o.env's keys replaced or added.
+  std::vector<std::string> env_strings = o.env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view key = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const std::string& set : o.env)
+      if (set.size() > key.size() && set.compare(0, key.size(), key) == 0 && set[key.size()] == '=')
+        replaced = true;
+    if (!replaced) env_strings.emplace_back(entry);
+  }
+  std::vector<char*> env_ptrs;
+  for (std::string& e : env_strings) env_ptrs.push_back(e.data());
+  env_ptrs.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, file, &fa, &attr, ptrs.data(), environ);
+  const int rc = posix_spawnp(&pid, file, &fa, &attr, ptrs.data(), env_ptrs.data());
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) {

@@ -13,6 +13,9 @@ struct SpawnOptions {
   std::string stdout_path;  // empty: inherited; "/dev/null" discards
   std::string stderr_path;  // empty: inherited
   std::string program;      // the file to run; empty: argv[0]
+  // "KEY=VALUE" entries set in the child's environment over this process's (a KEY here
+  // replaces the inherited one).
+  std::vector<std::string> env = {};
 };
 
 // Starts `program` (or argv[0]; looked up in PATH when it has no '/') with `argv`; returns its

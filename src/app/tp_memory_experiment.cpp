@@ -61,7 +61,7 @@ const ConfigKeys& tp_memory_config_keys() {
       {"",
        {"experiment", "models", "gpus", "tensor_parallel_sizes", "graph_memory",
         "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-        "kv_block_size", "context_tokens", "parallel"}},
+        "kv_block_size", "context_tokens", "parallel", "seed"}},
       {"parallel", {"custom_all_reduce", "nccl_cumem"}},
   };
   return kKeys;
@@ -76,12 +76,14 @@ TpMemoryConfig load_tp_memory_config(const ConfigNode& root) {
   TpMemoryConfig c;
   c.source = root.file();
   c.experiment = root["experiment"].as_plain_name();
-  for (const ConfigNode& m : non_empty_list(root, "models"))
-    c.models.push_back(
-        load_model_shape(ConfigNode::load_file(resolve_config_path(m, m.as_string(), "models"))));
-  for (const ConfigNode& g : non_empty_list(root, "gpus"))
-    c.gpus.push_back(
-        load_gpu_spec(ConfigNode::load_file(resolve_config_path(g, g.as_string(), "gpus"))));
+  for (const ConfigNode& m : non_empty_list(root, "models")) {
+    c.model_files.push_back(resolve_config_path(m, m.as_string(), "models"));
+    c.models.push_back(load_model_shape(ConfigNode::load_file(c.model_files.back())));
+  }
+  for (const ConfigNode& g : non_empty_list(root, "gpus")) {
+    c.gpu_files.push_back(resolve_config_path(g, g.as_string(), "gpus"));
+    c.gpus.push_back(load_gpu_spec(ConfigNode::load_file(c.gpu_files.back())));
+  }
   for (const ConfigNode& t : non_empty_list(root, "tensor_parallel_sizes")) {
     const auto tp = static_cast<uint32_t>(t.as_uint_in(1, 1024));
     for (const ModelShape& m : c.models)
@@ -104,6 +106,9 @@ TpMemoryConfig load_tp_memory_config(const ConfigNode& root) {
     c.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 24));
   if (auto v = root.find("kv_block_size"))
     c.kv_block_size = static_cast<uint32_t>(v->as_uint_in(1, 1u << 16));
+  // `--seed N` sets seed for every experiment; this one draws nothing at random, so a seed is
+  // accepted (a whole number) and changes nothing.
+  if (auto v = root.find("seed")) (void)v->as_uint();
   if (auto v = root.find("context_tokens"))
     c.context_tokens = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
   if (auto p = root.find("parallel")) {
@@ -114,9 +119,7 @@ TpMemoryConfig load_tp_memory_config(const ConfigNode& root) {
   return c;
 }
 
-TpMemoryResults run_tp_memory(const TpMemoryConfig& c) {
-  TpMemoryResults out;
-  const auto wall0 = std::chrono::steady_clock::now();
+std::vector<KvBudgetInput> tp_memory_inputs(const TpMemoryConfig& c) {
   std::vector<KvBudgetInput> inputs;
   for (const ModelShape& m : c.models)
     for (const GpuSpec& g : c.gpus)
@@ -135,13 +138,39 @@ TpMemoryResults run_tp_memory(const TpMemoryConfig& c) {
           in.parallel.tensor = tp;
           in.comm = c.comm;
           inputs.push_back(in);
-          TpMemoryPoint p;
-          p.model = m.name;
-          p.gpu = g.name;
-          p.graph_memory = graphs;
-          p.tp = tp;
-          out.points.push_back(p);
         }
+  return inputs;
+}
+
+std::string tp_memory_point_yaml(const TpMemoryConfig& c, size_t i) {
+  const size_t per_tp = c.graph_memory.size();
+  const size_t per_gpu = per_tp * c.tensor_parallel_sizes.size();
+  const size_t per_model = per_gpu * c.gpus.size();
+  const size_t m = i / per_model, g = i % per_model / per_gpu;
+  const size_t t = i % per_gpu / per_tp, s = i % per_tp;
+  return fmt::format(
+      "experiment: {}\nmodels: [{}]\ngpus: [{}]\ntensor_parallel_sizes: [{}]\n"
+      "graph_memory: [{}]\ngpu_memory_utilization: {}\nmax_num_seqs: {}\n"
+      "max_num_batched_tokens: {}\nmax_model_len: {}\nkv_block_size: {}\ncontext_tokens: {}\n"
+      "parallel: {{custom_all_reduce: {}, nccl_cumem: {}}}\n",
+      c.experiment, json(c.model_files[m]).dump(), json(c.gpu_files[g]).dump(),
+      c.tensor_parallel_sizes[t], c.graph_memory[s], c.gpu_memory_utilization, c.max_num_seqs,
+      c.max_num_batched_tokens, c.max_model_len, c.kv_block_size, c.context_tokens,
+      c.comm.custom_all_reduce, c.comm.nccl_cumem);
+}
+
+TpMemoryResults run_tp_memory(const TpMemoryConfig& c) {
+  TpMemoryResults out;
+  const auto wall0 = std::chrono::steady_clock::now();
+  const std::vector<KvBudgetInput> inputs = tp_memory_inputs(c);
+  for (const KvBudgetInput& in : inputs) {
+    TpMemoryPoint p;
+    p.model = in.model.name;
+    p.gpu = in.gpu.name;
+    p.graph_memory = in.enforce_eager ? "none" : in.graph_strategy;
+    p.tp = in.parallel.tensor;
+    out.points.push_back(p);
+  }
   const uint64_t blocks_per_seq =
       (uint64_t{c.context_tokens} + c.kv_block_size - 1) / c.kv_block_size;
   parallel_for(inputs.size(), 0, [&](size_t i) {

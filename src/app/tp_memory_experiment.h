@@ -25,6 +25,7 @@ struct TpMemoryConfig {
   std::string experiment = "tp_memory";
   std::vector<ModelShape> models;
   std::vector<GpuSpec> gpus;
+  std::vector<std::string> model_files, gpu_files;  // where each was read (for rank processes)
   std::vector<uint32_t> tensor_parallel_sizes;
   std::vector<std::string> graph_memory;  // graph strategies; "none" = enforce_eager
   double gpu_memory_utilization = 0.9;
@@ -59,6 +60,11 @@ struct TpMemoryResults {
 };
 
 TpMemoryResults run_tp_memory(const TpMemoryConfig& config);
+// The inputs of every point, in TpMemoryResults::points' order.
+std::vector<KvBudgetInput> tp_memory_inputs(const TpMemoryConfig& config);
+// A tp_memory config of the single point `i` (files by absolute path), as YAML text: what each
+// rank process of --backend cuda loads.
+std::string tp_memory_point_yaml(const TpMemoryConfig& config, size_t i);
 std::string format_tp_memory_table(const TpMemoryConfig& config, const TpMemoryResults& results,
                                    bool explain);
 // The table's columns (docs/tables.md#tp-memory).

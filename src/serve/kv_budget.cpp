@@ -146,6 +146,25 @@ Result<ActivationPeak> profile_run(const RankInput& rank, const GpuSpec& gpu, ui
   return ActivationPeak{stats.peak_allocated_bytes, stats.peak_reserved_bytes, std::move(snapshot)};
 }
 
+CaptureRunConfig capture_config(const RankInput& rank, const std::vector<uint32_t>& sizes) {
+  const KvBudgetInput& in = rank.in;
+  CaptureRunConfig rc;
+  rc.model = in.model;
+  rc.gemm_workspace_bytes = in.gemm_workspace_bytes;
+  rc.max_model_len = in.max_model_len;
+  rc.kv_block_size = in.kv_block_size;
+  rc.tensor_parallel = rank.program.tensor_parallel;
+  rc.vocab_padded = rank.program.vocab_padded;
+  rc.vocab = rank.program.vocab;
+  rc.capture_sizes = sizes;
+  rc.order = in.capture_order;
+  rc.arrival = Arrival::kFixed;
+  rc.inputs = InputBuffers::kPersistent;
+  rc.outputs = in.outputs;
+  rc.runners = in.graphs;
+  return rc;
+}
+
 Result<uint64_t> graph_memory(const RankInput& rank, const GpuSpec& gpu,
                               const std::vector<uint32_t>& sizes) {
   const KvBudgetInput& in = rank.in;
@@ -161,20 +180,7 @@ Result<uint64_t> graph_memory(const RankInput& rank, const GpuSpec& gpu,
       return make_error(ErrorCode::kInvalidArgument, e.what());
     }
   }
-  CaptureRunConfig rc;
-  rc.model = in.model;
-  rc.gemm_workspace_bytes = in.gemm_workspace_bytes;
-  rc.max_model_len = in.max_model_len;
-  rc.kv_block_size = in.kv_block_size;
-  rc.tensor_parallel = rank.program.tensor_parallel;
-  rc.vocab_padded = rank.program.vocab_padded;
-  rc.vocab = rank.program.vocab;
-  rc.capture_sizes = sizes;
-  rc.order = in.capture_order;
-  rc.arrival = Arrival::kFixed;
-  rc.inputs = InputBuffers::kPersistent;
-  rc.outputs = in.outputs;
-  rc.runners = in.graphs;
+  const CaptureRunConfig rc = capture_config(rank, sizes);
   SimClock clock;
   MetricsRecorder metrics(clock);
   const CaptureRunResult r = run_captures_on_sim(rc, gpu, factory, clock, metrics);
@@ -191,6 +197,11 @@ Result<uint64_t> graph_memory(const RankInput& rank, const GpuSpec& gpu,
 }
 
 }  // namespace
+
+Result<CaptureRunConfig> kv_budget_capture_config(const KvBudgetInput& in) {
+  MEMSIM_ASSIGN_OR_RETURN(const RankInput rank, rank_input(in));
+  return capture_config(rank, kv_budget_capture_sizes(in));
+}
 
 std::vector<uint32_t> kv_budget_capture_sizes(const KvBudgetInput& in) {
   if (in.enforce_eager) return {};

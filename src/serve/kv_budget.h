@@ -107,6 +107,10 @@ struct KvBudget {
 // The graph shapes `in` captures (see KvBudgetInput::capture_sizes); empty when enforce_eager.
 std::vector<uint32_t> kv_budget_capture_sizes(const KvBudgetInput& in);
 
+// The capture run whose peak is the graph_memory term (one rank's, its TP programs included), so
+// that a GPU run can replay exactly the same captures.
+Result<CaptureRunConfig> kv_budget_capture_config(const KvBudgetInput& in);
+
 // Errors: kInvalidArgument for bad settings (utilization outside (0, 1], zero token or sequence
 // counts, an unknown graph strategy, no capture size left); kOutOfMemory when the weights, the
 // profile run or the captures do not fit the device, or when fewer bytes than one KV block
