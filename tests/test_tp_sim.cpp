@@ -111,6 +111,10 @@ TEST_CASE("collectives: NCCL's and the custom all-reduce's memory per rank", "[t
   CHECK(m.custom_rank_data == 20 * kMiB);  // PyTorch's 20 MiB segment for an 8 MiB request
   CHECK(m.custom_ipc == 0);                // no IPC cost with cuMem off
   CHECK(m.total() == (736 + 186 + 38) * kMiB);
+  CHECK(m.nccl_note.empty());  // measured at 2 ranks
+  ParallelConfig four = p;
+  four.tensor = 4;
+  CHECK(comm_memory(h200, four, vllm)->nccl_note.find("extrapolated to 4") != std::string::npos);
 
   CommOptions cumem = vllm;
   cumem.nccl_cumem = true;

@@ -73,6 +73,11 @@ Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, cons
       o.nccl_cumem ? gpu.interconnect.nccl_cumem : gpu.interconnect.nccl_no_cumem;
   m.nccl_communicator = nccl.communicator;
   m.nccl_collectives = nccl.collectives;
+  if (p.tensor != gpu.interconnect.nccl_memory_ranks)
+    m.nccl_note = fmt::format(
+        "NCCL's memory is measured at {} ranks ({}), extrapolated to {}: at 4 ranks memsim's ranks "
+        "measured more, and rank by rank different (docs/results/tp-memory.md)",
+        gpu.interconnect.nccl_memory_ranks, gpu.name, p.tensor);
   if (o.custom_all_reduce && custom_all_reduce_supported(p.tensor)) {
     m.custom_all_reduce = true;
     m.custom_meta =

@@ -55,6 +55,9 @@ struct CommMemory {
   uint64_t custom_rank_data = 0;
   uint64_t custom_ipc = 0;
 
+  // Empty, or why the NCCL figures are not measured ones for this rank count.
+  std::string nccl_note;
+
   uint64_t nccl() const { return nccl_communicator + nccl_collectives; }
   uint64_t custom() const { return custom_meta + custom_buffer + custom_rank_data + custom_ipc; }
   uint64_t total() const { return nccl() + custom(); }

@@ -91,6 +91,9 @@ struct InterconnectSpec {
   };
   NcclMemory nccl_cumem;     // NCCL_CUMEM_ENABLE=1 (NCCL's default)
   NcclMemory nccl_no_cumem;  // NCCL_CUMEM_ENABLE=0 (what vLLM sets, env_override.py)
+  // The rank count the NCCL figures were measured at; at others they are extrapolated, and
+  // outputs say so (memsim's ranks measured other, rank-dependent figures at 4 ranks).
+  uint32_t nccl_memory_ranks = 2;
   // Collective times: message sizes (ascending; all-reduce: the buffer, all-gather: one rank's
   // part) and, per measured rank count, microseconds at each size.
   std::vector<uint64_t> collective_sizes;

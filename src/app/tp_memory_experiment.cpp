@@ -7,6 +7,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <set>
 
 #include "core/parallel.h"
 #include "src/app/legend.h"
@@ -212,6 +213,10 @@ std::string format_tp_memory_table(const TpMemoryConfig& c, const TpMemoryResult
         cell(gib(b.kv_bytes)), cell(gib(p.fits ? b.free_bytes() : 0)),
         cell(std::to_string(b.kv_tokens)), cell(std::to_string(p.concurrency)), p.outcome);
   }
+  std::set<std::string> notes;  // NCCL figures extrapolated beyond their measured rank count
+  for (const TpMemoryPoint& p : r.points)
+    if (p.fits && !p.budget.comm.nccl_note.empty()) notes.insert(p.budget.comm.nccl_note);
+  for (const std::string& n : notes) o += "note: " + n + "\n";
   o += fmt::format("{} points in {:.2f} s\n", r.points.size(), r.wall_seconds);
   o += table_legend(kColumns, kAnchor, explain);
   return o;
@@ -269,6 +274,7 @@ void write_tp_memory_outputs(const TpMemoryConfig& c, const TpMemoryResults& r, 
                        {"kv_tokens", b.kv_tokens},
                        {"kv_blocks", b.kv_blocks}};
       j["kv_blocks_min_over_ranks"] = p.kv_blocks_min;
+      if (!b.comm.nccl_note.empty()) j["nccl_note"] = b.comm.nccl_note;
       j["concurrency"] = p.concurrency;
     }
     points.push_back(j);

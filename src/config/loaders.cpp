@@ -36,8 +36,8 @@ const ConfigKeys& gpu_file_keys() {
        {"dense_tflops", "hbm_gbps", "pcie_gbps", "flops_efficiency", "bandwidth_efficiency",
         "step_overhead_us", "sms", "decode_ctas_per_sm"}},
       {"interconnect",
-       {"gpus_per_node", "nccl_version", "nccl_memory", "collective_sizes", "all_reduce_us",
-        "all_gather_us"}},
+       {"gpus_per_node", "nccl_version", "nccl_memory", "nccl_memory_ranks", "collective_sizes",
+        "all_reduce_us", "all_gather_us"}},
       {"interconnect.nccl_memory", {"cumem", "no_cumem"}},
       {"interconnect.nccl_memory.<env>", {"communicator", "collectives", "point_to_point"}},
   };
@@ -129,6 +129,7 @@ InterconnectSpec load_interconnect(const ConfigNode& n) {
   mem.expect_keys(keys_at(gpu_file_keys(), "interconnect.nccl_memory"));
   ic.nccl_cumem = load_nccl_memory(mem["cumem"]);
   ic.nccl_no_cumem = load_nccl_memory(mem["no_cumem"]);
+  ic.nccl_memory_ranks = static_cast<uint32_t>(n["nccl_memory_ranks"].as_uint_in(2, 1024));
   const ConfigNode sizes = n["collective_sizes"];
   for (const ConfigNode& v : sizes.items()) {
     const uint64_t b = v.as_bytes();

@@ -327,6 +327,7 @@ std::string format_kv_budget(const KvBudget& b) {
                     ? "vLLM's custom all-reduce: IPC meta + data buffers, rank_data, peer handles"
                     : "no custom all-reduce");
     out += line("  free", b.free_bytes(), "capacity - usable - NCCL - custom all-reduce");
+    if (!b.comm.nccl_note.empty()) out += "  note: " + b.comm.nccl_note + "\n";
   }
   return out;
 }
