@@ -217,7 +217,7 @@ std::string format_tp_memory_table(const TpMemoryConfig& c, const TpMemoryResult
   for (const TpMemoryPoint& p : r.points)
     if (p.fits && !p.budget.comm.nccl_note.empty()) notes.insert(p.budget.comm.nccl_note);
   for (const std::string& n : notes) o += "note: " + n + "\n";
-  o += fmt::format("{} points in {:.2f} s\n", r.points.size(), r.wall_seconds);
+  o += fmt::format("{} points in {:.2f} s wall\n", r.points.size(), r.wall_seconds);
   o += table_legend(kColumns, kAnchor, explain);
   return o;
 }
