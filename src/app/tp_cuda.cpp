@@ -117,7 +117,6 @@ Result<uint64_t> custom_all_reduce_bytes(CudaBackend& cuda, Nccl& nccl, int worl
     MEMSIM_ASSIGN_OR_RETURN(const DevPtr p, cuda.device_malloc(2 * kMiB, "graph_input"));
     inputs.push_back(p);
   }
-  MEMSIM_ASSIGN_OR_RETURN(const auto o_inputs, cuda.observe());
   for (const DevPtr p : inputs) {
     MEMSIM_ASSIGN_OR_RETURN(auto peers, nccl.exchange_ipc(p, scratch, world, rank));
     input_peers.push_back(std::move(peers));
@@ -126,7 +125,6 @@ Result<uint64_t> custom_all_reduce_bytes(CudaBackend& cuda, Nccl& nccl, int worl
   const uint64_t inputs_bytes = 32 * 2 * kMiB;
   const uint64_t dropped = o0.free_bytes > o1.free_bytes ? o0.free_bytes - o1.free_bytes : 0;
   const uint64_t taken = dropped > inputs_bytes ? dropped - inputs_bytes : 0;
-  (void)o_inputs;
   for (const auto& peers : input_peers) MEMSIM_TRY(Nccl::close_peers(peers, rank));
   for (const DevPtr p : inputs) MEMSIM_TRY(cuda.device_free(p));
   MEMSIM_TRY(Nccl::close_peers(meta_peers, rank));
