@@ -16,16 +16,13 @@ usage: collective_bench.py [--ranks N] [--env KEY=VALUE]...   (needs N GPUs and 
 import argparse
 import ctypes
 import json
-import os
-import socket
 import statistics
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                 "NVSHMEM_DISABLE_NVLS": "1"}
+from rank_procs import run_ranks
+
 SIGNAL_BYTES = 2560  # sizeof(vllm::Signal): start/end flags [36][8] u32, _flag [36] u32, 128-aligned
 MAX_SIZE = 8 << 20   # vLLM's custom all-reduce max_size
 
@@ -158,27 +155,16 @@ def collective_times(world):
     return rows
 
 
-def rank_main(rank, world, port, env, out):
-    os.environ.update(MULTICAST_OFF)
-    os.environ.update(env)
+def rank_main(rank, world, port, env):
     torch.cuda.set_device(rank)
     torch.zeros(1, device="cuda")
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, device_id=torch.device("cuda", rank))
-    try:
-        rows = [custom_ar_memory(world)]
-        rows += collective_times(world)
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception as e:  # noqa: BLE001 -- reported, then the run fails
-        rows = [{"kind": "error", "rank": rank, "error": repr(e)}]
-    out.put(rows)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    rows = [custom_ar_memory(world)]
+    rows += collective_times(world)
+    dist.barrier()
+    dist.destroy_process_group()
+    return rows
 
 
 def main():
@@ -187,24 +173,7 @@ def main():
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for every rank")
     a = ap.parse_args()
     env = dict(kv.split("=", 1) for kv in a.env)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, a.ranks, port, env, q)) for r in range(a.ranks)]
-    for p in procs:
-        p.start()
-    rows = []
-    for _ in procs:
-        got = q.get(timeout=600)
-        if got[0]["kind"] == "error":  # the other ranks wait on it: stop them all
-            for p in procs:
-                p.kill()
-            raise SystemExit(f"rank {got[0]['rank']} failed: {got[0]['error']}")
-        rows += got
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise SystemExit(f"a rank exited with {p.exitcode}")
+    rows = run_ranks(rank_main, a.ranks, env)
     version = ".".join(map(str, torch.cuda.nccl.version()))
     for row in sorted(rows, key=lambda r: (r["kind"], r.get("bytes", 0), r["rank"])):
         row["nccl_version"] = version

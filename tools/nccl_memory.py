@@ -10,15 +10,11 @@ behalf). NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Prints one JSON line p
 usage: nccl_memory.py [--ranks N] [--env KEY=VALUE]...   (needs N GPUs and PyTorch)"""
 import argparse
 import json
-import os
-import socket
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                 "NVSHMEM_DISABLE_NVLS": "1"}
+from rank_procs import run_ranks
 
 
 def used(base_free):
@@ -28,9 +24,7 @@ def used(base_free):
     return base_free - free - torch.cuda.memory_reserved()
 
 
-def rank_main(rank, world, port, env, out):
-    os.environ.update(MULTICAST_OFF)
-    os.environ.update(env)
+def rank_main(rank, world, port, env):
     torch.cuda.set_device(rank)
     torch.zeros(1, device="cuda")  # the context, before anything of NCCL's
     torch.cuda.synchronize()
@@ -58,13 +52,7 @@ def rank_main(rank, world, port, env, out):
     dist.barrier()
     dist.destroy_process_group()
     row["after_destroy"] = used(base_free)
-    out.put(row)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return [row]
 
 
 def main():
@@ -73,17 +61,7 @@ def main():
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for every rank")
     a = ap.parse_args()
     env = dict(kv.split("=", 1) for kv in a.env)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, a.ranks, port, env, q)) for r in range(a.ranks)]
-    for p in procs:
-        p.start()
-    rows = [q.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise SystemExit(f"a rank exited with {p.exitcode}")
+    rows = run_ranks(rank_main, a.ranks, env, timeout_s=300)
     for row in sorted(rows, key=lambda r: r["rank"]):
         row["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         print(json.dumps(row))

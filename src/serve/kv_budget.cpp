@@ -233,16 +233,17 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   b.tensor_parallel = in.parallel.tensor;
   b.kv_head_replicas = rank.kv_head_replicas;
   MEMSIM_ASSIGN_OR_RETURN(b.comm, comm_memory(in.gpu, in.parallel, in.comm));
-  if (b.comm.total() > 0 && b.capacity - std::min(b.capacity, b.comm.total()) < b.usable)
+  // What the device has free once NCCL and the custom all-reduce hold theirs (vLLM's snapshot).
+  const uint64_t free_at_start = b.capacity - std::min(b.capacity, b.comm.total());
+  if (b.comm.total() > 0 && free_at_start < b.usable)
     return make_error(
         ErrorCode::kOutOfMemory,
         fmt::format("kv budget: free memory on startup ({} of {}, after NCCL {} and the custom "
                     "all-reduce {}) is less than gpu_memory_utilization {} x capacity ({}), as "
                     "vLLM refuses to start",
-                    gib(b.capacity - std::min(b.capacity, b.comm.total())), gib(b.capacity),
-                    gib(b.comm.nccl()), gib(b.comm.custom()), in.gpu_memory_utilization,
-                    gib(b.usable)),
-        b.usable - (b.capacity - std::min(b.capacity, b.comm.total())));
+                    gib(free_at_start), gib(b.capacity), gib(b.comm.nccl()), gib(b.comm.custom()),
+                    in.gpu_memory_utilization, gib(b.usable)),
+        b.usable - free_at_start);
   b.kv_block_size = in.kv_block_size;
   b.gpu_memory_utilization = in.gpu_memory_utilization;
   b.profile_tokens = in.max_num_batched_tokens;
