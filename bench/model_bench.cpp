@@ -2,7 +2,10 @@
 // and prefill step times over the profile grid (src/exec/step_profiler.h, the one `memsim
 // calibrate --model` writes), next to the roofline step-time model's prediction; with
 // --check DIR, a short ragged serving run (prefill chunks, a cached prefix, decodes) whose logits
-// tools/model_check.py compares with PyTorch. Exits 77 without a GPU.
+// tools/model_check.py compares with PyTorch. --tensor-parallel N runs N ranks, one process each
+// on GPUs 0..N-1 over NCCL (this program again, with --rank and --nccl-id): every rank runs the
+// same steps on its shard, the check writes DIR/rank<r>/ for each, rank 0 prints the grid. Exits
+// 77 without a GPU (or without N of them).
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -18,12 +21,16 @@
 #include <fmt/format.h>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/nccl.h"
 #include "bench/bench_cli.h"
 #include "kernels/attention.h"
+#include "src/app/rank_launch.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/exec/model_step.h"
 #include "src/exec/step_profiler.h"
+#include "src/exec/tp_group.h"
+#include "workload/collectives.h"
 #include "workload/step_time.h"
 
 namespace {
@@ -183,6 +190,104 @@ bool graph_check_run(ModelStep& step, Pool& pool, const ModelShape& model) {
   return all_same;
 }
 
+// --tensor-parallel N without --rank: starts the N ranks (this program with the same arguments
+// and --rank r --nccl-id ID), waits for them, then prints each rank's output.
+int launch_ranks(int argc, char** argv, uint32_t tp) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(tp)) {
+    std::printf("memsim-model-bench: --tensor-parallel %u needs %u GPUs, %d here\n", tp, tp,
+                devices);
+    return 77;
+  }
+  auto nccl = must(Nccl::load(), "NCCL");
+  const NcclUniqueId id = must(nccl->unique_id(), "NCCL unique id");
+  char pattern[] = "/tmp/memsim-model-bench-XXXXXX";
+  if (mkdtemp(pattern) == nullptr) die("cannot make a temporary folder");
+  const std::filesystem::path tmp(pattern);
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::vector<RankProcess> ranks(tp);
+  for (uint32_t r = 0; r < tp; ++r) {
+    std::vector<std::string> args = {self};
+    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+    args.insert(args.end(), {"--rank", std::to_string(r), "--nccl-id", nccl_id_hex(id)});
+    ranks[r].log = (tmp / fmt::format("rank{}.log", r)).string();
+    if (const std::string why = start_rank(args, r, false, ranks[r]); !why.empty()) die(why);
+  }
+  const std::string problem = wait_ranks(ranks, 3600);
+  for (uint32_t r = 0; r < tp; ++r) {
+    for (const std::string& f : {ranks[r].log, ranks[r].log + ".err"}) {
+      std::ifstream in(f);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!text.str().empty())
+        std::printf("---- rank %u%s ----\n%s", r, f == ranks[r].log ? "" : " (stderr)",
+                    text.str().c_str());
+    }
+  }
+  std::filesystem::remove_all(tmp, ec);
+  if (!problem.empty()) std::printf("memsim-model-bench: %s\n", problem.c_str());
+  return problem.empty() ? 0 : 1;
+}
+
+// The smallest of every rank's `value` (an NCCL all-reduce), so that all ranks size their pools
+// alike and run the same grid.
+uint64_t min_over_ranks(Nccl& nccl, uint64_t value) {
+  void* d = nullptr;
+  if (cudaMalloc(&d, 8) != cudaSuccess) die("cudaMalloc");
+  const double v = static_cast<double>(value);
+  double out = 0;
+  cudaMemcpy(d, &v, 8, cudaMemcpyHostToDevice);
+  const uint64_t p = reinterpret_cast<uint64_t>(d);
+  if (const Status st = nccl.all_reduce(p, p, 1, NcclType::kFloat64, NcclOp::kMin, 0); !st.ok())
+    die(st.error().message);
+  if (cudaMemcpy(&out, d, 8, cudaMemcpyDeviceToHost) != cudaSuccess) die("cudaMemcpy");
+  cudaFree(d);
+  return static_cast<uint64_t>(out);
+}
+
+// The grid's measured times next to the roofline's prediction for the same steps (the rank's
+// shard with the GPU file's collectives added under TP).
+void print_grid(const StepProfile& prof, const ModelStep& step, const GpuSpec& gpu, uint32_t tp,
+                uint32_t run_layers) {
+  const ModelShape& model = step.config().model;
+  const StepTimeModel roofline =
+      tp > 1 ? StepTimeModel(step.rank_model(), gpu,
+                             std::make_shared<const CollectiveTime>(
+                                 must(CollectiveTime::make(gpu, tp), "collective times")))
+             : StepTimeModel(model, gpu);
+  std::printf("%-8s %7s %8s %10s %10s %7s%s\n", "kind", "size", "point", "measured", "roofline",
+              "m/r", run_layers == model.layers ? "" : "   (roofline: all layers)");
+  auto print = [&](const char* kind, const ProfileRow& r, bool decode) {
+    for (size_t i = 0; i < r.points.size(); ++i) {
+      StepShape sh;
+      const double n = r.size, pt = r.points[i];
+      sh.num_seqs = decode ? r.size : 1;
+      sh.new_tokens = r.size;
+      sh.kv_read_tokens = decode ? uint64_t(n * pt) : uint64_t(pt + n);
+      sh.attn_pairs = decode ? n * pt : n * pt + n * (n + 1) / 2;
+      const double sim = double(roofline.step_time(sh)) / 1e6;
+      std::printf("%-8s %7u %8u %8.3fms %8.3fms %7.2f\n", kind, r.size, r.points[i], r.ms[i], sim,
+                  sim > 0 ? r.ms[i] / sim : 0);
+    }
+  };
+  for (const ProfileRow& r : prof.decode) print("decode", r, true);
+  for (const ProfileRow& r : prof.prefill) print("prefill", r, false);
+}
+
+// Joins the launcher's NCCL group as `rank` of `tp` on GPU `rank`.
+std::unique_ptr<TpGroup> join_group(uint32_t tp, int rank, const std::string& hex,
+                                    std::unique_ptr<Nccl>* nccl) {
+  NcclUniqueId id{};
+  if (rank >= static_cast<int>(tp) || !nccl_id_from_hex(hex, &id))
+    die("--rank needs --tensor-parallel above it and --nccl-id of 256 hex digits");
+  if (cudaSetDevice(rank) != cudaSuccess) die("cudaSetDevice failed");
+  *nccl = must(Nccl::load(), "NCCL");
+  if (const Status st = (*nccl)->init_rank(id, static_cast<int>(tp), rank); !st.ok())
+    die(st.error().message);
+  return make_nccl_group(**nccl, tp, static_cast<uint32_t>(rank));
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"memsim-model-bench: the model-shaped step on the GPU"};
   std::string model_name = "llama-3.1-8b", gpu_name = "h200", check_dir;
@@ -207,41 +312,58 @@ int run(int argc, char** argv) {
   app.add_option("--pool-gib", pool_gib, "KV pool of the check runs");
   app.add_option("--check", check_dir, "write a check run for tools/model_check.py to DIR");
   app.add_option("--check-decodes", decodes, "decode steps of the check run");
+  uint32_t tp = 1;
+  int rank = -1;
+  std::string nccl_id;
+  app.add_option("--tensor-parallel", tp, "ranks, one process and GPU each, over NCCL")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--rank", rank, "this process's rank (set by --tensor-parallel)")->group("");
+  app.add_option("--nccl-id", nccl_id, "NCCL unique id (set by --tensor-parallel)")->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : memsim::bench::kExitBadInput;
   }
+  if (tp > 1 && rank < 0) return launch_ranks(argc, argv, tp);
 
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("memsim-model-bench: no GPU\n");
     return 77;
   }
+  // A rank: GPU `rank`, an NCCL communicator over the launcher's id, the group the step runs.
+  std::unique_ptr<Nccl> nccl;
+  std::unique_ptr<TpGroup> group;
+  if (rank >= 0) group = join_group(tp, rank, nccl_id, &nccl);
+  const bool lead = rank <= 0;  // prints the grid
   const ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + model_name + ".yaml"));
   const GpuSpec gpu =
       load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + gpu_name + ".yaml"));
   SimClock clock;
-  auto backend = must(CudaBackend::create(unpriced_gpu_spec(gpu_name), clock, nullptr), "backend");
+  auto backend =
+      must(CudaBackend::create(unpriced_gpu_spec(gpu_name), clock, nullptr, std::max(rank, 0)),
+           "backend");
   ModelStepConfig cfg;
   cfg.model = model;
   cfg.layers_run = layers;
   cfg.max_tokens = 16384;
   cfg.max_seqs = 512;
   cfg.return_logits = !check_dir.empty();
+  cfg.tp = group.get();
   auto step = must(ModelStep::create(cfg, *backend), "model step");
   // The check runs' pool (the grid measures on a pool of its own).
   Pool pool = make_pool(
-      *backend, model, block_size,
+      *backend, step->rank_model(), block_size,
       static_cast<uint64_t>((check_dir.empty() && !graph_check ? 1 : pool_gib) * (1ull << 30)));
   const DevPtr pool_base = pool.base;
   const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
-  std::printf("memsim-model-bench: %s (%u of %u layers), weights %.2f GiB, block %u\n",
+  std::printf("memsim-model-bench: %s (%u of %u layers)%s, weights %.2f GiB, block %u\n",
               model.name.c_str(), run_layers, model.layers,
+              rank >= 0 ? fmt::format(", rank {} of {}", rank, tp).c_str() : "",
               double(step->weight_bytes()) / (1ull << 30), block_size);
   if (!check_dir.empty()) {
-    check(*step, pool, check_dir, decodes);
+    check(*step, pool, rank >= 0 ? fmt::format("{}/rank{}", check_dir, rank) : check_dir, decodes);
     return 0;
   }
   if (graph_check) return graph_check_run(*step, pool, model) ? 0 : 1;
@@ -257,26 +379,17 @@ int run(int argc, char** argv) {
   grid.graphs = graphs;
   pool.layout = {};
   if (const Status st = backend->device_free(pool_base); !st.ok()) die(st.error().message);
+  if (nccl) {  // every rank's pool as large as the smallest's, so all run the same points
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) die("cudaMemGetInfo failed");
+    const uint64_t least = min_over_ranks(*nccl, free);
+    if (least <= grid.headroom) die("no device memory left for a KV pool");
+    grid.pool_bytes = least - grid.headroom;
+  }
   std::ostringstream log;
   const StepProfile prof = must(measure_step_profile(*step, *backend, grid, log), "profile");
-  const StepTimeModel roofline(model, gpu);
-  std::printf("%-8s %7s %8s %10s %10s %7s%s\n", "kind", "size", "point", "measured", "roofline",
-              "m/r", run_layers == model.layers ? "" : "   (roofline: all layers)");
-  auto print = [&](const char* kind, const ProfileRow& r, bool decode) {
-    for (size_t i = 0; i < r.points.size(); ++i) {
-      StepShape sh;
-      const double n = r.size, pt = r.points[i];
-      sh.num_seqs = decode ? r.size : 1;
-      sh.new_tokens = r.size;
-      sh.kv_read_tokens = decode ? uint64_t(n * pt) : uint64_t(pt + n);
-      sh.attn_pairs = decode ? n * pt : n * pt + n * (n + 1) / 2;
-      const double sim = double(roofline.step_time(sh)) / 1e6;
-      std::printf("%-8s %7u %8u %8.3fms %8.3fms %7.2f\n", kind, r.size, r.points[i], r.ms[i], sim,
-                  sim > 0 ? r.ms[i] / sim : 0);
-    }
-  };
-  for (const ProfileRow& r : prof.decode) print("decode", r, true);
-  for (const ProfileRow& r : prof.prefill) print("prefill", r, false);
+  if (!lead) return 0;
+  print_grid(prof, *step, gpu, nccl ? tp : 1, run_layers);
   std::printf("%s", log.str().c_str());  // the profiler's log: each point's GPU and host time
   std::printf("activation peak reserved: %.1f MiB\n",
               double(step->activation_stats().peak_reserved_bytes) / (1 << 20));

@@ -40,4 +40,14 @@ cudaError_t synth_rows(KvDtype dtype, uint64_t out, uint32_t rows, uint32_t row_
 cudaError_t random_half(KvDtype dtype, uint64_t ptr, uint64_t count, uint64_t seed,
                         cudaStream_t stream, float scale = 1.0f, float offset = 0.0f);
 
+// A block of a row-major tensor whose rows are `full_cols` wide: `count` elements taken `cols`
+// per row, starting at element `first` (a tensor-parallel shard of a weight).
+struct RandomBlock {
+  uint64_t count = 0, cols = 0, full_cols = 0, first = 0;
+};
+// Fills `ptr` with that block of the tensor random_half(seed, scale, offset) would fill whole:
+// a rank's shard holds exactly the bits of the unsharded tensor's part.
+cudaError_t random_half_block(KvDtype dtype, uint64_t ptr, const RandomBlock& block, uint64_t seed,
+                              cudaStream_t stream, float scale = 1.0f, float offset = 0.0f);
+
 }  // namespace memsim::kernels

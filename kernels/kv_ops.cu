@@ -121,14 +121,19 @@ struct RandomParams {
   uint64_t seed;
   bool fp16;
   float scale, offset;
+  // Element i is element first + (i / cols) x full_cols + i % cols of the whole tensor (a
+  // block of rows and columns of it); cols == full_cols: a contiguous range.
+  uint64_t first, cols, full_cols;
 };
 
-// Element i = offset + scale x (uniform in [-1, 1) from a 64-bit mix of (seed, i)), computed in
-// fp32 and rounded to bf16 or fp16.
+// Whole-tensor element g = offset + scale x (uniform in [-1, 1) from a 64-bit mix of (seed, g)),
+// computed in fp32 and rounded to bf16 or fp16.
 __global__ void __launch_bounds__(256) RandomHalfKernel(const __grid_constant__ RandomParams p) {
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < p.n;
        i += uint64_t{gridDim.x} * blockDim.x) {
-    uint64_t z = p.seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    const uint64_t g =
+        p.first + (p.cols == p.full_cols ? i : i / p.cols * p.full_cols + i % p.cols);
+    uint64_t z = p.seed + (g + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
@@ -210,11 +215,26 @@ cudaError_t read_bandwidth(uint64_t ptr, uint64_t bytes, uint32_t* sink, cudaStr
 
 cudaError_t random_half(KvDtype dtype, uint64_t ptr, uint64_t count, uint64_t seed,
                         cudaStream_t stream, float scale, float offset) {
-  if (count == 0) return cudaSuccess;
-  if (ptr % 2 != 0) return cudaErrorInvalidValue;
-  const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 8192));
-  RandomParams p{reinterpret_cast<uint16_t*>(ptr), count, seed, dtype == KvDtype::kFp16, scale,
-                 offset};
+  return random_half_block(dtype, ptr, {count, count, count, 0}, seed, stream, scale, offset);
+}
+
+cudaError_t random_half_block(KvDtype dtype, uint64_t ptr, const RandomBlock& block, uint64_t seed,
+                              cudaStream_t stream, float scale, float offset) {
+  if (block.count == 0) return cudaSuccess;
+  if (ptr % 2 != 0 || block.cols == 0 || block.cols > block.full_cols ||
+      block.count % block.cols != 0)
+    return cudaErrorInvalidValue;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<uint64_t>((block.count + 255) / 256, 8192));
+  RandomParams p{reinterpret_cast<uint16_t*>(ptr),
+                 block.count,
+                 seed,
+                 dtype == KvDtype::kFp16,
+                 scale,
+                 offset,
+                 block.first,
+                 block.cols,
+                 block.full_cols};
   RandomHalfKernel<<<blocks, 256, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -200,16 +200,18 @@ struct GatherParams {
   uint4* dst;
   const int32_t* rows;
   uint32_t tokens, row_vecs;  // 16-byte vectors per row
-  uint32_t limit;             // rows[t] < limit (0: unchecked)
+  uint32_t limit;             // rows[t] - first < limit (0: unchecked)
+  int32_t first;              // the table's first row id (a vocabulary shard's start)
 };
 
-// dst row t = src row rows[t], 16 bytes a thread; an out-of-range id writes zeros.
+// dst row t = src row rows[t] - first, 16 bytes a thread; an out-of-range id writes zeros (vLLM's
+// masked lookup of a vocabulary-parallel embedding shard).
 __global__ void GatherRowsKernel(const __grid_constant__ GatherParams p) {
   const uint64_t n = uint64_t{p.tokens} * p.row_vecs;
   for (uint64_t idx = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < n;
        idx += uint64_t{gridDim.x} * blockDim.x) {
     const uint64_t t = idx / p.row_vecs, j = idx % p.row_vecs;
-    const int32_t r = p.rows[t];
+    const int32_t r = p.rows[t] - p.first;
     const bool ok = r >= 0 && (p.limit == 0 || static_cast<uint32_t>(r) < p.limit);
     p.dst[idx] = ok ? p.src[uint64_t(r) * p.row_vecs + j] : make_uint4(0, 0, 0, 0);
   }
@@ -330,7 +332,7 @@ cudaError_t silu_and_mul(KvDtype dtype, uint64_t gate_up, uint64_t out, uint32_t
 
 namespace {
 cudaError_t gather(uint64_t src, const int32_t* rows, uint64_t dst, uint32_t tokens,
-                   uint64_t row_bytes, uint32_t limit, cudaStream_t stream) {
+                   uint64_t row_bytes, uint32_t limit, int32_t first, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (!src || !rows || !dst || row_bytes == 0 || !aligned16(src) || !aligned16(dst) ||
       !aligned16(row_bytes))
@@ -340,21 +342,24 @@ cudaError_t gather(uint64_t src, const int32_t* rows, uint64_t dst, uint32_t tok
                  rows,
                  tokens,
                  static_cast<uint32_t>(row_bytes / 16),
-                 limit};
+                 limit,
+                 first};
   GatherRowsKernel<<<grid_for(uint64_t{tokens} * p.row_vecs, 256), 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 }  // namespace
 
 cudaError_t embedding(KvDtype dtype, uint64_t table, const int32_t* ids, uint64_t out,
-                      uint32_t tokens, uint32_t dim, uint32_t vocab, cudaStream_t stream) {
-  if (vocab == 0) return cudaErrorInvalidValue;
-  return gather(table, ids, out, tokens, uint64_t{dim} * dtype_bytes(dtype), vocab, stream);
+                      uint32_t tokens, uint32_t dim, uint32_t vocab, cudaStream_t stream,
+                      uint32_t first_id) {
+  if (vocab == 0 || first_id > INT32_MAX) return cudaErrorInvalidValue;
+  return gather(table, ids, out, tokens, uint64_t{dim} * dtype_bytes(dtype), vocab,
+                static_cast<int32_t>(first_id), stream);
 }
 
 cudaError_t gather_rows(KvDtype dtype, uint64_t x, const int32_t* rows, uint64_t out,
                         uint32_t tokens, uint32_t dim, cudaStream_t stream) {
-  return gather(x, rows, out, tokens, uint64_t{dim} * dtype_bytes(dtype), 0, stream);
+  return gather(x, rows, out, tokens, uint64_t{dim} * dtype_bytes(dtype), 0, 0, stream);
 }
 
 cudaError_t argmax_rows(KvDtype dtype, uint64_t logits, uint32_t rows, uint32_t vocab,

@@ -47,9 +47,12 @@ cudaError_t rope(KvDtype dtype, const RopeArgs& args, cudaStream_t stream);
 cudaError_t silu_and_mul(KvDtype dtype, uint64_t gate_up, uint64_t out, uint32_t tokens,
                          uint32_t inter, cudaStream_t stream);
 
-// out[t, :] = table[ids[t], :] for `tokens` rows of `dim` elements; ids in [0, vocab).
+// out[t, :] = table[ids[t] - first_id, :] for `tokens` rows of `dim` elements; the table holds
+// ids [first_id, first_id + vocab) and any other id gives a zero row (a vocabulary-parallel
+// shard: the all-reduce over the ranks then adds the one rank's row that holds it).
 cudaError_t embedding(KvDtype dtype, uint64_t table, const int32_t* ids, uint64_t out,
-                      uint32_t tokens, uint32_t dim, uint32_t vocab, cudaStream_t stream);
+                      uint32_t tokens, uint32_t dim, uint32_t vocab, cudaStream_t stream,
+                      uint32_t first_id = 0);
 
 // Greedy sampling: ids[r] = argmax over the `vocab` logits of row r (row stride `stride`
 // elements); the lowest index wins a tie (torch.argmax).

@@ -7,11 +7,12 @@
 #include <map>
 
 #include "backends/sim/sim_backend.h"
-#include "src/drivers/capture_runner.h"
-#include "workload/executor_program.h"
 #include "src/app/shapes_experiment.h"
+#include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
 #include "tests/config_test_util.h"
+#include "workload/executor_program.h"
+#include "workload/tensor_parallel.h"
 
 using namespace memsim;
 using namespace memsim::test;
@@ -120,6 +121,54 @@ TEST_CASE("executor program: ModelStep's decode step, op by op") {
   CHECK_THROWS_WITH(make_executor_decode_program(fp32, 1, options()), Catch::Contains("16-bit"));
   CHECK(graph_context_for(8192) == 32768);
   CHECK(graph_context_for(131072) == 131072);
+}
+
+TEST_CASE("executor program: a tensor-parallel rank's collectives, op by op") {
+  // tiny at TP 2: 2 heads, 1 KV head, intermediate 256 and 512 vocabulary rows a rank (1000
+  // padded to 1024).
+  const TensorParallelShard shard = *shard_tensor_parallel(tiny(), 2);
+  ExecutorProgramOptions o = options();
+  o.tensor_parallel = 2;
+  o.vocab = 1000;
+  o.vocab_padded = shard.vocab_padded;
+  REQUIRE(o.vocab_padded == 1024);
+  const GraphProgram g = make_executor_decode_program(shard.rank, 8, o).graphs[0];
+  CHECK(validate(g).empty());
+  const std::vector<std::string> t = trace(g);
+  // hidden 8 x 256 x 2 = 4096; qkv 8 x (2 + 2) x 64 x 2 = 4096; q, attn 2048; gate_up 8192;
+  // act 4096; logits.partial 8 x 512 x 2 = 8192; gathered and logits 8 x 1024 x 2 = 16384.
+  const std::vector<std::string> head(t.begin(), t.begin() + 20);
+  CHECK(head == std::vector<std::string>{"+residual.partial 4096",
+                                         "+residual 4096",
+                                         "-residual.partial 4096",
+                                         "+layer0.input_norm 4096",
+                                         "+layer0.qkv 4096",
+                                         "-layer0.input_norm 4096",
+                                         "+layer0.q 2048",
+                                         "+layer0.attn 2048",
+                                         "-layer0.q 2048",
+                                         "-layer0.qkv 4096",
+                                         "+layer0.o.partial 4096",
+                                         "+layer0.o 4096",
+                                         "-layer0.o.partial 4096",
+                                         "-layer0.attn 2048",
+                                         "+layer0.gate_up 8192",
+                                         "-layer0.o 4096",
+                                         "+layer0.act 4096",
+                                         "-layer0.gate_up 8192",
+                                         "+layer0.down.partial 4096",
+                                         "+layer0.down 4096"});
+  const std::vector<std::string> tail(t.end() - 13, t.end());
+  CHECK(tail == std::vector<std::string>{"-layer1.act 4096", "+last 4096", "-layer1.down 4096",
+                                         "+logits.partial 8192", "-last 4096",
+                                         "+logits.gathered 16384", "-logits.partial 8192",
+                                         "+logits 16384", "-logits.gathered 16384", "+next 32",
+                                         "-logits 16384", "-next 32", "-residual 4096"});
+  // 1 + 2 x 10 + 5 nodes, 5 all-reduces, the all-gather and the two ranks' copies.
+  CHECK(g.body_nodes == 1 + 2 * 10 + 5 + 5 + 1 + 2);
+  o.vocab_padded = 1000;  // not the shard's rows x tp
+  CHECK_THROWS_WITH(make_executor_decode_program(shard.rank, 8, o),
+                    Catch::Contains("vocab_padded"));
 }
 
 namespace {

@@ -21,12 +21,14 @@ uint64_t executor_metadata_bytes(uint32_t batch, uint32_t bt_stride, uint64_t wo
          align16(b * bt_stride * 4) + align16(b * 4) + align16(work_words * 4);
 }
 
-uint64_t executor_decode_nodes(const ModelShape& m, bool split_kv) {
+uint64_t executor_decode_nodes(const ModelShape& m, bool split_kv, uint32_t tensor_parallel) {
   // Per layer: input norm, QKV, RoPE, KV write, attention, O, post norm, gate/up, SiLU x up,
   // down; then the q and k norms and the split's combine where they run.
   const uint64_t per_layer = 10 + (m.qk_norm ? 2 : 0) + (split_kv ? 1 : 0);
   // The embedding; final norm, last-row gather, LM head, argmax and the next tokens' copy.
-  return 1 + per_layer * m.layers + 5;
+  const uint64_t one_gpu = 1 + per_layer * m.layers + 5;
+  if (tensor_parallel <= 1) return one_gpu;
+  return one_gpu + (2ull * m.layers + 1) + 1 + tensor_parallel;
 }
 
 ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
@@ -36,6 +38,11 @@ ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
     throw std::invalid_argument("executor program: max_context and kv_block_size must be > 0");
   if (dtype_bytes(m.dtype) != 2)
     throw std::invalid_argument("executor program: the executor runs 16-bit models only");
+  const bool tp = o.tensor_parallel > 1;
+  if (tp &&
+      (o.vocab == 0 || o.vocab > o.vocab_padded || o.vocab_padded != m.vocab * o.tensor_parallel))
+    throw std::invalid_argument(
+        "executor program: tensor_parallel needs vocab <= vocab_padded = the shard's vocab x tp");
   const uint64_t b = batch, e = 2;
   const uint64_t hidden = b * m.hidden * e;
   const uint64_t q = b * uint64_t{m.heads} * m.head_dim * e;
@@ -56,10 +63,18 @@ ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
     return t;
   };
   auto free = [&](uint32_t t) { g.ops.push_back({ProgramOp::Kind::kFree, t}); };
+  // A row-parallel op's output: its partial sum, then the all-reduce's out-of-place result.
+  auto reduced = [&](const std::string& name) {
+    if (!tp) return alloc(name, hidden);
+    const uint32_t partial = alloc(name + ".partial", hidden);
+    const uint32_t sum = alloc(name, hidden);
+    free(partial);
+    return sum;
+  };
 
   const uint64_t ws = o.decode_workspace ? o.decode_workspace(batch) : 0;
   const uint32_t workspace = ws ? alloc("attn_workspace", ws) : UINT32_MAX;
-  const uint32_t residual = alloc("residual", hidden);
+  const uint32_t residual = reduced("residual");
   uint32_t x = UINT32_MAX;  // the previous layer's down projection
   for (uint32_t l = 0; l < m.layers; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
@@ -70,26 +85,32 @@ ShapeProgram make_executor_decode_program(const ModelShape& m, uint32_t batch,
     const uint32_t t_attn = alloc(p + "attn", q);
     free(t_q);
     free(t_qkv);
-    const uint32_t t_o = alloc(p + "o", hidden);
+    const uint32_t t_o = reduced(p + "o");
     free(t_attn);
     const uint32_t t_gu = alloc(p + "gate_up", b * 2 * m.intermediate * e);
     free(t_o);
     const uint32_t t_act = alloc(p + "act", b * m.intermediate * e);
     free(t_gu);
-    x = alloc(p + "down", hidden);
+    x = reduced(p + "down");
     free(t_act);
   }
   const uint32_t final_rows = m.layers ? x : alloc("final_norm", hidden);
   const uint32_t last = alloc("last", b * m.hidden * e);
   free(final_rows);
-  const uint32_t logits = alloc("logits", b * m.vocab * e);
+  uint32_t logits = alloc(tp ? "logits.partial" : "logits", b * m.vocab * e);
   free(last);
+  if (tp) {
+    const uint32_t gathered = alloc("logits.gathered", b * o.vocab_padded * e);
+    free(logits);
+    logits = alloc("logits", b * o.vocab_padded * e);
+    free(gathered);
+  }
   const uint32_t next = alloc("next", b * 4);
   free(logits);
   free(next);
   free(residual);
   if (workspace != UINT32_MAX) free(workspace);
-  g.body_nodes = executor_decode_nodes(m, ws != 0);
+  g.body_nodes = executor_decode_nodes(m, ws != 0, o.tensor_parallel);
   if (std::string err = validate(g); !err.empty())
     throw std::logic_error("executor program: generated an invalid graph: " + err);
   out.graphs.push_back(std::move(g));

@@ -27,6 +27,10 @@ struct ExecutorProgramOptions {
   // int32 words of the decode work list in the metadata for a batch (kernels::decode_work_words
   // of that launch); null or 0: none.
   std::function<uint64_t(uint32_t batch)> decode_work_words;
+  // Tensor parallelism: `model` is one rank's shard (workload/tensor_parallel.h) of a model whose
+  // vocabulary is `vocab` (the argmax's width) padded to `vocab_padded` over all ranks. 1: one GPU.
+  uint32_t tensor_parallel = 1;
+  uint64_t vocab = 0, vocab_padded = 0;
 };
 
 // ModelStep's decode step of `batch` sequences, one full graph "b<B>.full":
@@ -44,6 +48,11 @@ struct ExecutorProgramOptions {
 //   last [b, hidden], logits [b, vocab], next [b] int32 (copied to the host inside the graph)
 // All activations in the model dtype (16-bit). Every tensor is freed inside the graph: the
 // graph has no outputs. The GEMM workspace is the executor's own, outside graph memory.
+// Under tensor parallelism (options.tensor_parallel > 1) the embedding lookup, o and down first
+// give "<name>.partial", all-reduced out of place into the tensor above (the partial freed
+// next), and the LM head gives "logits.partial" [b, rank's vocab rows], all-gathered into
+// "logits.gathered" [b, vocab_padded] and copied into "logits" [b, vocab_padded] (ModelStep's
+// collectives; model_step.h).
 ShapeProgram make_executor_decode_program(const ModelShape& model, uint32_t batch,
                                           const ExecutorProgramOptions& options);
 
@@ -53,8 +62,11 @@ ShapeProgram make_executor_decode_program(const ModelShape& model, uint32_t batc
 // a workspace), its combine, the O GEMM, the post-attention RMSNorm, the gate/up GEMM, SiLU x up
 // and the down GEMM; then the final RMSNorm, the last-row gather, the LM head GEMM, the argmax
 // and the copy of the next tokens to the host. One node per cuBLASLt matmul; a GPU run of the
-// shapes experiment (graph_body: executor) checks the count against the captured graphs.
-uint64_t executor_decode_nodes(const ModelShape& model, bool split_kv);
+// shapes experiment (graph_body: executor) checks the count against the captured graphs. Under
+// tensor parallelism add one node per collective (2 x layers + 1 all-reduces, the logits'
+// all-gather) and the gathered logits' copy of each rank's part.
+uint64_t executor_decode_nodes(const ModelShape& model, bool split_kv,
+                               uint32_t tensor_parallel = 1);
 
 // Bytes of the packed metadata of a decode step of `batch` sequences whose block tables are
 // `bt_stride` entries long, with a decode work list of `work_words` int32 words.

@@ -18,9 +18,6 @@ struct UniqueIdAbi {
   char internal[128];
 };
 constexpr int kNcclSuccess = 0;
-constexpr int kNcclUint8 = 1;
-constexpr int kNcclFloat32 = 7;
-constexpr int kNcclSum = 0;
 
 }  // namespace
 
@@ -119,20 +116,32 @@ Status cuda_check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-Status Nccl::all_reduce_floats(uint64_t device_ptr, size_t count) {
+Status Nccl::all_reduce(uint64_t send, uint64_t recv, size_t count, NcclType type, NcclOp op,
+                        uint64_t stream) {
   if (!comm_) return make_error(ErrorCode::kInvalidState, "no NCCL communicator");
-  void* p = reinterpret_cast<void*>(device_ptr);
-  MEMSIM_TRY(check(api_->ncclAllReduce(p, p, count, kNcclFloat32, kNcclSum, comm_, nullptr),
-                   "ncclAllReduce"));
+  return check(
+      api_->ncclAllReduce(reinterpret_cast<const void*>(send), reinterpret_cast<void*>(recv), count,
+                          static_cast<int>(type), static_cast<int>(op), comm_,
+                          reinterpret_cast<cudaStream_t>(stream)),
+      "ncclAllReduce");
+}
+
+Status Nccl::all_gather(uint64_t send, uint64_t recv, size_t bytes, uint64_t stream) {
+  if (!comm_) return make_error(ErrorCode::kInvalidState, "no NCCL communicator");
+  return check(
+      api_->ncclAllGather(reinterpret_cast<const void*>(send), reinterpret_cast<void*>(recv), bytes,
+                          static_cast<int>(NcclType::kUint8), comm_,
+                          reinterpret_cast<cudaStream_t>(stream)),
+      "ncclAllGather");
+}
+
+Status Nccl::all_reduce_floats(uint64_t device_ptr, size_t count) {
+  MEMSIM_TRY(all_reduce(device_ptr, device_ptr, count, NcclType::kFloat32, NcclOp::kSum, 0));
   return cuda_check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
 }
 
 Status Nccl::all_gather_bytes(uint64_t send, uint64_t recv, size_t bytes) {
-  if (!comm_) return make_error(ErrorCode::kInvalidState, "no NCCL communicator");
-  MEMSIM_TRY(
-      check(api_->ncclAllGather(reinterpret_cast<const void*>(send), reinterpret_cast<void*>(recv),
-                                bytes, kNcclUint8, comm_, nullptr),
-            "ncclAllGather"));
+  MEMSIM_TRY(all_gather(send, recv, bytes, 0));
   return cuda_check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
 }
 

@@ -17,6 +17,10 @@ namespace memsim {
 // ncclUniqueId: 128 opaque bytes, made by one process and handed to every rank.
 using NcclUniqueId = std::array<char, 128>;
 
+// The element types and reductions memsim uses (ncclDataType_t, ncclRedOp_t values).
+enum class NcclType : int { kUint8 = 1, kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9 };
+enum class NcclOp : int { kSum = 0, kMax = 2, kMin = 3 };
+
 class Nccl {
  public:
   // Loads $MEMSIM_NCCL, else libnccl.so.2 from the loader's path, else the Debian/Ubuntu
@@ -36,6 +40,11 @@ class Nccl {
   Status all_reduce_floats(uint64_t device_ptr, size_t count);
   // Every rank's `bytes` at `send` gathered, rank by rank, into `recv` (world x bytes), synced.
   Status all_gather_bytes(uint64_t send, uint64_t recv, size_t bytes);
+  // The same two enqueued on `stream` (a cudaStream_t; 0 = the default stream), not
+  // synchronized: capturable into a CUDA graph. send == recv reduces in place.
+  Status all_reduce(uint64_t send, uint64_t recv, size_t count, NcclType type, NcclOp op,
+                    uint64_t stream);
+  Status all_gather(uint64_t send, uint64_t recv, size_t bytes, uint64_t stream);
   Status destroy();
 
   // CUDA IPC over the communicator: each rank's allocation at `device_ptr` (a cudaMalloc'd

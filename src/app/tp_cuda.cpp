@@ -6,16 +6,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
-#include <thread>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/nccl.h"
@@ -23,7 +19,7 @@
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
 #include "src/app/cuda_modes.h"
-#include "src/app/spawn.h"
+#include "src/app/rank_launch.h"
 #include "src/graph/registry.h"
 
 namespace memsim {
@@ -35,23 +31,6 @@ namespace {
 
 constexpr int kRankTimeoutS = 600;
 constexpr uint64_t kMiB = 1ull << 20;
-
-std::string to_hex(const NcclUniqueId& id) {
-  std::string s;
-  for (char c : id) s += fmt::format("{:02x}", static_cast<unsigned char>(c));
-  return s;
-}
-
-bool from_hex(const std::string& hex, NcclUniqueId* id) {
-  if (hex.size() != 2 * id->size()) return false;
-  for (size_t i = 0; i < id->size(); ++i) {
-    char* end = nullptr;
-    const std::string byte = hex.substr(2 * i, 2);
-    (*id)[i] = static_cast<char>(std::strtoul(byte.c_str(), &end, 16));
-    if (end != byte.c_str() + 2) return false;
-  }
-  return true;
-}
 
 // Samples cudaMemGetInfo's drop against the backend's accounted bytes after every shape.
 class UsageSampler final : public CaptureObserver {
@@ -210,7 +189,7 @@ json measure_rank(const TpMemoryConfig& c, int rank, const NcclUniqueId& id) {
 int cuda_tp_rank(const std::string& config_path, int rank, const std::string& id_hex,
                  const std::string& result_path, std::ostream& err) {
   NcclUniqueId id{};
-  if (!from_hex(id_hex, &id)) {
+  if (!nccl_id_from_hex(id_hex, &id)) {
     err << "memsim tp-rank: --nccl-id is not 256 hex digits\n";
     return 2;
   }
@@ -227,38 +206,6 @@ int cuda_tp_rank(const std::string& config_path, int rank, const std::string& id
 }
 
 namespace {
-
-struct RankProcess {
-  pid_t pid = -1;
-  std::string result, log;
-};
-
-// Waits for every rank; kills them all when one fails early or the time runs out (an NCCL
-// peer that never came would hang the others). Returns "" or what went wrong.
-std::string wait_ranks(std::vector<RankProcess>& ranks) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kRankTimeoutS);
-  size_t left = ranks.size();
-  std::string problem;
-  while (left > 0) {
-    for (RankProcess& r : ranks) {
-      if (r.pid < 0) continue;
-      int status = 0;
-      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
-      r.pid = -1;
-      --left;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && problem.empty()) problem = "a rank failed (its log: " + r.log + ")";
-    }
-    if (left == 0) break;
-    if (!problem.empty() || std::chrono::steady_clock::now() > deadline) {
-      if (problem.empty()) problem = fmt::format("the ranks did not finish in {} s", kRankTimeoutS);
-      for (RankProcess& r : ranks)
-        if (r.pid > 0) kill(r.pid, SIGKILL);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return problem;
-}
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -292,34 +239,20 @@ bool run_point(const TpMemoryConfig& c, const TpMemoryPoint& p, size_t i, Nccl& 
     RankProcess& rp = ranks[r];
     rp.result = (tmp / fmt::format("point{}_rank{}.json", i, r)).string();
     rp.log = (tmp / fmt::format("point{}_rank{}.log", i, r)).string();
-    SpawnOptions o;
-    o.stdout_path = rp.log;
-    o.stderr_path = rp.log + ".err";
-    o.program = self;
     // Every rank sees every GPU (as vLLM's workers do: CUDA IPC opens a peer's memory only on a
     // visible device) and uses device `rank`.
-    o.env = {"NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "NVSHMEM_DISABLE_NVLS=1",
-             fmt::format("NCCL_CUMEM_ENABLE={}", c.comm.nccl_cumem ? 1 : 0)};
-    std::vector<std::string> argv = {self,        "tp-rank",         yaml.string(),
-                                     "--rank",    std::to_string(r), "--nccl-id",
-                                     to_hex(*id), "--result",        rp.result};
-    // MEMSIM_TP_RANK0_TOOL: rank 0 runs under this program, its words split at spaces (no
-    // shell), e.g. "compute-sanitizer --tool memcheck".
-    if (const char* tool = std::getenv("MEMSIM_TP_RANK0_TOOL"); r == 0 && tool && *tool) {
-      std::vector<std::string> words;
-      std::istringstream in(tool);
-      for (std::string w; in >> w;) words.push_back(w);
-      argv.insert(argv.begin(), words.begin(), words.end());
-      o.program = words.front();
-    }
-    std::string why;
-    rp.pid = spawn_process(argv, o, &why);
-    if (rp.pid < 0) {
-      out << "memsim: --backend cuda: cannot start a rank: " << why << "\n";
+    const std::string why = start_rank({self, "tp-rank", yaml.string(), "--rank", std::to_string(r),
+                                        "--nccl-id", nccl_id_hex(*id), "--result", rp.result},
+                                       r, c.comm.nccl_cumem, rp);
+    if (!why.empty()) {
+      out << "memsim: --backend cuda: " << why << "\n";
+      for (RankProcess& started : ranks)
+        if (started.pid > 0) kill(started.pid, SIGKILL);
+      (void)wait_ranks(ranks, 1);
       return false;
     }
   }
-  const std::string problem = wait_ranks(ranks);
+  const std::string problem = wait_ranks(ranks, kRankTimeoutS);
   const KvBudget& b = p.budget;
   bool all_ok = problem.empty();
   for (uint32_t r = 0; r < p.tp; ++r) {

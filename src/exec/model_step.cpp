@@ -16,6 +16,8 @@
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
 #include "src/exec/step_metadata.h"
+#include "src/exec/tp_group.h"
+#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
@@ -66,7 +68,29 @@ struct ModelStep::Impl {
   }
 
   Status init();
-  Result<DevPtr> weight(uint64_t elems, uint32_t layer, uint32_t tensor, float scale, float offset);
+  Status init_layer(uint32_t l);
+  // Rows [row0, row0 + rows) x columns [col0, col0 + cols) of a whole tensor `full_cols` wide.
+  struct Piece {
+    uint64_t row0 = 0, rows = 0, col0 = 0, cols = 0;
+  };
+  // A weight of the given pieces of the whole tensor (layer, tensor), one after the other, then
+  // `zero_rows` rows of zeros (vocabulary padding); one piece of everything on one GPU.
+  Result<DevPtr> weight(uint64_t full_cols, const std::vector<Piece>& pieces, uint32_t layer,
+                        uint32_t tensor, float scale, float offset, uint64_t zero_rows = 0);
+  Result<DevPtr> whole(uint64_t elems, uint32_t layer, uint32_t tensor, float scale, float offset) {
+    return weight(elems, {{0, 1, 0, elems}}, layer, tensor, scale, offset);
+  }
+  // The whole tensor's rows [row0, row0 + rows) of every band: a column-parallel shard.
+  static std::vector<Piece> rows_of(uint64_t cols, std::vector<std::pair<uint64_t, uint64_t>> b) {
+    std::vector<Piece> v;
+    for (const auto& [row0, rows] : b) v.push_back({row0, rows, 0, cols});
+    return v;
+  }
+  // A row-parallel op's partial sum all-reduced into a new tensor (vLLM's out-of-place
+  // all-reduce); the partial is freed. One GPU: the tensor itself.
+  Result<DevPtr> reduced(DevPtr partial, uint64_t elems);
+  // The LM head over the last rows (freed): [S, vocab_padded] logits, gathered over the ranks.
+  Result<DevPtr> lm_head_logits(DevPtr last, uint32_t S);
   Result<DevPtr> act(uint64_t bytes) {
     bytes = std::max<uint64_t>(bytes, 1);
     return ext ? ext->allocate(bytes) : alloc.malloc(bytes, {});
@@ -105,7 +129,14 @@ struct ModelStep::Impl {
   KvDtype dtype = KvDtype::kBf16;
   AttentionShape shape;
   uint32_t layers = 0;
+  // Widths of this rank's tensors; `vocab` is the model's (the argmax's width), `vocab_rows` the
+  // embedding and LM head rows the rank holds, `vocab_padded` the gathered logits' row width.
   uint64_t hidden = 0, q_cols = 0, kv_cols = 0, qkv_cols = 0, inter = 0, vocab = 0;
+  uint64_t vocab_rows = 0, vocab_padded = 0;
+  ModelShape rank_shape;  // the rank's model (the whole model on one GPU)
+  TpGroup* tp = nullptr;  // null on one GPU
+  uint32_t tp_size = 1, tp_rank = 0;
+  uint32_t kv_head0 = 0;  // the rank's first KV head of the whole model
   std::vector<Layer> layer;
   DevPtr embed = 0, final_norm = 0, lm_head = 0, inv_freq = 0, gemm_ws = 0;
   std::vector<DevPtr> weights;  // every device_malloc, freed at the end
@@ -125,14 +156,55 @@ struct ModelStep::Impl {
   uint64_t staging_bytes = 0;
 };
 
-Result<DevPtr> ModelStep::Impl::weight(uint64_t elems, uint32_t l, uint32_t tensor, float scale,
-                                       float offset) {
+Result<DevPtr> ModelStep::Impl::weight(uint64_t full_cols, const std::vector<Piece>& pieces,
+                                       uint32_t l, uint32_t tensor, float scale, float offset,
+                                       uint64_t zero_rows) {
+  uint64_t elems = zero_rows * full_cols;
+  for (const Piece& pc : pieces) elems += pc.rows * pc.cols;
   MEMSIM_ASSIGN_OR_RETURN(DevPtr p, backend.device_malloc(elems * kElem, "weights"));
   weights.push_back(p);
   weight_bytes += elems * kElem;
-  MEMSIM_STEP_CU(random_half(dtype, p, elems, ModelStep::weight_seed(cfg.seed, l, tensor), stream,
-                             scale, offset));
+  const uint64_t seed = ModelStep::weight_seed(cfg.seed, l, tensor);
+  DevPtr at = p;
+  for (const Piece& pc : pieces) {
+    const RandomBlock block{pc.rows * pc.cols, pc.cols, full_cols, pc.row0 * full_cols + pc.col0};
+    MEMSIM_STEP_CU(random_half_block(dtype, at, block, seed, stream, scale, offset));
+    at += block.count * kElem;
+  }
+  if (zero_rows)
+    MEMSIM_STEP_CU(
+        cudaMemsetAsync(reinterpret_cast<void*>(at), 0, zero_rows * full_cols * kElem, stream));
   return p;
+}
+
+Result<DevPtr> ModelStep::Impl::reduced(DevPtr partial, uint64_t elems) {
+  if (!tp) return partial;
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr sum, act(elems * kElem));
+  MEMSIM_TRY(tp->all_reduce(dtype, partial, sum, elems, reinterpret_cast<uint64_t>(stream)));
+  MEMSIM_TRY(free(partial));
+  return sum;
+}
+
+Result<DevPtr> ModelStep::Impl::lm_head_logits(DevPtr last, uint32_t S) {
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr part, act(uint64_t{S} * vocab_rows * kElem));
+  MEMSIM_TRY(
+      gemm_status(gemm->matmul(dtype, last, lm_head, 0, part, S, static_cast<uint32_t>(vocab_rows),
+                               static_cast<uint32_t>(hidden), stream)));
+  MEMSIM_TRY(free(last));
+  if (!tp) return part;
+  // V1's all-gather: [tp, S, vocab_rows], then movedim + reshape into [S, tp x vocab_rows].
+  const uint64_t part_bytes = uint64_t{S} * vocab_rows * kElem;
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr gathered, act(part_bytes * tp_size));
+  MEMSIM_TRY(tp->all_gather(part, gathered, part_bytes, reinterpret_cast<uint64_t>(stream)));
+  MEMSIM_TRY(free(part));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr logits, act(uint64_t{S} * vocab_padded * kElem));
+  for (uint32_t r = 0; r < tp_size; ++r)
+    MEMSIM_STEP_CU(cudaMemcpy2DAsync(
+        reinterpret_cast<void*>(logits + r * vocab_rows * kElem), vocab_padded * kElem,
+        reinterpret_cast<void*>(gathered + r * part_bytes), vocab_rows * kElem, vocab_rows * kElem,
+        S, cudaMemcpyDeviceToDevice, stream));
+  MEMSIM_TRY(free(gathered));
+  return logits;
 }
 
 Status ModelStep::Impl::init() {
@@ -141,18 +213,32 @@ Status ModelStep::Impl::init() {
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("model {}: the executor runs bf16 or fp16 models", m.name));
   dtype = m.dtype == DType::kFP16 ? KvDtype::kFp16 : KvDtype::kBf16;
-  shape = {m.heads, m.kv_heads, static_cast<uint32_t>(m.head_dim), dtype};
+  tp = cfg.tp;
+  rank_shape = m;
+  vocab = vocab_rows = vocab_padded = m.vocab;
+  if (tp) {
+    tp_size = tp->size();
+    tp_rank = tp->rank();
+    MEMSIM_ASSIGN_OR_RETURN(const TensorParallelShard shard, shard_tensor_parallel(m, tp_size));
+    rank_shape = shard.rank;
+    vocab_rows = shard.rank.vocab;
+    vocab_padded = shard.vocab_padded;
+    // vLLM: each KV head is held by kv_head_replicas consecutive ranks.
+    kv_head0 = tp_rank / shard.kv_head_replicas * shard.rank.kv_heads;
+    if (tp_size == 1) tp = nullptr;  // one rank: no collectives
+  }
+  const ModelShape& r = rank_shape;
+  shape = {r.heads, r.kv_heads, static_cast<uint32_t>(m.head_dim), dtype};
   if (std::string why = check_shape(shape); !why.empty())
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("model {}: attention kernels: {}", m.name, why));
   layers = cfg.layers_run ? std::min(cfg.layers_run, m.layers) : m.layers;
   hidden = m.hidden;
-  q_cols = uint64_t{m.heads} * m.head_dim;
-  kv_cols = uint64_t{m.kv_heads} * m.head_dim;
+  q_cols = uint64_t{r.heads} * m.head_dim;
+  kv_cols = uint64_t{r.kv_heads} * m.head_dim;
   qkv_cols = q_cols + 2 * kv_cols;
-  inter = m.intermediate;
-  vocab = m.vocab;
-  if (hidden % 8 || q_cols % 8 || inter % 8)
+  inter = r.intermediate;
+  if (hidden % 8 || q_cols % 8 || inter % 8 || vocab_rows % 8)
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("model {}: widths must be multiples of 8", m.name));
   MEMSIM_STEP_CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -162,30 +248,22 @@ Status ModelStep::Impl::init() {
   packer =
       StepPacker({cfg.max_seqs, cfg.max_tokens, layers, kv_cols * kElem, vocab, shape, limits});
 
-  auto lin = [](uint64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
   layer.resize(layers);
-  for (uint32_t l = 0; l < layers; ++l) {
-    Layer& L = layer[l];
-    MEMSIM_ASSIGN_OR_RETURN(L.input_norm, weight(hidden, l, kInputNorm, 0.1f, 1.0f));
-    MEMSIM_ASSIGN_OR_RETURN(L.qkv, weight(qkv_cols * hidden, l, kQkv, lin(hidden), 0));
-    if (m.qkv_bias) {
-      MEMSIM_ASSIGN_OR_RETURN(L.qkv_bias, weight(qkv_cols, l, kQkvBias, 0.1f, 0));
-    }
-    if (m.qk_norm) {
-      MEMSIM_ASSIGN_OR_RETURN(L.q_norm, weight(m.head_dim, l, kQNorm, 0.1f, 1.0f));
-      MEMSIM_ASSIGN_OR_RETURN(L.k_norm, weight(m.head_dim, l, kKNorm, 0.1f, 1.0f));
-    }
-    MEMSIM_ASSIGN_OR_RETURN(L.o, weight(hidden * q_cols, l, kO, lin(q_cols), 0));
-    MEMSIM_ASSIGN_OR_RETURN(L.post_norm, weight(hidden, l, kPostNorm, 0.1f, 1.0f));
-    MEMSIM_ASSIGN_OR_RETURN(L.gate_up, weight(2 * inter * hidden, l, kGateUp, lin(hidden), 0));
-    MEMSIM_ASSIGN_OR_RETURN(L.down, weight(hidden * inter, l, kDown, lin(inter), 0));
-  }
-  MEMSIM_ASSIGN_OR_RETURN(embed, weight(vocab * hidden, kGlobalLayer, kEmbedding, 1.0f, 0));
-  MEMSIM_ASSIGN_OR_RETURN(final_norm, weight(hidden, kGlobalLayer, kFinalNorm, 0.1f, 1.0f));
+  for (uint32_t l = 0; l < layers; ++l) MEMSIM_TRY(init_layer(l));
+  // The vocabulary rows [v0, v0 + vocab_rows) of the padded table; those past the model's are
+  // padding (zero).
+  const uint64_t v0 = uint64_t{tp_rank} * vocab_rows;
+  const uint64_t real = std::min<uint64_t>(vocab_rows, m.vocab - std::min<uint64_t>(v0, m.vocab));
+  const std::vector<Piece> vocab_part = rows_of(hidden, {{v0, real}});
+  MEMSIM_ASSIGN_OR_RETURN(
+      embed, weight(hidden, vocab_part, kGlobalLayer, kEmbedding, 1.0f, 0, vocab_rows - real));
+  MEMSIM_ASSIGN_OR_RETURN(final_norm, whole(hidden, kGlobalLayer, kFinalNorm, 0.1f, 1.0f));
   if (m.tie_embeddings) {
     lm_head = embed;
   } else {
-    MEMSIM_ASSIGN_OR_RETURN(lm_head, weight(vocab * hidden, kGlobalLayer, kLmHead, lin(hidden), 0));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hidden));
+    MEMSIM_ASSIGN_OR_RETURN(
+        lm_head, weight(hidden, vocab_part, kGlobalLayer, kLmHead, scale, 0, vocab_rows - real));
   }
 
   const std::vector<float> freqs = m.rope_inv_freq();
@@ -199,6 +277,39 @@ Status ModelStep::Impl::init() {
   gemm = LtGemm::open(gemm_ws, kGemmWorkspace, &why);
   if (!gemm) return make_error(ErrorCode::kNotSupported, why);
   MEMSIM_STEP_CU(cudaStreamSynchronize(stream));
+  return {};
+}
+
+// Layer l's weights: the rank's shard of each whole tensor (all of it on one GPU). Scales are
+// the whole tensor's (1/sqrt of its in_features).
+Status ModelStep::Impl::init_layer(uint32_t l) {
+  const ModelShape& m = cfg.model;
+  auto lin = [](uint64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
+  const uint64_t hd = m.head_dim, full_q = uint64_t{m.heads} * hd;
+  const uint64_t full_kv = uint64_t{m.kv_heads} * hd;
+  const uint64_t q0 = uint64_t{tp_rank} * q_cols, k0 = uint64_t{kv_head0} * hd;
+  const uint64_t i0 = uint64_t{tp_rank} * inter;
+  // QKVParallelLinear's rows: the rank's query heads, then its KV heads' k and v.
+  const std::vector<std::pair<uint64_t, uint64_t>> qkv_rows = {
+      {q0, q_cols}, {full_q + k0, kv_cols}, {full_q + full_kv + k0, kv_cols}};
+  Layer& L = layer[l];
+  MEMSIM_ASSIGN_OR_RETURN(L.input_norm, whole(hidden, l, kInputNorm, 0.1f, 1.0f));
+  MEMSIM_ASSIGN_OR_RETURN(L.qkv,
+                          weight(hidden, rows_of(hidden, qkv_rows), l, kQkv, lin(hidden), 0));
+  if (m.qkv_bias) {
+    MEMSIM_ASSIGN_OR_RETURN(L.qkv_bias, weight(1, rows_of(1, qkv_rows), l, kQkvBias, 0.1f, 0));
+  }
+  if (m.qk_norm) {
+    MEMSIM_ASSIGN_OR_RETURN(L.q_norm, whole(hd, l, kQNorm, 0.1f, 1.0f));
+    MEMSIM_ASSIGN_OR_RETURN(L.k_norm, whole(hd, l, kKNorm, 0.1f, 1.0f));
+  }
+  MEMSIM_ASSIGN_OR_RETURN(L.o, weight(full_q, {{0, hidden, q0, q_cols}}, l, kO, lin(full_q), 0));
+  MEMSIM_ASSIGN_OR_RETURN(L.post_norm, whole(hidden, l, kPostNorm, 0.1f, 1.0f));
+  MEMSIM_ASSIGN_OR_RETURN(
+      L.gate_up, weight(hidden, rows_of(hidden, {{i0, inter}, {m.intermediate + i0, inter}}), l,
+                        kGateUp, lin(hidden), 0));
+  MEMSIM_ASSIGN_OR_RETURN(
+      L.down, weight(m.intermediate, {{0, hidden, i0, inter}}, l, kDown, lin(m.intermediate), 0));
   return {};
 }
 
@@ -236,9 +347,12 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
   }
   const float eps = static_cast<float>(cfg.model.rms_norm_eps);
 
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr residual, act(uint64_t{T} * hidden * kElem));
-  MEMSIM_STEP_CU(embedding(dtype, embed, d_ids, residual, T, static_cast<uint32_t>(hidden),
-                           static_cast<uint32_t>(vocab), stream));
+  const uint64_t row_elems = uint64_t{T} * hidden;  // a [T, hidden] activation
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr looked_up, act(row_elems * kElem));
+  MEMSIM_STEP_CU(embedding(dtype, embed, d_ids, looked_up, T, static_cast<uint32_t>(hidden),
+                           static_cast<uint32_t>(vocab_rows), stream,
+                           static_cast<uint32_t>(uint64_t{tp_rank} * vocab_rows)));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr residual, reduced(looked_up, row_elems));
   DevPtr x = 0;  // the layer's input before its norm (null in layer 0: the residual itself)
   for (uint32_t l = 0; l < layers; ++l) {
     const Layer& L = layer[l];
@@ -325,9 +439,11 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
     }
     MEMSIM_TRY(free(q));
     MEMSIM_TRY(free(qkv));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr o, act(uint64_t{T} * hidden * kElem));
-    MEMSIM_TRY(gemm_status(gemm->matmul(dtype, attn, L.o, 0, o, T, static_cast<uint32_t>(hidden),
-                                        static_cast<uint32_t>(q_cols), stream)));
+    MEMSIM_ASSIGN_OR_RETURN(DevPtr o_part, act(row_elems * kElem));
+    MEMSIM_TRY(
+        gemm_status(gemm->matmul(dtype, attn, L.o, 0, o_part, T, static_cast<uint32_t>(hidden),
+                                 static_cast<uint32_t>(q_cols), stream)));
+    MEMSIM_ASSIGN_OR_RETURN(DevPtr o, reduced(o_part, row_elems));
     MEMSIM_TRY(free(attn));
     RmsNormArgs pn;
     pn.x = pn.out = o;
@@ -345,11 +461,12 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
     MEMSIM_ASSIGN_OR_RETURN(DevPtr h, act(uint64_t{T} * inter * kElem));
     MEMSIM_STEP_CU(silu_and_mul(dtype, gu, h, T, static_cast<uint32_t>(inter), stream));
     MEMSIM_TRY(free(gu));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr down, act(uint64_t{T} * hidden * kElem));
-    MEMSIM_TRY(gemm_status(gemm->matmul(dtype, h, L.down, 0, down, T, static_cast<uint32_t>(hidden),
-                                        static_cast<uint32_t>(inter), stream)));
+    MEMSIM_ASSIGN_OR_RETURN(DevPtr down_part, act(row_elems * kElem));
+    MEMSIM_TRY(
+        gemm_status(gemm->matmul(dtype, h, L.down, 0, down_part, T, static_cast<uint32_t>(hidden),
+                                 static_cast<uint32_t>(inter), stream)));
+    MEMSIM_ASSIGN_OR_RETURN(x, reduced(down_part, row_elems));
     MEMSIM_TRY(free(h));
-    x = down;
   }
   // Final norm (fused with the last residual add), each sequence's last row, LM head, argmax.
   RmsNormArgs fn;
@@ -371,18 +488,15 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
   MEMSIM_STEP_CU(
       gather_rows(dtype, final_rows, d_last, last, S, static_cast<uint32_t>(hidden), stream));
   MEMSIM_TRY(free(final_rows));
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr logits, act(uint64_t{S} * vocab * kElem));
-  MEMSIM_TRY(
-      gemm_status(gemm->matmul(dtype, last, lm_head, 0, logits, S, static_cast<uint32_t>(vocab),
-                               static_cast<uint32_t>(hidden), stream)));
-  MEMSIM_TRY(free(last));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr logits, lm_head_logits(last, S));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr next, act(uint64_t{S} * 4));
-  MEMSIM_STEP_CU(argmax_rows(dtype, logits, S, static_cast<uint32_t>(vocab), vocab,
+  MEMSIM_STEP_CU(argmax_rows(dtype, logits, S, static_cast<uint32_t>(vocab), vocab_padded,
                              reinterpret_cast<int32_t*>(next), stream));
-  if (logits_out) {
+  if (logits_out) {  // the model's vocab columns of each row
     logits_host.resize(uint64_t{S} * vocab);
-    MEMSIM_STEP_CU(cudaMemcpyAsync(logits_host.data(), reinterpret_cast<void*>(logits),
-                                   logits_host.size() * kElem, cudaMemcpyDeviceToHost, stream));
+    MEMSIM_STEP_CU(cudaMemcpy2DAsync(logits_host.data(), vocab * kElem,
+                                     reinterpret_cast<void*>(logits), vocab_padded * kElem,
+                                     vocab * kElem, S, cudaMemcpyDeviceToHost, stream));
   }
   MEMSIM_TRY(free(logits));
   MEMSIM_STEP_CU(cudaMemcpyAsync(host_next, reinterpret_cast<void*>(next), uint64_t{S} * 4,
@@ -570,8 +684,6 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
   return r;
 }
 
-// ---- public ---------------------------------------------------------------------------------
-
 ModelStep::ModelStep(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ModelStep::~ModelStep() = default;
 
@@ -639,8 +751,8 @@ Result<uint32_t> ModelStep::warm_up_gemms() {
   };
   const uint32_t T = m.cfg.max_tokens, S = std::min(m.cfg.max_seqs, T);
   const uint64_t in_cols = std::max({m.hidden, m.q_cols, m.inter});
-  const uint64_t out_elems =
-      std::max(uint64_t{T} * std::max({m.qkv_cols, 2 * m.inter, m.hidden}), uint64_t{S} * m.vocab);
+  const uint64_t out_elems = std::max(uint64_t{T} * std::max({m.qkv_cols, 2 * m.inter, m.hidden}),
+                                      uint64_t{S} * m.vocab_rows);
   MEMSIM_ASSIGN_OR_RETURN(DevPtr x, m.act(uint64_t{T} * in_cols * kElem));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr y, m.act(out_elems * kElem));
   MEMSIM_STEP_CU(
@@ -657,7 +769,7 @@ Result<uint32_t> ModelStep::warm_up_gemms() {
                         {L.o, 0, m.hidden, m.q_cols, T},
                         {L.gate_up, 0, 2 * m.inter, m.hidden, T},
                         {L.down, 0, m.hidden, m.inter, T},
-                        {m.lm_head, 0, m.vocab, m.hidden, S}};
+                        {m.lm_head, 0, m.vocab_rows, m.hidden, S}};
   for (const Gemm& g : gemms)
     MEMSIM_TRY(gemm_status(m.gemm->warm_up(m.dtype, x, g.w, g.bias, y, n32(g.n), n32(g.k),
                                            counts(g.most), m.stream, &launched)));
@@ -670,6 +782,9 @@ Result<uint32_t> ModelStep::warm_up_gemms() {
 
 const ModelStepConfig& ModelStep::config() const {
   return impl_->cfg;
+}
+const ModelShape& ModelStep::rank_model() const {
+  return impl_->rank_shape;
 }
 uint64_t ModelStep::weight_bytes() const {
   return impl_->weight_bytes;

@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "workload/model_shape.h"
 #include "src/alloc/caching_allocator.h"
 #include "src/kv/kv_cache_manager.h"
+#include "workload/model_shape.h"
 
 namespace memsim {
+
+class TpGroup;
 
 struct ModelStepConfig {
   ModelShape model;
@@ -22,6 +24,9 @@ struct ModelStepConfig {
   uint32_t max_seqs = 256;     // sequences of one step
   uint64_t seed = 1;           // weights: see weight_seed()
   bool return_logits = false;  // copy each step's logits to the host (checks; slows the step)
+  // Tensor parallelism: this process is rank tp->rank() of tp->size() (null: one GPU). The step
+  // holds the rank's shard of `model` (workload/tensor_parallel.h) and runs vLLM's collectives.
+  TpGroup* tp = nullptr;
 };
 
 // A sequence of a step: its KV table (block ids for paged layouts, {slot} for contiguous ones),
@@ -55,6 +60,16 @@ struct StepResult {
 // weight_seed(seed, l, i) (global tensors use layer kGlobalLayer): linear weights in
 // +-1/sqrt(in_features), biases in +-0.1, norm weights in 1 +- 0.1, embeddings in +-1 (so
 // tools/model_check.py can rebuild the same model in PyTorch).
+//
+// Under tensor parallelism (config.tp) each rank holds its shard of those same tensors, bit for
+// bit the unsharded tensor's part (kernels::random_half_block), as vLLM's layers shard them:
+// QKV by heads (a KV head replicated when there are fewer than ranks), gate/up by rows, o_proj
+// and down by columns, the embedding and LM head by rows of the vocabulary padded to 64 x tp
+// (padding rows zero, as vLLM's loader fills them); norms whole. The step runs vLLM's
+// collectives: the masked embedding lookup, o_proj and down give partial sums all-reduced out of
+// place into new tensors, and the LM head's partial logits are all-gathered and copied into
+// [sequences, padded vocabulary] rows, whose first `vocab` columns the argmax reads. So every
+// rank computes the same next tokens as the unsharded model, up to the rounding of the sums.
 class ModelStep {
  public:
   static constexpr uint32_t kGlobalLayer = 4096;
@@ -124,6 +139,9 @@ class ModelStep {
   Result<uint32_t> warm_up_gemms();
 
   const ModelStepConfig& config() const;
+  // This rank's model (the whole model without config.tp): its kv_bytes_per_token() sizes a KV
+  // layout the step reads.
+  const ModelShape& rank_model() const;
   uint64_t weight_bytes() const;
   AllocatorStats activation_stats() const;
   uint64_t stream() const;  // the cudaStream_t the step runs on

@@ -36,8 +36,8 @@ Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, cons
   }
   KvInit init;
   init.layers = m.layers;
-  init.kv_bytes_per_token = m.kv_bytes_per_token();
-  const uint64_t block_bytes = uint64_t{g.block_size} * m.kv_bytes_per_token();
+  init.kv_bytes_per_token = step.rank_model().kv_bytes_per_token();  // the rank's KV heads
+  const uint64_t block_bytes = uint64_t{g.block_size} * init.kv_bytes_per_token;
   const uint64_t blocks = pool / block_bytes;
   if (blocks == 0) return make_error(ErrorCode::kOutOfMemory, "KV pool holds no block");
   MEMSIM_ASSIGN_OR_RETURN(DevPtr base, backend.device_malloc(blocks * block_bytes, "kv_cache"));
