@@ -190,62 +190,6 @@ bool graph_check_run(ModelStep& step, Pool& pool, const ModelShape& model) {
   return all_same;
 }
 
-// --tensor-parallel N without --rank: starts the N ranks (this program with the same arguments
-// and --rank r --nccl-id ID), waits for them, then prints each rank's output.
-int launch_ranks(int argc, char** argv, uint32_t tp) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(tp)) {
-    std::printf("memsim-model-bench: --tensor-parallel %u needs %u GPUs, %d here\n", tp, tp,
-                devices);
-    return 77;
-  }
-  auto nccl = must(Nccl::load(), "NCCL");
-  const NcclUniqueId id = must(nccl->unique_id(), "NCCL unique id");
-  char pattern[] = "/tmp/memsim-model-bench-XXXXXX";
-  if (mkdtemp(pattern) == nullptr) die("cannot make a temporary folder");
-  const std::filesystem::path tmp(pattern);
-  std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  std::vector<RankProcess> ranks(tp);
-  for (uint32_t r = 0; r < tp; ++r) {
-    std::vector<std::string> args = {self};
-    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
-    args.insert(args.end(), {"--rank", std::to_string(r), "--nccl-id", nccl_id_hex(id)});
-    ranks[r].log = (tmp / fmt::format("rank{}.log", r)).string();
-    if (const std::string why = start_rank(args, r, false, ranks[r]); !why.empty()) die(why);
-  }
-  const std::string problem = wait_ranks(ranks, 3600);
-  for (uint32_t r = 0; r < tp; ++r) {
-    for (const std::string& f : {ranks[r].log, ranks[r].log + ".err"}) {
-      std::ifstream in(f);
-      std::stringstream text;
-      text << in.rdbuf();
-      if (!text.str().empty())
-        std::printf("---- rank %u%s ----\n%s", r, f == ranks[r].log ? "" : " (stderr)",
-                    text.str().c_str());
-    }
-  }
-  std::filesystem::remove_all(tmp, ec);
-  if (!problem.empty()) std::printf("memsim-model-bench: %s\n", problem.c_str());
-  return problem.empty() ? 0 : 1;
-}
-
-// The smallest of every rank's `value` (an NCCL all-reduce), so that all ranks size their pools
-// alike and run the same grid.
-uint64_t min_over_ranks(Nccl& nccl, uint64_t value) {
-  void* d = nullptr;
-  if (cudaMalloc(&d, 8) != cudaSuccess) die("cudaMalloc");
-  const double v = static_cast<double>(value);
-  double out = 0;
-  cudaMemcpy(d, &v, 8, cudaMemcpyHostToDevice);
-  const uint64_t p = reinterpret_cast<uint64_t>(d);
-  if (const Status st = nccl.all_reduce(p, p, 1, NcclType::kFloat64, NcclOp::kMin, 0); !st.ok())
-    die(st.error().message);
-  if (cudaMemcpy(&out, d, 8, cudaMemcpyDeviceToHost) != cudaSuccess) die("cudaMemcpy");
-  cudaFree(d);
-  return static_cast<uint64_t>(out);
-}
-
 // The grid's measured times next to the roofline's prediction for the same steps (the rank's
 // shard with the GPU file's collectives added under TP).
 void print_grid(const StepProfile& prof, const ModelStep& step, const GpuSpec& gpu, uint32_t tp,
@@ -273,19 +217,6 @@ void print_grid(const StepProfile& prof, const ModelStep& step, const GpuSpec& g
   };
   for (const ProfileRow& r : prof.decode) print("decode", r, true);
   for (const ProfileRow& r : prof.prefill) print("prefill", r, false);
-}
-
-// Joins the launcher's NCCL group as `rank` of `tp` on GPU `rank`.
-std::unique_ptr<TpGroup> join_group(uint32_t tp, int rank, const std::string& hex,
-                                    std::unique_ptr<Nccl>* nccl) {
-  NcclUniqueId id{};
-  if (rank >= static_cast<int>(tp) || !nccl_id_from_hex(hex, &id))
-    die("--rank needs --tensor-parallel above it and --nccl-id of 256 hex digits");
-  if (cudaSetDevice(rank) != cudaSuccess) die("cudaSetDevice failed");
-  *nccl = must(Nccl::load(), "NCCL");
-  if (const Status st = (*nccl)->init_rank(id, static_cast<int>(tp), rank); !st.ok())
-    die(st.error().message);
-  return make_nccl_group(**nccl, tp, static_cast<uint32_t>(rank));
 }
 
 int run(int argc, char** argv) {
@@ -324,7 +255,18 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : memsim::bench::kExitBadInput;
   }
-  if (tp > 1 && rank < 0) return launch_ranks(argc, argv, tp);
+  if (tp > 1 && rank < 0) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(tp)) {
+      std::printf("memsim-model-bench: --tensor-parallel %u needs %u GPUs, %d here\n", tp, tp,
+                  devices);
+      return 77;
+    }
+    std::ostringstream out;
+    const int rc = run_rank_processes(own_command_line(), tp, false, 3600, out);
+    std::printf("%s", out.str().c_str());
+    return rc;
+  }
 
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -332,9 +274,9 @@ int run(int argc, char** argv) {
     return 77;
   }
   // A rank: GPU `rank`, an NCCL communicator over the launcher's id, the group the step runs.
-  std::unique_ptr<Nccl> nccl;
-  std::unique_ptr<TpGroup> group;
-  if (rank >= 0) group = join_group(tp, rank, nccl_id, &nccl);
+  TpMember member;
+  if (rank >= 0) member = must(join_tp_group(tp, rank, nccl_id), "tensor-parallel rank");
+  Nccl* nccl = member.nccl.get();
   const bool lead = rank <= 0;  // prints the grid
   const ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + model_name + ".yaml"));
@@ -350,7 +292,7 @@ int run(int argc, char** argv) {
   cfg.max_tokens = 16384;
   cfg.max_seqs = 512;
   cfg.return_logits = !check_dir.empty();
-  cfg.tp = group.get();
+  cfg.tp = member.group.get();
   auto step = must(ModelStep::create(cfg, *backend), "model step");
   // The check runs' pool (the grid measures on a pool of its own).
   Pool pool = make_pool(
@@ -382,7 +324,7 @@ int run(int argc, char** argv) {
   if (nccl) {  // every rank's pool as large as the smallest's, so all run the same points
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) die("cudaMemGetInfo failed");
-    const uint64_t least = min_over_ranks(*nccl, free);
+    const uint64_t least = must(member.group->host_min(free), "free memory over the ranks");
     if (least <= grid.headroom) die("no device memory left for a KV pool");
     grid.pool_bytes = least - grid.headroom;
   }

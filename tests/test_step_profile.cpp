@@ -267,6 +267,18 @@ TEST_CASE("profile file: round trip and located errors") {
         "/x/configs/gpus/h200.profiles/qwen3-8b.yaml");
   CHECK(step_profile_path("/x/configs/gpus/h200.yaml", "qwen3-8b", true) ==
         "/x/configs/gpus/h200.profiles/qwen3-8b.graphs.yaml");
+  // A rank's profile under tensor parallelism: its own file, and its size round-trips.
+  CHECK(step_profile_path("/x/configs/gpus/h200.yaml", "qwen3-8b", true, 2) ==
+        "/x/configs/gpus/h200.profiles/qwen3-8b.tp2.graphs.yaml");
+  CHECK(step_profile_file("qwen3-8b", false, 4) == "qwen3-8b.tp4.yaml");
+  CHECK(step_profile_file("qwen3-8b", false, 1) == "qwen3-8b.yaml");
+  CHECK(back.tensor_parallel == 1);
+  CHECK(text.find("tensor_parallel") == std::string::npos);
+  p.tensor_parallel = 2;
+  const std::string tp_text = format_step_profile(p, {});
+  CHECK(tp_text.find("tensor_parallel: 2\n") != std::string::npos);
+  CHECK(load_step_profile(ConfigNode::load_file(dir.write("tp.yaml", tp_text))).tensor_parallel ==
+        2);
 }
 
 namespace {
@@ -447,4 +459,41 @@ TEST_CASE("a graph profile prices the decode steps of runs that capture graphs")
   dir.write("gpus/h200.profiles/llama-3.1-8b.yaml", format_step_profile(other, {}));
   CHECK_THROWS_WITH(load_serving_config(path, {}),
                     Catch::Contains("model: is not the experiment's model llama-3.1-8b"));
+}
+
+TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, collectives in it") {
+  ProfiledExperiment x;
+  const std::string tp2 = x.dir.write("tp2.yaml", x.exp + "parallel: {tensor_parallel_size: 2}\n");
+  // No TP-2 profile: the roofline plus the collectives; step_time: profile names the file to make.
+  const ServingConfig none = load_serving_config(tp2, {});
+  CHECK(none.step_profile == nullptr);
+  CHECK_THROWS_WITH(load_serving_config(tp2, {"engine.step_time=profile"}),
+                    Catch::Contains("h200.profiles/llama-3.1-8b.tp2.yaml does not exist") &&
+                        Catch::Contains("--tensor-parallel 2"));
+  const ServingResults roof = run_serving_experiment(none);
+  REQUIRE(roof.runs[0].result.error.empty());
+  CHECK(roof.runs[0].result.step_time_source.rfind("roofline + collectives (", 0) == 0);
+  // One GPU's profile does not price a TP-2 rank.
+  x.write_profile();
+  CHECK(load_serving_config(tp2, {}).step_profile == nullptr);
+  // The rank's profile: every step 40 ms, collectives included (nothing is added to it).
+  StepProfile p = x.p;
+  p.tensor_parallel = 2;
+  const std::string file =
+      x.dir.write("gpus/h200.profiles/llama-3.1-8b.tp2.yaml", format_step_profile(p, {}));
+  const ServingConfig c = load_serving_config(tp2, {});
+  REQUIRE(c.step_profile != nullptr);
+  CHECK(c.step_profile_path == file);
+  const ServingResults r = run_serving_experiment(c);
+  REQUIRE(r.runs.size() == 2);
+  REQUIRE(r.runs[0].result.error.empty());
+  CHECK(r.runs[0].result.step_time_source == "profile h200/llama-3.1-8b (eager, one rank of TP 2)");
+  CHECK(r.runs[0].result.tpot_ms.p50 == Approx(40.0).margin(1e-6));
+  CHECK(r.runs[1].result.step_time_source.rfind("roofline + collectives (", 0) == 0);
+  // A file of another size's steps is refused, naming it.
+  p.tensor_parallel = 4;
+  x.dir.write("gpus/h200.profiles/llama-3.1-8b.tp2.yaml", format_step_profile(p, {}));
+  CHECK_THROWS_WITH(load_serving_config(tp2, {}),
+                    Catch::Contains("llama-3.1-8b.tp2.yaml:") &&
+                        Catch::Contains("holds steps at tensor_parallel 4"));
 }

@@ -24,7 +24,10 @@ struct ProfileRow {
 
 struct StepProfile {
   std::string gpu, model;
-  std::string mode = "eager";       // eager: kernels launched one by one; graphs: captured steps
+  std::string mode = "eager";  // eager: kernels launched one by one; graphs: captured steps
+  // Ranks the step ran on (tensor parallelism): each step's time is one rank's, collectives
+  // included. 1: one GPU.
+  uint32_t tensor_parallel = 1;
   std::string measured;             // free text: device, driver, date
   std::vector<ProfileRow> decode;   // one new token per sequence, by batch size (ascending)
   std::vector<ProfileRow> prefill;  // one sequence's chunk, by chunk tokens (ascending)

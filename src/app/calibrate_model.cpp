@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "src/app/output.h"
+#include "src/app/rank_launch.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/config/step_profile_loader.h"
@@ -18,71 +19,43 @@
 
 namespace memsim {
 
-int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::ostream& err) {
-  GpuSpec gpu;
-  ModelShape model;
-  std::string model_path = o.model;
-  try {
-    gpu = load_gpu_spec(ConfigNode::load_file(o.gpu_path));
-    if (model_path.find('/') == std::string::npos &&
-        std::filesystem::path(model_path).extension() != ".yaml") {
-      const std::filesystem::path gdir = std::filesystem::path(o.gpu_path).parent_path();
-      model_path = (gdir / ".." / "models" / (o.model + ".yaml")).lexically_normal().string();
-    }
-    model = load_model_shape(ConfigNode::load_file(model_path));
-  } catch (const ConfigError& e) {
-    err << "memsim calibrate: " << e.what() << "\n";
-    return 2;
-  }
-  SimClock clock;
-  auto backend = CudaBackend::create(unpriced_gpu_spec(gpu.name), clock, nullptr, o.device);
-  if (!backend.ok()) {
-    err << "memsim calibrate: --backend cuda: " << backend.error().message << "\n";
-    return 2;
-  }
-  ModelStepConfig cfg;
-  cfg.model = model;
-  cfg.layers_run = o.layers;
-  cfg.max_tokens = 8192;
-  cfg.max_seqs = 512;
-  auto step = ModelStep::create(cfg, **backend);
-  if (!step.ok()) {
-    err << "memsim calibrate: model step: " << step.error().message << "\n";
-    return 1;
-  }
-  ProfileGrid grid;
-  grid.graphs = o.graphs;
-  auto profile = measure_step_profile(**step, **backend, grid, out);
-  if (!profile.ok()) {
-    err << "memsim calibrate: " << profile.error().message << "\n";
-    return 1;
-  }
-  StepProfile p = std::move(profile).value();
-  p.gpu = gpu.name;
+namespace {
+
+// The profile written beside the GPU file (or at --out), after reading it back as the serving
+// engine will.
+int write_profile(const CalibrateModelOptions& o, StepProfile& p, const ModelShape& model,
+                  int device, std::ostream& out, std::ostream& err) {
+  const uint32_t tp = p.tensor_parallel;
   cudaDeviceProp prop{};
   int driver = 0;
-  (void)cudaGetDeviceProperties(&prop, o.device);
+  (void)cudaGetDeviceProperties(&prop, device);
   (void)cudaDriverGetVersion(&driver);
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   p.measured =
-      fmt::format("{}, CUDA driver {}.{}, {}{}", prop.name, driver / 1000, (driver % 1000) / 10,
-                  date, o.layers ? fmt::format(", {} of {} layers", o.layers, model.layers) : "");
+      fmt::format("{}{}, CUDA driver {}.{}, {}{}", prop.name,
+                  tp > 1 ? fmt::format(" x {} (rank 0 of TP {})", tp, tp) : "", driver / 1000,
+                  (driver % 1000) / 10, date,
+                  o.layers ? fmt::format(", {} of {} layers", o.layers, model.layers) : "");
   const std::string path =
-      o.out_path.empty() ? step_profile_path(o.gpu_path, model.name, o.graphs) : o.out_path;
+      o.out_path.empty() ? step_profile_path(o.gpu_path, model.name, o.graphs, tp) : o.out_path;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tp_flag = tp > 1 ? fmt::format(" --tensor-parallel {}", tp) : "";
   const std::string text = format_step_profile(
-      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}",
-                      model.name, gpu.name, model.name),
+      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}",
+                      model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag),
           fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
                       "16, tables over blocks in random order), {}, median of 5 steps; the "
-                      "serving engine interpolates it "
-                      "(step_profile.h)",
+                      "serving engine interpolates it (step_profile.h){}",
                       o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
                                  "to 32K, prefill eager"
-                               : "eager launches")});
+                               : "eager launches",
+                      tp > 1 ? fmt::format(". One rank of {}: its shard, NCCL all-reduces and "
+                                           "the logits' all-gather included",
+                                           tp)
+                             : "")});
   // Read back exactly as the serving engine will, before it replaces anything at `path`.
   const auto loads_back = [&](std::string_view t) -> std::string {
     try {
@@ -100,6 +73,86 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   out << fmt::format("wrote {} ({} decode rows, {} prefill rows)\n", path, p.decode.size(),
                      p.prefill.size());
   return 0;
+}
+
+}  // namespace
+
+int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::ostream& err) {
+  GpuSpec gpu;
+  ModelShape model;
+  std::string model_path = o.model;
+  try {
+    gpu = load_gpu_spec(ConfigNode::load_file(o.gpu_path));
+    if (model_path.find('/') == std::string::npos &&
+        std::filesystem::path(model_path).extension() != ".yaml") {
+      const std::filesystem::path gdir = std::filesystem::path(o.gpu_path).parent_path();
+      model_path = (gdir / ".." / "models" / (o.model + ".yaml")).lexically_normal().string();
+    }
+    model = load_model_shape(ConfigNode::load_file(model_path));
+  } catch (const ConfigError& e) {
+    err << "memsim calibrate: " << e.what() << "\n";
+    return 2;
+  }
+  const uint32_t tp = o.tensor_parallel;
+  if (tp > 1 && o.rank < 0) {  // the launcher: one process per rank
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(tp)) {
+      err << fmt::format("memsim calibrate: --tensor-parallel {} needs {} GPUs, {} here\n", tp, tp,
+                         devices);
+      return 2;
+    }
+    return run_rank_processes(own_command_line(), tp, false, 3600, out);
+  }
+  TpMember member;
+  if (o.rank >= 0) {
+    auto joined = join_tp_group(tp, o.rank, o.nccl_id);
+    if (!joined.ok()) {
+      err << "memsim calibrate: " << joined.error().message << "\n";
+      return 2;
+    }
+    member = std::move(joined).value();
+  }
+  const int device = o.rank >= 0 ? o.rank : o.device;
+  SimClock clock;
+  auto backend = CudaBackend::create(unpriced_gpu_spec(gpu.name), clock, nullptr, device);
+  if (!backend.ok()) {
+    err << "memsim calibrate: --backend cuda: " << backend.error().message << "\n";
+    return 2;
+  }
+  ModelStepConfig cfg;
+  cfg.model = model;
+  cfg.layers_run = o.layers;
+  cfg.max_tokens = 8192;
+  cfg.max_seqs = 512;
+  cfg.tp = member.group.get();
+  auto step = ModelStep::create(cfg, **backend);
+  if (!step.ok()) {
+    err << "memsim calibrate: model step: " << step.error().message << "\n";
+    return 1;
+  }
+  ProfileGrid grid;
+  grid.graphs = o.graphs;
+  if (member.nccl) {  // every rank's pool as large as the smallest's: all run the same points
+    size_t free = 0, total = 0;
+    auto least = cudaMemGetInfo(&free, &total) == cudaSuccess
+                     ? member.group->host_min(free)
+                     : Result<uint64_t>(make_error(ErrorCode::kDriverError, "cudaMemGetInfo"));
+    if (!least.ok() || *least <= grid.headroom) {
+      err << "memsim calibrate: no device memory left for a KV pool on some rank\n";
+      return 1;
+    }
+    grid.pool_bytes = *least - grid.headroom;
+  }
+  auto profile = measure_step_profile(**step, **backend, grid, out);
+  if (!profile.ok()) {
+    err << "memsim calibrate: " << profile.error().message << "\n";
+    return 1;
+  }
+  if (o.rank > 0) return 0;  // rank 0 writes the profile
+  StepProfile p = std::move(profile).value();
+  p.gpu = gpu.name;
+  p.tensor_parallel = tp;
+  return write_profile(o, p, model, device, out, err);
 }
 
 }  // namespace memsim

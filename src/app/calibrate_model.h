@@ -14,6 +14,12 @@ struct CalibrateModelOptions {
   uint32_t layers = 0;   // layers run (0 = all; fewer only for quick trials: times are per run)
   bool graphs = false;   // decode steps as captured CUDA graphs (profile mode "graphs")
   int device = 0;
+  // Tensor parallelism: one process per rank on GPUs 0..N-1 over NCCL (this command again with
+  // rank and nccl_id set), each running the grid on its shard; rank 0 writes the rank's profile
+  // (<model>.tp<N>[.graphs].yaml).
+  uint32_t tensor_parallel = 1;
+  int rank = -1;
+  std::string nccl_id;
 };
 
 // Returns 0 on success, 1 when a measurement or the read-back failed, 2 for bad options or when

@@ -1,6 +1,7 @@
 // `--backend cuda` on the GPU: each experiment's and subcommand's CUDA mode, calling the
 // CUDA-only sources (cuda_serving, cuda_validation, rl_cuda, replay_cuda, calibrate).
 #include "src/app/cuda_modes.h"
+#include "src/app/rank_launch.h"
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -58,8 +59,19 @@ std::string cuda_gpu_mismatch(const GpuSpec& gpu) {
                    : fmt::format("run with --set gpu={}", fits.front()));
 }
 
-Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig& config) {
-  return cuda_serving_hooks(config);
+Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig& config, int rank,
+                                               const std::string& nccl_id) {
+  return cuda_serving_hooks(config, rank, nccl_id);
+}
+
+int cuda_launch_ranks(uint32_t ranks, bool nccl_cumem, std::ostream& out) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(ranks)) {
+    out << fmt::format("memsim: --backend cuda: tensor_parallel_size {} needs {} GPUs, {} here\n",
+                       ranks, ranks, devices);
+    return 2;
+  }
+  return run_rank_processes(own_command_line(), ranks, nccl_cumem, 3600, out);
 }
 
 int cuda_serving_report(const ServingConfig& config, const ServingResults& results, OutputDir& dir,

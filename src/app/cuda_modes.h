@@ -35,7 +35,15 @@ std::string cuda_gpu_mismatch(const GpuSpec& gpu);
 // the measured figures against the simulation (after them): validation.csv and, for runs that
 // time the model step, sim_vs_measured.csv and steps.csv. The exit code: 0 when every check
 // passed.
-Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig& config);
+// With `rank` >= 0 (a tensor-parallel rank process, nccl_id from its launcher): every run on GPU
+// `rank`, the model step sharded over NCCL, and the engines' measured clocks agreed over the
+// ranks at each step (the largest rank's step time) so that every rank schedules alike.
+Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig& config, int rank = -1,
+                                               const std::string& nccl_id = "");
+// Tensor parallelism: this command started once per rank (memsim's own argument vector with
+// --rank and --nccl-id added), NVLink multicast off; each rank's output follows. 0 when every
+// rank exited 0, 2 when there are fewer than `ranks` GPUs or no NCCL, else 1.
+int cuda_launch_ranks(uint32_t ranks, bool nccl_cumem, std::ostream& out);
 int cuda_serving_report(const ServingConfig& config, const ServingResults& results, OutputDir& dir,
                         std::ostream& out);
 

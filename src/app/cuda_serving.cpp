@@ -17,6 +17,7 @@
 #include "kernels/attention.h"
 #include "kernels/synth.h"
 #include "src/exec/model_step.h"
+#include "src/exec/tp_group.h"
 
 namespace memsim {
 namespace {
@@ -265,6 +266,7 @@ Status CudaExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr swap_spa
     mc.model = c_.model;
     mc.max_tokens = c_.max_tokens;
     mc.max_seqs = c_.max_seqs;
+    mc.tp = c_.tp;
     MEMSIM_ASSIGN_OR_RETURN(model_, ModelStep::create(mc, backend));
     report_.weight_bytes = model_->weight_bytes();
     // A warmed-up server's kernels: no step of the trace pays a GEMM kernel's first load.
@@ -458,6 +460,14 @@ Status CudaExecutor::run_model(const StepWork& w) {
   last_step_ns_ =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count();
+  if (c_.tp) {  // every rank's engine advances by the slowest rank's step
+    auto agreed = c_.tp->host_max(static_cast<uint64_t>(last_step_ns_));
+    if (!agreed.ok())
+      return fail(w.seqs.front(), w.step, "step time over the ranks: " + agreed.error().message);
+    report_.rank_step_s += double(last_step_ns_) / 1e9;
+    report_.rank_wait_s += double(*agreed - static_cast<uint64_t>(last_step_ns_)) / 1e9;
+    last_step_ns_ = static_cast<SimTime>(*agreed);
+  }
   report_.measured_step_s += double(last_step_ns_) / 1e9;
   report_.gpu_step_s += r->gpu_ms / 1e3;
   last_gpu_ms_ = r->gpu_ms;

@@ -19,6 +19,8 @@
 
 namespace memsim {
 
+class TpGroup;
+
 struct CudaExecutorConfig {
   kernels::AttentionShape shape;  // the model's attention (one layer)
   uint32_t layers = 0;            // the model's layers
@@ -38,6 +40,10 @@ struct CudaExecutorConfig {
   // cudaMemGetInfo's free bytes just before the KV pool was created (set by the backend factory;
   // 0 = unknown): the executor reports the drop the pool caused.
   std::shared_ptr<uint64_t> free_before_pool;
+  // Tensor parallelism (model_step): the rank's group. `shape` is then the rank's attention and
+  // `model` the whole model, which the step shards; each step's measured time is the largest
+  // over the ranks (TpGroup::host_max), so that every rank's engine advances alike.
+  TpGroup* tp = nullptr;
 };
 
 std::unique_ptr<StepExecutor> make_cuda_executor(const CudaExecutorConfig& config);
@@ -46,7 +52,10 @@ std::unique_ptr<StepExecutor> make_cuda_executor(const CudaExecutorConfig& confi
 // CudaBackend and runs each step's KV writes and attention on the GPU (engine.gpu_layers of the
 // model's layers, all by default), one run at a time. Fails (kNotSupported) when the model's
 // attention has no kernel (head_dim, group) or its dtype is not bf16/fp16.
-Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config);
+// With rank >= 0: one rank of config.parallel's tensor parallelism (cuda_modes.h:
+// cuda_serving_hooks_for).
+Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank = -1,
+                                           const std::string& nccl_id = "");
 
 // The sim backend's predictions of the runs timed on the GPU (engine.gpu_step: model).
 struct ServingPredictions {

@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "src/app/cuda_serving.h"
 #include "src/app/legend.h"
+#include "src/app/rank_launch.h"
 #include "src/exec/step_profiler.h"
 
 namespace memsim {
@@ -19,6 +20,10 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
   p.profile = run_serving_experiment(config);
   if (!config.step_profile) return p;
   p.band = prediction_band(config, p.profile, 0.01, 4);
+  if (config.parallel.sizes.tensor > 1) {  // the probe's step would need every rank
+    out << "\nspeed probe: not run under tensor parallelism (its steps would need every rank)\n";
+    return p;
+  }
   // This GPU's speed against the profile: a fresh backend and model step, after the serving
   // runs have released theirs.
   auto probe = [&]() -> Result<SpeedProbe> {
@@ -58,14 +63,23 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
   return p;
 }
 
-Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config) {
+Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank,
+                                           const std::string& nccl_id) {
   const ModelShape& m = config.model;
+  // A tensor-parallel rank: GPU `rank`, the launcher's NCCL group, the rank's attention heads.
+  std::shared_ptr<TpMember> member;
+  if (rank >= 0) {
+    MEMSIM_ASSIGN_OR_RETURN(TpMember joined,
+                            join_tp_group(config.parallel.sizes.tensor, rank, nccl_id));
+    member = std::make_shared<TpMember>(std::move(joined));
+  }
+  const ModelShape& attention = config.rank_model;
   if (m.dtype != DType::kBF16 && m.dtype != DType::kFP16)
     return make_error(
         ErrorCode::kNotSupported,
         fmt::format("model {}: KV dtype must be bf16 or fp16 for the GPU kernels", m.name));
   CudaExecutorConfig base;
-  base.shape = {m.heads, m.kv_heads, static_cast<uint32_t>(m.head_dim),
+  base.shape = {attention.heads, attention.kv_heads, static_cast<uint32_t>(m.head_dim),
                 m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16};
   if (std::string why = kernels::check_shape(base.shape); !why.empty())
     return make_error(ErrorCode::kNotSupported,
@@ -73,8 +87,10 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config) {
   base.layers = m.layers;
   ServingRunHooks hooks;
   hooks.serial = true;  // one GPU
-  hooks.customize = [base, m](const ServingRunSpec& spec, EngineConfig& e) {
+  const int device = std::max(rank, 0);
+  hooks.customize = [base, m, member, device](const ServingRunSpec& spec, EngineConfig& e) {
     CudaExecutorConfig c = base;
+    c.tp = member ? member->group.get() : nullptr;
     c.layers_run = spec.gpu_layers;
     c.model_step = spec.gpu_step == "model";
     c.model = m;
@@ -87,10 +103,10 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config) {
     }
     c.free_before_pool = std::make_shared<uint64_t>(0);
     auto free_before = c.free_before_pool;
-    e.backend = [free_before](const GpuSpec& gpu,
-                              SimClock& clock) -> Result<std::unique_ptr<Backend>> {
+    e.backend = [free_before, device](const GpuSpec& gpu,
+                                      SimClock& clock) -> Result<std::unique_ptr<Backend>> {
       // Copies synchronize, so the executor's kernels see the strategy's copy-on-write.
-      MEMSIM_ASSIGN_OR_RETURN(auto b, CudaBackend::create(gpu, clock, nullptr, 0, true));
+      MEMSIM_ASSIGN_OR_RETURN(auto b, CudaBackend::create(gpu, clock, nullptr, device, true));
       size_t free = 0, total = 0;
       if (cudaMemGetInfo(&free, &total) == cudaSuccess) *free_before = free;
       return std::unique_ptr<Backend>(std::move(b));
@@ -299,6 +315,11 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
     if (v.warm_up_matmuls)
       out << fmt::format("    GEMM warm-up before the first step: {} matmuls, {:.0f} ms\n",
                          v.warm_up_matmuls, v.warm_up_s * 1e3);
+    if (v.rank_step_s > 0)
+      out << fmt::format(
+          "    this rank's steps: {:.3f} s of wall time, {:.3f} s of it on the GPU; the slowest "
+          "rank's added {:.3f} s ({:.3f} ms a step)\n",
+          v.rank_step_s, v.gpu_step_s, v.rank_wait_s, v.rank_wait_s * 1e3 / double(v.steps));
     csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{},{}\n",
                        csv_quoted(r.spec.label), r.spec.kv_impl, v.peak_strategy_bytes,
                        v.peak_device_bytes, v.device_kv_bytes, v.layers_run, v.steps,

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "src/app/allocators_experiment.h"
@@ -21,6 +22,19 @@
 namespace memsim {
 
 namespace {
+
+// A temporary folder (made when `make`), removed with everything in it at the end of scope.
+struct TempFolder {
+  std::string path;
+  explicit TempFolder(bool make) {
+    char pattern[] = "/tmp/memsim-rank-XXXXXX";
+    if (make && mkdtemp(pattern) != nullptr) path = pattern;
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
 
 constexpr int kExitRunFailure = 1;
 constexpr int kExitConfigError = 2;
@@ -46,22 +60,28 @@ bool refuse_other_gpu(const GpuSpec& gpu) {
 int run_serving(const ConfigNode& root, const RunContext& ctx) {
   const ServingConfig config = load_serving_config(root);
   if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
-  if (ctx.cuda && config.parallel.sizes.tensor > 1) {
-    std::cerr << "memsim: --backend cuda: tensor_parallel_size " << config.parallel.sizes.tensor
-              << " needs one process per GPU, which is not built yet (issue 31); the "
-                 "simulation runs without --backend cuda\n";
-    return kExitConfigError;
+  const uint32_t tp = config.parallel.sizes.tensor;
+  if (ctx.cuda && tp > 1 && ctx.rank < 0) {  // one process per rank, this command again
+    const int rc = cuda_launch_ranks(tp, config.parallel.comm.nccl_cumem, std::cout);
+    return rc == 0 ? 0 : rc == 2 ? kExitConfigError : kExitRunFailure;
   }
   ServingRunHooks hooks;
   if (ctx.cuda) {
-    auto made = cuda_serving_hooks_for(config);
+    auto made = cuda_serving_hooks_for(config, ctx.rank, ctx.nccl_id);
     if (!made.ok()) {
       std::cerr << "memsim: --backend cuda: " << made.error().message << "\n";
       return kExitConfigError;
     }
     hooks = std::move(made).value();
   }
-  OutputDir dir(ctx.out_dir, config.experiment);  // checked before the run
+  // Ranks other than 0 write their outputs to a folder of their own, removed at the end (their
+  // tables are in their log); rank 0's are the run's.
+  const TempFolder rank_out(ctx.rank > 0);
+  if (ctx.rank > 0 && rank_out.path.empty()) {
+    std::cerr << "memsim: rank " << ctx.rank << ": cannot make a temporary folder\n";
+    return kExitRunFailure;
+  }
+  OutputDir dir(ctx.rank > 0 ? rank_out.path : ctx.out_dir, config.experiment);
   // A progress line on a terminal (stderr) for long runs; nothing otherwise.
   TerminalProgress progress(config, std::cerr, isatty(STDERR_FILENO) != 0);
   hooks.progress = progress.hook();

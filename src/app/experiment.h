@@ -16,6 +16,10 @@ struct RunContext {
   std::string out_dir = "results";  // results go to OUT_DIR/<experiment>/
   bool cuda = false;                // --backend cuda: the experiment's GPU mode too
   bool explain = false;             // --explain: each table's legend after it (else a footer)
+  // A rank process of a tensor-parallel --backend cuda run (set by its launcher): its rank and
+  // the NCCL unique id (hex). -1: not a rank.
+  int rank = -1;
+  std::string nccl_id;
 };
 
 struct ExperimentKind {

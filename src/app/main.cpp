@@ -29,6 +29,8 @@ struct RunCli {
   std::string config_path, backend = "sim", out_dir = "results", seed, config_base;
   std::vector<std::string> overrides, unsets;
   bool no_plots = false, explain = false;
+  int rank = -1;  // a tensor-parallel rank process (hidden options, set by its launcher)
+  std::string nccl_id;
   CLI::Option* config_opt = nullptr;
   CLI::Option* seed_opt = nullptr;
 };
@@ -75,6 +77,8 @@ void add_run_options(CLI::App& app, RunCli& r) {
                    ->type_name("UINT");
   // A sweep point's resolved config: the folder its relative paths resolve from.
   app.add_option("--config-base", r.config_base)->group("");
+  app.add_option("--rank", r.rank)->group("");
+  app.add_option("--nccl-id", r.nccl_id)->group("");
   app.add_option("--set", r.overrides,
                  "override a config key: --set key.path=value; a list entry by its index, "
                  "--set runs.0.kv.impl=radix_token_pool (repeatable)");
@@ -117,6 +121,13 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
       ->excludes("--in-context");
   c.cmd->add_flag("--graphs", c.model.graphs,
                   "with --model: decode steps as captured CUDA graphs (as vLLM runs them)");
+  c.cmd
+      ->add_option("--tensor-parallel", c.model.tensor_parallel,
+                   "with --model: one rank's steps under tensor parallelism over N GPUs of this "
+                   "host (one process each, NCCL); writes <model>.tp<N>.yaml")
+      ->check(CLI::Range(1, 64));
+  c.cmd->add_option("--rank", c.model.rank, "(set by --tensor-parallel)")->group("");
+  c.cmd->add_option("--nccl-id", c.model.nccl_id, "(set by --tensor-parallel)")->group("");
 }
 
 void add_replay(CLI::App& app, ReplayCli& r) {
@@ -268,7 +279,7 @@ int run_experiment_cli(RunCli& r) {
       return kExitConfigError;
     }
   }
-  return memsim::experiment_kind(root).run(root, {r.out_dir, cuda, r.explain});
+  return memsim::experiment_kind(root).run(root, {r.out_dir, cuda, r.explain, r.rank, r.nccl_id});
 }
 
 int run_cli(int argc, char** argv) {

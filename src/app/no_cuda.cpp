@@ -30,8 +30,12 @@ std::string cuda_gpu_mismatch(const GpuSpec&) {
   return kNoCuda;
 }
 
-Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig&) {
+Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig&, int, const std::string&) {
   return make_error(ErrorCode::kNotSupported, kNoCuda);
+}
+
+int cuda_launch_ranks(uint32_t, bool, std::ostream& out) {
+  return refuse(out, "");
 }
 
 int cuda_serving_report(const ServingConfig&, const ServingResults&, OutputDir&,

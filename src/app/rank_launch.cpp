@@ -1,12 +1,16 @@
 // Rank processes of a tensor-parallel run on this host (rank_launch.h).
 #include "src/app/rank_launch.h"
 
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -81,6 +85,73 @@ std::string wait_ranks(std::vector<RankProcess>& ranks, int timeout_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return problem;
+}
+
+std::vector<std::string> own_command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string arg; std::getline(f, arg, '\0');) argv.push_back(arg);
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (!argv.empty() && !self.empty()) argv[0] = self;
+  return argv;
+}
+
+int run_rank_processes(const std::vector<std::string>& argv, uint32_t ranks, bool nccl_cumem,
+                       int timeout_s, std::ostream& out) {
+  auto nccl = Nccl::load();
+  if (!nccl.ok()) {
+    out << nccl.error().message << "\n";
+    return 2;
+  }
+  auto id = (*nccl)->unique_id();
+  char pattern[] = "/tmp/memsim-ranks-XXXXXX";
+  if (!id.ok() || mkdtemp(pattern) == nullptr) {
+    out << (id.ok() ? "cannot make a temporary folder" : id.error().message) << "\n";
+    return 1;
+  }
+  const std::filesystem::path tmp(pattern);
+  std::vector<RankProcess> procs(ranks);
+  std::string problem;
+  for (uint32_t r = 0; r < ranks && problem.empty(); ++r) {
+    std::vector<std::string> args = argv;
+    args.insert(args.end(), {"--rank", std::to_string(r), "--nccl-id", nccl_id_hex(*id)});
+    procs[r].log = (tmp / fmt::format("rank{}.log", r)).string();
+    problem = start_rank(args, r, nccl_cumem, procs[r]);
+  }
+  if (!problem.empty())
+    for (RankProcess& p : procs)
+      if (p.pid > 0) kill(p.pid, SIGKILL);
+  const std::string waited = wait_ranks(procs, problem.empty() ? timeout_s : 1);
+  if (problem.empty()) problem = waited;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    for (const std::string& f : {procs[r].log, procs[r].log + ".err"}) {
+      std::ifstream in(f);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!text.str().empty())
+        out << fmt::format("---- rank {}{} ----\n", r, f == procs[r].log ? "" : " (stderr)")
+            << text.str();
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  if (!problem.empty()) out << problem << "\n";
+  return problem.empty() ? 0 : 1;
+}
+
+Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& hex) {
+  NcclUniqueId id{};
+  if (rank < 0 || rank >= static_cast<int>(ranks) || !nccl_id_from_hex(hex, &id))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--rank needs --tensor-parallel above it and --nccl-id of 256 hex digits");
+  if (cudaSetDevice(rank) != cudaSuccess)
+    return make_error(ErrorCode::kDriverError, fmt::format("cudaSetDevice({}) failed", rank));
+  TpMember m;
+  MEMSIM_ASSIGN_OR_RETURN(m.nccl, Nccl::load());
+  MEMSIM_TRY(m.nccl->init_rank(id, static_cast<int>(ranks), rank));
+  m.group = make_nccl_group(*m.nccl, ranks, static_cast<uint32_t>(rank));
+  return m;
 }
 
 }  // namespace memsim

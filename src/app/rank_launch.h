@@ -5,10 +5,13 @@
 
 #include <sys/types.h>
 
+#include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/nccl.h"
+#include "src/exec/tp_group.h"
 
 namespace memsim {
 
@@ -34,5 +37,22 @@ std::string start_rank(std::vector<std::string> argv, uint32_t rank, bool nccl_c
 // Waits for every rank; kills them all when one fails or `timeout_s` pass. Returns "" or what
 // went wrong (naming the failed rank's log).
 std::string wait_ranks(std::vector<RankProcess>& ranks, int timeout_s);
+
+// This process's own argument vector (/proc/self/cmdline), argv[0] replaced by its executable.
+std::vector<std::string> own_command_line();
+
+// Runs `argv` + {--rank r, --nccl-id ID} as ranks 0..ranks-1 (a fresh NCCL unique id; logs in a
+// temporary folder), waits for them, then copies each rank's output to `out`, rank by rank.
+// Returns 0 when every rank exited 0, else 1 (and says why); 2 when NCCL cannot be loaded.
+int run_rank_processes(const std::vector<std::string>& argv, uint32_t ranks, bool nccl_cumem,
+                       int timeout_s, std::ostream& out);
+
+// A rank's side: GPU `rank` made current, NCCL loaded and its communicator made from the
+// launcher's id (hex), the group a ModelStep runs its collectives through.
+struct TpMember {
+  std::unique_ptr<Nccl> nccl;
+  std::unique_ptr<TpGroup> group;
+};
+Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& nccl_id_hex);
 
 }  // namespace memsim

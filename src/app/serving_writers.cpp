@@ -166,12 +166,10 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
     if (!r.result.step_time_source.empty()) sources.insert(r.result.step_time_source);
   for (const std::string& s : sources) {
     std::string why;
-    if (s == "roofline")
+    if (s.rfind("roofline", 0) == 0)
       why = c.step_profile ? " (engine.step_time: roofline)" : " (" + c.step_profile_note + ")";
     else if (s == "measured")
       why = " (the GPU's wall time of each model step)";
-    else if (c.parallel.sizes.tensor > 1)
-      why = " (" + c.step_profile_note + ")";
     else
       why = c.step_profile_note.empty()
                 ? fmt::format(" ({})", c.step_profile_path)

@@ -10,7 +10,7 @@ namespace memsim {
 
 const ConfigKeys& step_profile_keys() {
   static const ConfigKeys kKeys = {
-      {"", {"gpu", "model", "mode", "measured", "decode", "prefill"}},
+      {"", {"gpu", "model", "mode", "tensor_parallel", "measured", "decode", "prefill"}},
       {"decode[]", {"batch", "contexts", "ms"}},
       {"prefill[]", {"chunk", "prefixes", "ms"}},
   };
@@ -64,6 +64,8 @@ StepProfile load_step_profile(const ConfigNode& node) {
   p.gpu = node["gpu"].as_string();
   p.model = node["model"].as_string();
   if (auto v = node.find("mode")) p.mode = v->as_choice({"eager", "graphs"});
+  if (auto v = node.find("tensor_parallel"))
+    p.tensor_parallel = static_cast<uint32_t>(v->as_uint_in(1, 1024));
   if (auto v = node.find("measured")) p.measured = v->as_string();
   p.decode = load_rows(node["decode"], "decode[]");
   if (p.decode.empty()) node["decode"].fail("must list at least one row");
@@ -74,8 +76,9 @@ StepProfile load_step_profile(const ConfigNode& node) {
 std::string format_step_profile(const StepProfile& p, const std::vector<std::string>& header) {
   std::string o;
   for (const std::string& h : header) o += "# " + h + "\n";
-  o += fmt::format("gpu: {}\nmodel: {}\nmode: {}\nmeasured: \"{}\"\n", p.gpu, p.model, p.mode,
-                   p.measured);
+  o += fmt::format("gpu: {}\nmodel: {}\nmode: {}\n", p.gpu, p.model, p.mode);
+  if (p.tensor_parallel > 1) o += fmt::format("tensor_parallel: {}\n", p.tensor_parallel);
+  o += fmt::format("measured: \"{}\"\n", p.measured);
   o += "decode:    # one new token per sequence: step ms by batch x context tokens per sequence\n";
   for (const ProfileRow& r : p.decode)
     o += fmt::format("  - {{batch: {}, contexts: [{}], ms: [{}]}}\n", r.size, list(r.points),
@@ -89,19 +92,25 @@ std::string format_step_profile(const StepProfile& p, const std::vector<std::str
   return o;
 }
 
-std::string step_profile_path(const std::string& gpu_file, const std::string& model, bool graphs) {
+std::string step_profile_file(const std::string& model, bool graphs, uint32_t tensor_parallel) {
+  return model + (tensor_parallel > 1 ? fmt::format(".tp{}", tensor_parallel) : "") +
+         (graphs ? ".graphs.yaml" : ".yaml");
+}
+
+std::string step_profile_path(const std::string& gpu_file, const std::string& model, bool graphs,
+                              uint32_t tensor_parallel) {
   const std::filesystem::path g(gpu_file);
   return (g.parent_path() / (g.stem().string() + ".profiles") /
-          (model + (graphs ? ".graphs.yaml" : ".yaml")))
+          step_profile_file(model, graphs, tensor_parallel))
       .string();
 }
 
 ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_file,
                                   const std::string& gpu_name, const std::string& model,
-                                  bool graphs) {
+                                  bool graphs, uint32_t tensor_parallel) {
   namespace fs = std::filesystem;
-  const std::string file = model + (graphs ? ".graphs.yaml" : ".yaml");
-  const fs::path beside = step_profile_path(gpu_file, model, graphs);
+  const std::string file = step_profile_file(model, graphs, tensor_parallel);
+  const fs::path beside = step_profile_path(gpu_file, model, graphs, tensor_parallel);
   std::vector<fs::path> by_name;
   for (const fs::path& d : config_dirs(at, "gpus"))
     by_name.push_back(d / (gpu_name + ".profiles") / file);
@@ -113,10 +122,15 @@ ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_f
             fmt::format("found by the GPU's name {}: there is none beside {}", gpu_name, gpu_file)};
   }
   return {beside.string(),
-          fmt::format("no measured profile of {} on {}: none at {} or {} ({})", model, gpu_name,
-                      beside.string(),
+          fmt::format("no measured profile of {}{} on {}: none at {} or {} ({})", model,
+                      tensor_parallel > 1 ? fmt::format(" at TP {}", tensor_parallel) : "",
+                      gpu_name, beside.string(),
                       (fs::path("configs/gpus") / (gpu_name + ".profiles") / file).string(),
-                      "memsim calibrate --backend cuda --model writes one")};
+                      tensor_parallel > 1
+                          ? fmt::format("memsim calibrate --backend cuda --model {} "
+                                        "--tensor-parallel {} writes one",
+                                        model, tensor_parallel)
+                          : std::string("memsim calibrate --backend cuda --model writes one"))};
 }
 
 }  // namespace memsim

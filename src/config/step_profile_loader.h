@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "workload/step_profile.h"
 #include "src/config/config_keys.h"
 #include "src/config/config_node.h"
+#include "workload/step_profile.h"
 
 namespace memsim {
 
@@ -17,10 +17,14 @@ StepProfile load_step_profile(const ConfigNode& node);
 const ConfigKeys& step_profile_keys();
 // The YAML load_step_profile reads back; `header` lines become comments at the top.
 std::string format_step_profile(const StepProfile& p, const std::vector<std::string>& header);
-// <directory of gpu_file>/<gpu_file's stem>.profiles/<model>.yaml, or <model>.graphs.yaml for
-// the profile whose decode steps were replayed as CUDA graphs (calibrate --graphs).
+// <model>.yaml, <model>.graphs.yaml for the profile whose decode steps were replayed as CUDA
+// graphs (calibrate --graphs); <model>.tp<N>[.graphs].yaml for one rank of N under tensor
+// parallelism (calibrate --tensor-parallel N).
+std::string step_profile_file(const std::string& model, bool graphs = false,
+                              uint32_t tensor_parallel = 1);
+// <directory of gpu_file>/<gpu_file's stem>.profiles/<step_profile_file>.
 std::string step_profile_path(const std::string& gpu_file, const std::string& model,
-                              bool graphs = false);
+                              bool graphs = false, uint32_t tensor_parallel = 1);
 
 // Where the profile of `model` on the GPU named `gpu_name` (read from `gpu_file`) is: beside the
 // GPU file (step_profile_path), else in <name>.profiles/ of the folders a bare `gpu:` name is
@@ -33,6 +37,6 @@ struct ProfileLocation {
 };
 ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_file,
                                   const std::string& gpu_name, const std::string& model,
-                                  bool graphs = false);
+                                  bool graphs = false, uint32_t tensor_parallel = 1);
 
 }  // namespace memsim

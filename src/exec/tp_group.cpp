@@ -1,6 +1,8 @@
 // The NCCL tensor-parallel group (tp_group.h).
 #include "src/exec/tp_group.h"
 
+#include <cuda_runtime_api.h>
+
 #include "backends/cuda/nccl.h"
 
 namespace memsim {
@@ -20,10 +22,32 @@ class NcclGroup final : public TpGroup {
   Status all_gather(DevPtr in, DevPtr out, uint64_t bytes, uint64_t stream) override {
     return nccl_.all_gather(in, out, bytes, stream);
   }
+  Result<uint64_t> host_max(uint64_t value) override { return host_reduce(value, NcclOp::kMax); }
+  Result<uint64_t> host_min(uint64_t value) override { return host_reduce(value, NcclOp::kMin); }
+  ~NcclGroup() override {
+    if (scratch_) cudaFree(scratch_);
+  }
 
  private:
+  // One double through a device word of this group's, on the default stream.
+  Result<uint64_t> host_reduce(uint64_t value, NcclOp op) {
+    if (!scratch_ && cudaMalloc(&scratch_, 8) != cudaSuccess) {
+      scratch_ = nullptr;
+      return make_error(ErrorCode::kDriverError, "cudaMalloc of the group's word failed");
+    }
+    const double v = static_cast<double>(value);
+    double r = 0;
+    const auto p = reinterpret_cast<uint64_t>(scratch_);
+    if (cudaMemcpy(scratch_, &v, 8, cudaMemcpyHostToDevice) != cudaSuccess)
+      return make_error(ErrorCode::kDriverError, "cudaMemcpy to the group's word failed");
+    MEMSIM_TRY(nccl_.all_reduce(p, p, 1, NcclType::kFloat64, op, 0));
+    if (cudaMemcpy(&r, scratch_, 8, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return make_error(ErrorCode::kDriverError, "cudaMemcpy from the group's word failed");
+    return static_cast<uint64_t>(r);
+  }
   Nccl& nccl_;
   uint32_t size_, rank_;
+  void* scratch_ = nullptr;
 };
 
 }  // namespace

@@ -26,6 +26,10 @@ class TpGroup {
                             uint64_t stream) = 0;
   // out = every rank's `bytes` at `in`, rank by rank (size() x bytes).
   virtual Status all_gather(DevPtr in, DevPtr out, uint64_t bytes, uint64_t stream) = 0;
+  // The largest / smallest of every rank's host `value` (up to 2^53), synchronously and outside
+  // any capture: how the ranks agree on a host figure (a step's measured time, a pool's size).
+  virtual Result<uint64_t> host_max(uint64_t value) = 0;
+  virtual Result<uint64_t> host_min(uint64_t value) = 0;
 };
 
 // A group over an initialized NCCL communicator of `size` ranks (ncclAllReduce in the model's

@@ -40,8 +40,8 @@ class Engine {
         requests_(requests),
 
         metrics_(clock_),
-        model_(c.collectives ? StepTimeModel(c.model, c.gpu, c.collectives)
-                             : StepTimeModel(c.model, c.gpu, c.step_profile)) {}
+        model_(c.collectives && !c.step_profile ? StepTimeModel(c.model, c.gpu, c.collectives)
+                                                : StepTimeModel(c.model, c.gpu, c.step_profile)) {}
 
   ServingResult run();
 

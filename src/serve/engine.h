@@ -42,8 +42,9 @@ struct EngineConfig {
   SimTime sample_interval = 100'000'000;  // gauges are sampled every 100 ms of simulated time
   // Measured step times (null: the roofline of gpu.compute).
   std::shared_ptr<const ProfiledStepTime> step_profile;
-  // Tensor parallelism: `model` is one rank's shard and each step adds these collectives
-  // (workload/step_time.h); no step_profile then.
+  // Tensor parallelism: `model` is one rank's shard and, without a step_profile (a rank's,
+  // collectives included), each step adds these collectives to the roofline
+  // (workload/step_time.h).
   std::shared_ptr<const CollectiveTime> collectives;
   // Decode batch sizes captured as CUDA graphs (ascending; empty: every step eager). vLLM pads a
   // decode step of up to the largest size to the next captured size and replays its graph; the

@@ -183,7 +183,10 @@ void check_shadowed_overrides(const ConfigNode& root, const std::vector<ConfigNo
 }
 
 // The measured step-time profiles of (gpu, model), eager and graphs, when they were calibrated.
+// Under tensor parallelism, one rank's profiles (<model>.tp<N>...): their steps include the
+// collectives.
 void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, ServingConfig& c) {
+  const uint32_t tp = c.parallel.sizes.tensor;
   auto load_profile = [&](const std::string& path, const char* mode) -> std::optional<StepProfile> {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) return std::nullopt;
@@ -193,16 +196,21 @@ void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, Ser
       pnode["model"].fail("is not the experiment's model " + c.model.name);
     if (prof.mode != mode)
       pnode["mode"].fail(fmt::format("is {}, but this file holds the {} profile", prof.mode, mode));
+    if (prof.tensor_parallel != tp)
+      pnode.fail(
+          fmt::format("holds steps at tensor_parallel {}, but this file is the TP {} profile",
+                      prof.tensor_parallel, tp));
     if (std::string why = check_step_profile(prof); !why.empty()) pnode.fail(why);
     return prof;
   };
-  const ProfileLocation eager = find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name);
+  const ProfileLocation eager =
+      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, false, tp);
   c.step_profile_path = eager.path;
   c.step_profile_note = eager.note;
   if (auto prof = load_profile(c.step_profile_path, "eager"))
     c.step_profile = std::make_shared<const ProfiledStepTime>(std::move(*prof));
   c.graph_profile_path =
-      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, true).path;
+      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, true, tp).path;
   if (auto prof = load_profile(c.graph_profile_path, "graphs"))
     c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
 }
@@ -223,17 +231,12 @@ ServingConfig load_serving_config(const ConfigNode& root) {
   c.rank_model = c.model;
   if (auto p = root.find("parallel")) c.parallel = load_parallel(*p, c.model, c.gpu);
   const uint32_t tp = c.parallel.sizes.tensor;
+  load_step_profiles(root, gpu_file, c);
   if (tp > 1) {
     c.rank_model = shard_tensor_parallel(c.model, tp)->rank;  // checked by load_parallel
     c.collectives = std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp));
-    c.step_profile_note = fmt::format(
-        "tensor_parallel_size {}: the step profiles are one GPU's; each rank is priced by the "
-        "roofline plus the collectives",
-        tp);
-    if (auto sc = root.find("step_profile_scale"))
-      sc->fail(fmt::format("scales a step profile, but tensor_parallel_size {} uses none", tp));
-  } else {
-    load_step_profiles(root, gpu_file, c);
+    if (!c.step_profile)
+      c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
   }
   if (auto sc = root.find("step_profile_scale")) {
     sc->expect_keys(keys_at(serving_config_keys(), "step_profile_scale"));
@@ -302,13 +305,14 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     run.validate_sample = e.validate_sample;
     run.gpu_layers = e.gpu_layers;
     run.gpu_step = e.gpu_step;
-    if (e.step_time == "profile" && c.parallel.sizes.tensor > 1)
-      at.fail(fmt::format("engine.step_time: profile, but {}", c.step_profile_note));
     if (e.step_time == "profile" && !c.step_profile)
       at.fail(
           fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
-                      "--backend cuda --model {} writes it)",
-                      c.step_profile_path, c.model.name));
+                      "--backend cuda --model {}{} writes it)",
+                      c.step_profile_path, c.model.name,
+                      c.parallel.sizes.tensor > 1
+                          ? fmt::format(" --tensor-parallel {}", c.parallel.sizes.tensor)
+                          : ""));
     run.step_time = e.step_time;
     run.requests = *req;
     if (run.label.empty()) run.label = k->params.empty() ? k->impl : k->impl + " " + k->params;

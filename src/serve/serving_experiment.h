@@ -54,8 +54,9 @@ struct ServingConfig {
   GpuSpec gpu;
   ModelShape model;
   // parallel: tensor parallelism. With tensor_parallel_size > 1 every run simulates one rank
-  // (ranks alike): rank_model is its shard, the budget is a rank's, steps add the collectives
-  // priced by `collectives`, and no step profile is used (they are one GPU's).
+  // (ranks alike): rank_model is its shard, the budget is a rank's, and steps are priced by the
+  // rank's profiles (<model>.tp<N>.yaml, calibrate --tensor-parallel N: one rank's measured
+  // steps, collectives included) or, without one, by the roofline plus `collectives`.
   ParallelSettings parallel;
   ModelShape rank_model;  // = model on one GPU
   std::shared_ptr<const CollectiveTime> collectives;

@@ -61,6 +61,9 @@ struct ExecutorReport {
   // The GEMM warm-up before the first step (ModelStep::warm_up_gemms): matmuls run, host time.
   uint32_t warm_up_matmuls = 0;
   double warm_up_s = 0;
+  // Tensor parallelism: this rank's own step wall time over the run, and how much the slowest
+  // rank's (the time every rank's clock advanced by) added to it.
+  double rank_step_s = 0, rank_wait_s = 0;
 };
 
 // Contract (every implementation):
