@@ -443,7 +443,10 @@ Status CudaExecutor::track_peaks() {
 Status CudaExecutor::run_model(const StepWork& w) {
   const auto t0 = std::chrono::steady_clock::now();
   ++report_.steps;
-  MEMSIM_CU(cudaDeviceSynchronize());  // the strategy's copies (backend stream) come first
+  // The strategy's copies (backend stream) come first; a backend that syncs its work has.
+  if (!c_.backend_syncs) MEMSIM_CU(cudaDeviceSynchronize());
+  const auto t_synced = std::chrono::steady_clock::now();
+  report_.host_sync_s += std::chrono::duration<double>(t_synced - t0).count();
   inputs_.resize(w.seqs.size());
   for (size_t i = 0; i < w.seqs.size(); ++i) {
     const StepSeq& s = w.seqs[i];
@@ -454,6 +457,8 @@ Status CudaExecutor::run_model(const StepWork& w) {
     for (uint32_t pos = s.computed; pos < s.computed + s.new_tokens; ++pos)
       in.tokens.push_back(static_cast<int32_t>(s.content->token(pos) % c_.model.vocab));
   }
+  report_.host_inputs_s +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_synced).count();
   auto r = model_->run(layout_, inputs_);
   if (!r.ok())
     return fail(w.seqs.front(), w.step, fmt::format("model step: {}", r.error().message));
@@ -470,6 +475,7 @@ Status CudaExecutor::run_model(const StepWork& w) {
   }
   report_.measured_step_s += double(last_step_ns_) / 1e9;
   report_.gpu_step_s += r->gpu_ms / 1e3;
+  report_.host_pack_s += r->prep_ms / 1e3;
   last_gpu_ms_ = r->gpu_ms;
   if (r->graph) ++report_.graph_steps;
   return track_peaks();

@@ -44,6 +44,9 @@ struct CudaExecutorConfig {
   // `model` the whole model, which the step shards; each step's measured time is the largest
   // over the ranks (TpGroup::host_max), so that every rank's engine advances alike.
   TpGroup* tp = nullptr;
+  // The backend finishes its own work before returning (CudaBackend's sync_for_timing): a model
+  // step then needs no device-wide synchronize before it to see the strategy's copies.
+  bool backend_syncs = false;
 };
 
 std::unique_ptr<StepExecutor> make_cuda_executor(const CudaExecutorConfig& config);

@@ -102,6 +102,7 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
       c.graph_max_context = graph_context_for(spec.serve.max_model_len);
     }
     c.free_before_pool = std::make_shared<uint64_t>(0);
+    c.backend_syncs = true;  // the backend below: sync_for_timing
     auto free_before = c.free_before_pool;
     e.backend = [free_before, device](const GpuSpec& gpu,
                                       SimClock& clock) -> Result<std::unique_ptr<Backend>> {
@@ -315,6 +316,13 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
     if (v.warm_up_matmuls)
       out << fmt::format("    GEMM warm-up before the first step: {} matmuls, {:.0f} ms\n",
                          v.warm_up_matmuls, v.warm_up_s * 1e3);
+    if (v.steps && v.measured_step_s > 0)
+      out << fmt::format(
+          "    host work a step: {:.3f} ms waiting for the device, {:.3f} ms gathering the "
+          "inputs, {:.3f} ms packing them; {:.3f} ms of wall time over the GPU's in all\n",
+          v.host_sync_s * 1e3 / double(v.steps), v.host_inputs_s * 1e3 / double(v.steps),
+          v.host_pack_s * 1e3 / double(v.steps),
+          (v.measured_step_s - v.gpu_step_s) * 1e3 / double(v.steps));
     if (v.rank_step_s > 0)
       out << fmt::format(
           "    this rank's steps: {:.3f} s of wall time, {:.3f} s of it on the GPU; the slowest "

@@ -1,11 +1,13 @@
-// ModelStep: weights, the per-step metadata upload (packed by step_metadata.h), the layer loop
-// (kernels/ and cuBLASLt), graphs, and the activations' allocation order through the allocator.
+// ModelStep: the per-step metadata upload (packed by step_metadata.h), the layer loop (kernels/
+// and cuBLASLt) with its collectives, graphs, and the activations' allocation order through the
+// allocator. The weights: model_weights.cpp.
 #include "src/exec/model_step.h"
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -15,167 +17,14 @@
 #include "kernels/model_ops.h"
 #include "src/alloc/device_segment_source.h"
 #include "src/alloc/torch_caching.h"
+#include "src/exec/model_step_impl.h"
 #include "src/exec/step_metadata.h"
 #include "src/exec/tp_group.h"
-#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
 using namespace kernels;
-
-namespace {
-
-Status cu(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return {};
-  (void)cudaGetLastError();
-  return make_error(ErrorCode::kDriverError, fmt::format("{}: {}", what, cudaGetErrorString(e)));
-}
-#define MEMSIM_STEP_CU(expr) MEMSIM_TRY(cu((expr), #expr))
-
-Status gemm_status(const std::string& why) {
-  if (why.empty()) return {};
-  return make_error(ErrorCode::kDriverError, why);
-}
-
-constexpr uint64_t kGemmWorkspace = 32ull << 20;  // PyTorch's cuBLASLt workspace on Hopper
-constexpr uint64_t kElem = 2;                     // bf16 / fp16
-
-}  // namespace
-
-struct ModelStep::Impl {
-  struct Layer {
-    DevPtr input_norm = 0, qkv = 0, qkv_bias = 0, q_norm = 0, k_norm = 0, o = 0, post_norm = 0,
-           gate_up = 0, down = 0;
-  };
-
-  Impl(const ModelStepConfig& c, Backend& b)
-      : cfg(c), backend(b), source(b, "activations"), alloc(source) {}
-  ~Impl() {
-    for (auto& [b, g] : graphs) {
-      cudaGraphExecDestroy(g.exec);
-      if (g.host_in) (void)backend.host_free_pinned(g.host_in);
-      if (g.host_out) (void)backend.host_free_pinned(g.host_out);
-    }
-    for (auto& [b, t] : templates)
-      if (t.host_out) (void)backend.host_free_pinned(t.host_out);
-    gemm.reset();
-    (void)alloc.release_all();
-    for (DevPtr p : weights) (void)backend.device_free(p);
-    if (staging) (void)backend.host_free_pinned(staging);
-    if (ev0) cudaEventDestroy(ev0);
-    if (ev1) cudaEventDestroy(ev1);
-    if (stream) cudaStreamDestroy(stream);
-  }
-
-  Status init();
-  Status init_layer(uint32_t l);
-  // Rows [row0, row0 + rows) x columns [col0, col0 + cols) of a whole tensor `full_cols` wide.
-  struct Piece {
-    uint64_t row0 = 0, rows = 0, col0 = 0, cols = 0;
-  };
-  // A weight of the given pieces of the whole tensor (layer, tensor), one after the other, then
-  // `zero_rows` rows of zeros (vocabulary padding); one piece of everything on one GPU.
-  Result<DevPtr> weight(uint64_t full_cols, const std::vector<Piece>& pieces, uint32_t layer,
-                        uint32_t tensor, float scale, float offset, uint64_t zero_rows = 0);
-  Result<DevPtr> whole(uint64_t elems, uint32_t layer, uint32_t tensor, float scale, float offset) {
-    return weight(elems, {{0, 1, 0, elems}}, layer, tensor, scale, offset);
-  }
-  // The whole tensor's rows [row0, row0 + rows) of every band: a column-parallel shard.
-  static std::vector<Piece> rows_of(uint64_t cols, std::vector<std::pair<uint64_t, uint64_t>> b) {
-    std::vector<Piece> v;
-    for (const auto& [row0, rows] : b) v.push_back({row0, rows, 0, cols});
-    return v;
-  }
-  // A row-parallel op's partial sum all-reduced into a new tensor (vLLM's out-of-place
-  // all-reduce); the partial is freed. One GPU: the tensor itself.
-  Result<DevPtr> reduced(DevPtr partial, uint64_t elems);
-  // The LM head over the last rows (freed): [S, vocab_padded] logits, gathered over the ranks.
-  Result<DevPtr> lm_head_logits(DevPtr last, uint32_t S);
-  Result<DevPtr> act(uint64_t bytes) {
-    bytes = std::max<uint64_t>(bytes, 1);
-    return ext ? ext->allocate(bytes) : alloc.malloc(bytes, {});
-  }
-  Status free(DevPtr p) { return !p ? Status{} : ext ? ext->free(p) : alloc.free(p); }
-  // A decode step of `batch` sequences captured as a CUDA graph over one KV layout: fixed
-  // metadata buffer (uploaded before each replay), pinned host buffers in and out.
-  struct Graph {
-    uint32_t batch = 0, max_context = 0;
-    DevPtr kv_k0 = 0;
-    PackedStep layout;
-    DevPtr meta = 0, host_in = 0, host_out = 0;
-    cudaGraphExec_t exec = nullptr;
-  };
-  // Enqueues the step from the embedding to the next tokens' copy into host_next (pinned);
-  // allocates and frees its activations. Captured as it is by capture_decode.
-  Status forward(const KvLayout& kv, const PackedStep& p, DevPtr meta, void* host_next,
-                 bool logits);
-  Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
-  Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
-  // capture_decode's template step of `batch` at max_context (cached per batch, with a pinned
-  // buffer for its next tokens).
-  struct Template {
-    uint32_t max_context = 0;
-    PackedStep layout;
-    DevPtr host_out = 0;
-  };
-  Result<Template*> decode_template(const KvLayout& kv, uint32_t batch, uint32_t max_context);
-  Result<StepResult> replay(const Graph& g, const KvLayout& kv,
-                            const std::vector<StepSeqInput>& seqs);
-
-  ModelStepConfig cfg;
-  Backend& backend;
-  DeviceSegmentSource source;
-  TorchCachingAllocator alloc;
-  KvDtype dtype = KvDtype::kBf16;
-  AttentionShape shape;
-  uint32_t layers = 0;
-  // Widths of this rank's tensors; `vocab` is the model's (the argmax's width), `vocab_rows` the
-  // embedding and LM head rows the rank holds, `vocab_padded` the gathered logits' row width.
-  uint64_t hidden = 0, q_cols = 0, kv_cols = 0, qkv_cols = 0, inter = 0, vocab = 0;
-  uint64_t vocab_rows = 0, vocab_padded = 0;
-  ModelShape rank_shape;  // the rank's model (the whole model on one GPU)
-  TpGroup* tp = nullptr;  // null on one GPU
-  uint32_t tp_size = 1, tp_rank = 0;
-  uint32_t kv_head0 = 0;  // the rank's first KV head of the whole model
-  std::vector<Layer> layer;
-  DevPtr embed = 0, final_norm = 0, lm_head = 0, inv_freq = 0, gemm_ws = 0;
-  std::vector<DevPtr> weights;  // every device_malloc, freed at the end
-  uint64_t weight_bytes = 0;
-  std::unique_ptr<LtGemm> gemm;
-  DeviceLimits limits;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
-  std::vector<uint16_t> logits_host;
-  std::map<uint32_t, Graph> graphs;  // captured decode steps by batch
-  std::map<uint32_t, Template> templates;
-  TensorAllocator* ext = nullptr;    // set while a caller's memory backs the activations
-  DevPtr staging = 0;                // pinned host: step metadata up, next tokens down
-  StepPacker packer;                 // set up by init(); keeps its buffers from step to step
-  PackedStep step_packed;            // the step's packed metadata, kept likewise
-  std::vector<StepSeqInput> padded;  // a replay's sequences and its padding rows
-  uint64_t staging_bytes = 0;
-};
-
-Result<DevPtr> ModelStep::Impl::weight(uint64_t full_cols, const std::vector<Piece>& pieces,
-                                       uint32_t l, uint32_t tensor, float scale, float offset,
-                                       uint64_t zero_rows) {
-  uint64_t elems = zero_rows * full_cols;
-  for (const Piece& pc : pieces) elems += pc.rows * pc.cols;
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr p, backend.device_malloc(elems * kElem, "weights"));
-  weights.push_back(p);
-  weight_bytes += elems * kElem;
-  const uint64_t seed = ModelStep::weight_seed(cfg.seed, l, tensor);
-  DevPtr at = p;
-  for (const Piece& pc : pieces) {
-    const RandomBlock block{pc.rows * pc.cols, pc.cols, full_cols, pc.row0 * full_cols + pc.col0};
-    MEMSIM_STEP_CU(random_half_block(dtype, at, block, seed, stream, scale, offset));
-    at += block.count * kElem;
-  }
-  if (zero_rows)
-    MEMSIM_STEP_CU(
-        cudaMemsetAsync(reinterpret_cast<void*>(at), 0, zero_rows * full_cols * kElem, stream));
-  return p;
-}
+using namespace model_step_detail;
 
 Result<DevPtr> ModelStep::Impl::reduced(DevPtr partial, uint64_t elems) {
   if (!tp) return partial;
@@ -205,112 +54,6 @@ Result<DevPtr> ModelStep::Impl::lm_head_logits(DevPtr last, uint32_t S) {
         S, cudaMemcpyDeviceToDevice, stream));
   MEMSIM_TRY(free(gathered));
   return logits;
-}
-
-Status ModelStep::Impl::init() {
-  const ModelShape& m = cfg.model;
-  if (m.dtype != DType::kBF16 && m.dtype != DType::kFP16)
-    return make_error(ErrorCode::kNotSupported,
-                      fmt::format("model {}: the executor runs bf16 or fp16 models", m.name));
-  dtype = m.dtype == DType::kFP16 ? KvDtype::kFp16 : KvDtype::kBf16;
-  tp = cfg.tp;
-  rank_shape = m;
-  vocab = vocab_rows = vocab_padded = m.vocab;
-  if (tp) {
-    tp_size = tp->size();
-    tp_rank = tp->rank();
-    MEMSIM_ASSIGN_OR_RETURN(const TensorParallelShard shard, shard_tensor_parallel(m, tp_size));
-    rank_shape = shard.rank;
-    vocab_rows = shard.rank.vocab;
-    vocab_padded = shard.vocab_padded;
-    // vLLM: each KV head is held by kv_head_replicas consecutive ranks.
-    kv_head0 = tp_rank / shard.kv_head_replicas * shard.rank.kv_heads;
-    if (tp_size == 1) tp = nullptr;  // one rank: no collectives
-  }
-  const ModelShape& r = rank_shape;
-  shape = {r.heads, r.kv_heads, static_cast<uint32_t>(m.head_dim), dtype};
-  if (std::string why = check_shape(shape); !why.empty())
-    return make_error(ErrorCode::kNotSupported,
-                      fmt::format("model {}: attention kernels: {}", m.name, why));
-  layers = cfg.layers_run ? std::min(cfg.layers_run, m.layers) : m.layers;
-  hidden = m.hidden;
-  q_cols = uint64_t{r.heads} * m.head_dim;
-  kv_cols = uint64_t{r.kv_heads} * m.head_dim;
-  qkv_cols = q_cols + 2 * kv_cols;
-  inter = r.intermediate;
-  if (hidden % 8 || q_cols % 8 || inter % 8 || vocab_rows % 8)
-    return make_error(ErrorCode::kNotSupported,
-                      fmt::format("model {}: widths must be multiples of 8", m.name));
-  MEMSIM_STEP_CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  MEMSIM_STEP_CU(cudaEventCreate(&ev0));
-  MEMSIM_STEP_CU(cudaEventCreate(&ev1));
-  MEMSIM_STEP_CU(query_device(&limits));
-  packer =
-      StepPacker({cfg.max_seqs, cfg.max_tokens, layers, kv_cols * kElem, vocab, shape, limits});
-
-  layer.resize(layers);
-  for (uint32_t l = 0; l < layers; ++l) MEMSIM_TRY(init_layer(l));
-  // The vocabulary rows [v0, v0 + vocab_rows) of the padded table; those past the model's are
-  // padding (zero).
-  const uint64_t v0 = uint64_t{tp_rank} * vocab_rows;
-  const uint64_t real = std::min<uint64_t>(vocab_rows, m.vocab - std::min<uint64_t>(v0, m.vocab));
-  const std::vector<Piece> vocab_part = rows_of(hidden, {{v0, real}});
-  MEMSIM_ASSIGN_OR_RETURN(
-      embed, weight(hidden, vocab_part, kGlobalLayer, kEmbedding, 1.0f, 0, vocab_rows - real));
-  MEMSIM_ASSIGN_OR_RETURN(final_norm, whole(hidden, kGlobalLayer, kFinalNorm, 0.1f, 1.0f));
-  if (m.tie_embeddings) {
-    lm_head = embed;
-  } else {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hidden));
-    MEMSIM_ASSIGN_OR_RETURN(
-        lm_head, weight(hidden, vocab_part, kGlobalLayer, kLmHead, scale, 0, vocab_rows - real));
-  }
-
-  const std::vector<float> freqs = m.rope_inv_freq();
-  MEMSIM_ASSIGN_OR_RETURN(inv_freq, backend.device_malloc(freqs.size() * 4, "weights"));
-  weights.push_back(inv_freq);
-  MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(inv_freq), freqs.data(), freqs.size() * 4,
-                                 cudaMemcpyHostToDevice, stream));
-  MEMSIM_ASSIGN_OR_RETURN(gemm_ws, backend.device_malloc(kGemmWorkspace, "gemm_workspace"));
-  weights.push_back(gemm_ws);
-  std::string why;
-  gemm = LtGemm::open(gemm_ws, kGemmWorkspace, &why);
-  if (!gemm) return make_error(ErrorCode::kNotSupported, why);
-  MEMSIM_STEP_CU(cudaStreamSynchronize(stream));
-  return {};
-}
-
-// Layer l's weights: the rank's shard of each whole tensor (all of it on one GPU). Scales are
-// the whole tensor's (1/sqrt of its in_features).
-Status ModelStep::Impl::init_layer(uint32_t l) {
-  const ModelShape& m = cfg.model;
-  auto lin = [](uint64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
-  const uint64_t hd = m.head_dim, full_q = uint64_t{m.heads} * hd;
-  const uint64_t full_kv = uint64_t{m.kv_heads} * hd;
-  const uint64_t q0 = uint64_t{tp_rank} * q_cols, k0 = uint64_t{kv_head0} * hd;
-  const uint64_t i0 = uint64_t{tp_rank} * inter;
-  // QKVParallelLinear's rows: the rank's query heads, then its KV heads' k and v.
-  const std::vector<std::pair<uint64_t, uint64_t>> qkv_rows = {
-      {q0, q_cols}, {full_q + k0, kv_cols}, {full_q + full_kv + k0, kv_cols}};
-  Layer& L = layer[l];
-  MEMSIM_ASSIGN_OR_RETURN(L.input_norm, whole(hidden, l, kInputNorm, 0.1f, 1.0f));
-  MEMSIM_ASSIGN_OR_RETURN(L.qkv,
-                          weight(hidden, rows_of(hidden, qkv_rows), l, kQkv, lin(hidden), 0));
-  if (m.qkv_bias) {
-    MEMSIM_ASSIGN_OR_RETURN(L.qkv_bias, weight(1, rows_of(1, qkv_rows), l, kQkvBias, 0.1f, 0));
-  }
-  if (m.qk_norm) {
-    MEMSIM_ASSIGN_OR_RETURN(L.q_norm, whole(hd, l, kQNorm, 0.1f, 1.0f));
-    MEMSIM_ASSIGN_OR_RETURN(L.k_norm, whole(hd, l, kKNorm, 0.1f, 1.0f));
-  }
-  MEMSIM_ASSIGN_OR_RETURN(L.o, weight(full_q, {{0, hidden, q0, q_cols}}, l, kO, lin(full_q), 0));
-  MEMSIM_ASSIGN_OR_RETURN(L.post_norm, whole(hidden, l, kPostNorm, 0.1f, 1.0f));
-  MEMSIM_ASSIGN_OR_RETURN(
-      L.gate_up, weight(hidden, rows_of(hidden, {{i0, inter}, {m.intermediate + i0, inter}}), l,
-                        kGateUp, lin(hidden), 0));
-  MEMSIM_ASSIGN_OR_RETURN(
-      L.down, weight(m.intermediate, {{0, hidden, i0, inter}}, l, kDown, lin(m.intermediate), 0));
-  return {};
 }
 
 Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr meta,
@@ -509,6 +252,7 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
 
 Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs) {
   if (seqs.empty()) return StepResult{};
+  run_start = std::chrono::steady_clock::now();
   // A decode step replays the smallest captured graph of its batch or more over the same layout,
   // padded as vLLM pads a decode batch to the next capture size.
   if (auto g = graphs.lower_bound(static_cast<uint32_t>(seqs.size()));
@@ -528,6 +272,7 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
   }
   auto* host = reinterpret_cast<uint8_t*>(staging);
   std::memcpy(host, p.bytes.data(), p.bytes.size());
+  const double prep_ms = since_run_start();
   MEMSIM_STEP_CU(cudaEventRecord(ev0, stream));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr meta, act(p.bytes.size()));
   MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(meta), host, p.bytes.size(),
@@ -537,6 +282,7 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
   MEMSIM_TRY(free(meta));
   MEMSIM_STEP_CU(cudaStreamSynchronize(stream));
   StepResult r;
+  r.prep_ms = prep_ms;
   r.decode = p.decode;
   r.next_tokens.resize(p.S);
   std::vector<int32_t> packed(p.S);
@@ -666,6 +412,7 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
     std::memcpy(p.bytes.data() + p.at[2] + t * 8, &skip, 8);
   }
   std::memcpy(reinterpret_cast<void*>(g.host_in), p.bytes.data(), p.bytes.size());
+  const double prep_ms = since_run_start();
   MEMSIM_STEP_CU(cudaEventRecord(ev0, stream));
   MEMSIM_STEP_CU(cudaMemcpyAsync(reinterpret_cast<void*>(g.meta),
                                  reinterpret_cast<void*>(g.host_in), p.bytes.size(),
@@ -674,6 +421,7 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
   MEMSIM_STEP_CU(cudaEventRecord(ev1, stream));
   MEMSIM_STEP_CU(cudaStreamSynchronize(stream));
   StepResult r;
+  r.prep_ms = prep_ms;
   r.decode = true;
   r.graph = true;
   r.next_tokens.resize(real);

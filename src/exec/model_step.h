@@ -41,6 +41,7 @@ struct StepSeqInput {
 struct StepResult {
   std::vector<int32_t> next_tokens;  // greedy token after each sequence's last new token
   double gpu_ms = 0;                 // the step's kernels, CUDA events on its stream
+  double prep_ms = 0;                // host time in run() before the first event (packing)
   bool decode = false;               // every sequence had one new token (the decode kernel ran)
   bool graph = false;                // replayed a captured CUDA graph (capture_decode)
   std::vector<uint16_t> logits;      // [sequences, vocab] bf16/fp16 bits (return_logits)

@@ -64,6 +64,9 @@ struct ExecutorReport {
   // Tensor parallelism: this rank's own step wall time over the run, and how much the slowest
   // rank's (the time every rank's clock advanced by) added to it.
   double rank_step_s = 0, rank_wait_s = 0;
+  // Model-step executors: host time of the steps before the model step starts (the strategy's
+  // copies waited for, the inputs gathered) and in it before its first kernel (packing).
+  double host_sync_s = 0, host_inputs_s = 0, host_pack_s = 0;
 };
 
 // Contract (every implementation):
