@@ -56,7 +56,7 @@ TEST_CASE("rank launch: a failing rank stops the others, and its log is named") 
   REQUIRE(start_rank({"/bin/false"}, 1, false, ranks[1]).empty());
   const std::string problem = wait_ranks(ranks, 50);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(problem.find("a rank failed") != std::string::npos);
+  CHECK(problem.find("a rank failed: rank 1 exited 1") != std::string::npos);
   CHECK(problem.find("rank1b.log") != std::string::npos);
   CHECK(took < 10);  // the sleeping rank was killed, not waited for
   CHECK(ranks[0].pid == -1);

@@ -67,14 +67,20 @@ std::string wait_ranks(std::vector<RankProcess>& ranks, int timeout_s) {
   for (const RankProcess& r : ranks) left += r.pid > 0 ? 1 : 0;
   std::string problem;
   while (left > 0) {
-    for (RankProcess& r : ranks) {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      RankProcess& r = ranks[i];
       if (r.pid <= 0) continue;
       int status = 0;
       if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.pid = -1;
       --left;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && problem.empty()) problem = "a rank failed (its log: " + r.log + ")";
+      if (!ok && problem.empty())
+        problem =
+            fmt::format("a rank failed: rank {} {} (its log: {})", i,
+                        WIFEXITED(status) ? fmt::format("exited {}", WEXITSTATUS(status))
+                                          : fmt::format("was ended by signal {}", WTERMSIG(status)),
+                        r.log);
     }
     if (left == 0) break;
     if (!problem.empty() || std::chrono::steady_clock::now() > deadline) {
@@ -135,8 +141,10 @@ int run_rank_processes(const std::vector<std::string>& argv, uint32_t ranks, boo
     }
   }
   std::error_code ec;
-  std::filesystem::remove_all(tmp, ec);
-  if (!problem.empty()) out << problem << "\n";
+  if (problem.empty())
+    std::filesystem::remove_all(tmp, ec);
+  else  // the logs the problem names stay
+    out << problem << "; every rank's log is kept in " << tmp.string() << "\n";
   return problem.empty() ? 0 : 1;
 }
 

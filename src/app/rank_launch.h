@@ -35,15 +35,16 @@ std::string start_rank(std::vector<std::string> argv, uint32_t rank, bool nccl_c
                        RankProcess& process);
 
 // Waits for every rank; kills them all when one fails or `timeout_s` pass. Returns "" or what
-// went wrong (naming the failed rank's log).
+// went wrong (the first failed rank, by its index in `ranks`, how it ended, and its log).
 std::string wait_ranks(std::vector<RankProcess>& ranks, int timeout_s);
 
 // This process's own argument vector (/proc/self/cmdline), argv[0] replaced by its executable.
 std::vector<std::string> own_command_line();
 
 // Runs `argv` + {--rank r, --nccl-id ID} as ranks 0..ranks-1 (a fresh NCCL unique id; logs in a
-// temporary folder), waits for them, then copies each rank's output to `out`, rank by rank.
-// Returns 0 when every rank exited 0, else 1 (and says why); 2 when NCCL cannot be loaded.
+// temporary folder, kept when a rank failed), waits for them, then copies each rank's output to
+// `out`, rank by rank. Returns 0 when every rank exited 0, else 1 (and says why); 2 when NCCL
+// cannot be loaded.
 int run_rank_processes(const std::vector<std::string>& argv, uint32_t ranks, bool nccl_cumem,
                        int timeout_s, std::ostream& out);
 

@@ -339,7 +339,10 @@ int cuda_tp_memory(const TpMemoryConfig& c, const TpMemoryResults& sim, OutputDi
     all_ok = run_point(c, p, i, **nccl, tmp, dir, out, csv) && all_ok;
     ++ran;
   }
-  fs::remove_all(tmp);
+  if (all_ok)
+    fs::remove_all(tmp);
+  else  // the rank logs a failure names stay
+    out << "the ranks' logs are kept in " << tmp.string() << "\n";
   if (ran == 0) {
     out << fmt::format(
         "no point to run here: each needs 2 to {} ranks, the GPU its file names, and to fit\n",
