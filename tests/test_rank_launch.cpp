@@ -25,6 +25,9 @@ TEST_CASE("rank launch: the NCCL id round-trips through hex; bad hex is refused"
   CHECK_FALSE(nccl_id_from_hex(hex.substr(1), &back));              // 255 digits
   CHECK_FALSE(nccl_id_from_hex("zz" + hex.substr(2), &back));       // not hex
   CHECK_FALSE(nccl_id_from_hex(hex.substr(0, 254) + "0x", &back));  // a partial byte
+  CHECK_FALSE(nccl_id_from_hex("-1" + hex.substr(2), &back));       // strtoul would take these
+  CHECK_FALSE(nccl_id_from_hex(" f" + hex.substr(2), &back));
+  CHECK_FALSE(nccl_id_from_hex("+f" + hex.substr(2), &back));
 }
 
 TEST_CASE("rank launch: every rank's environment turns NVLink multicast off") {
@@ -57,7 +60,8 @@ TEST_CASE("rank launch: a failing rank stops the others, and its log is named") 
   const std::string problem = wait_ranks(ranks, 50);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(problem.find("a rank failed: rank 1 exited 1") != std::string::npos);
-  CHECK(problem.find("rank1b.log") != std::string::npos);
+  CHECK(problem.find("rank1b.log and ") != std::string::npos);
+  CHECK(problem.find("rank1b.log.err") != std::string::npos);
   CHECK(took < 10);  // the sleeping rank was killed, not waited for
   CHECK(ranks[0].pid == -1);
   CHECK(ranks[1].pid == -1);

@@ -11,6 +11,7 @@
 #include "src/config/loaders.h"
 #include "src/config/step_profile_loader.h"
 #include "src/serve/serving_experiment.h"
+#include "src/serve/step_executor.h"
 #include "tests/config_test_util.h"
 #include "workload/step_profile.h"
 
@@ -496,4 +497,48 @@ TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, c
   CHECK_THROWS_WITH(load_serving_config(tp2, {}),
                     Catch::Contains("llama-3.1-8b.tp2.yaml:") &&
                         Catch::Contains("holds steps at tensor_parallel 4"));
+}
+
+namespace {
+
+// An executor whose every step fails (a rank's GPU step that could not run).
+class FailingExecutor final : public StepExecutor {
+ public:
+  Status begin(KvCacheManager&, Backend&, DevPtr, uint64_t) override { return {}; }
+  Status run_step(const StepWork&) override {
+    return make_error(ErrorCode::kDriverError, "the step could not run");
+  }
+  Status swap_out(SeqId, SeqId, const TokenContent&, uint32_t) override { return {}; }
+  Status swap_in(SeqId, const TokenContent&, uint32_t) override { return {}; }
+  Status swap_drop(SeqId) override { return {}; }
+  void end() override {}
+  ExecutorReport report() const override { return {}; }
+};
+
+}  // namespace
+
+TEST_CASE("a failed run is reported through hooks.failed before the next run starts") {
+  // A tensor-parallel rank ends itself there, so that its peers do not meet the next run's
+  // collectives; here the hook records the order.
+  ProfiledExperiment x;
+  const ServingConfig c = load_serving_config(x.path, {});
+  REQUIRE(c.runs.size() == 2);
+  std::vector<std::string> events;
+  ServingRunHooks hooks;
+  hooks.serial = true;
+  hooks.customize = [&](const ServingRunSpec& spec, EngineConfig& e) {
+    events.push_back("start " + spec.label);
+    if (spec.label == "auto") e.executor = [] { return std::make_unique<FailingExecutor>(); };
+  };
+  hooks.failed = [&](const ServingRunSpec& spec, const std::string& error) {
+    events.push_back("failed " + spec.label + ": " + error);
+  };
+  const ServingResults r = run_serving_experiment(c, hooks);
+  REQUIRE(events.size() == 3);
+  CHECK(events[0] == "start auto");
+  CHECK(events[1].rfind("failed auto: ", 0) == 0);
+  CHECK(events[1].find("the step could not run") != std::string::npos);
+  CHECK(events[2] == "start roofline");
+  CHECK_FALSE(r.runs[0].result.error.empty());
+  CHECK(r.runs[1].result.error.empty());
 }

@@ -71,6 +71,8 @@ int cuda_launch_ranks(uint32_t ranks, bool nccl_cumem, std::ostream& out) {
                        ranks, ranks, devices);
     return 2;
   }
+  // The device probe left this process a context on GPU 0; the ranks' run needs none here.
+  (void)cudaDeviceReset();
   return run_rank_processes(own_command_line(), ranks, nccl_cumem, 3600, out);
 }
 

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 
 #include "backends/cuda/cuda_backend.h"
@@ -88,6 +90,13 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
   ServingRunHooks hooks;
   hooks.serial = true;  // one GPU
   const int device = std::max(rank, 0);
+  if (member)  // a failed run ends this rank at once (ServingRunHooks::failed)
+    hooks.failed = [rank](const ServingRunSpec& spec, const std::string& error) {
+      std::cerr << fmt::format("memsim: rank {}: run '{}' failed: {}\n", rank, spec.label, error);
+      std::cerr.flush();
+      std::cout.flush();
+      std::_Exit(1);  // no destructors: NCCL's would wait for the peers' collectives
+    };
   hooks.customize = [base, m, member, device](const ServingRunSpec& spec, EngineConfig& e) {
     CudaExecutorConfig c = base;
     c.tp = member ? member->group.get() : nullptr;
@@ -322,7 +331,7 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
           "inputs, {:.3f} ms packing them; {:.3f} ms of wall time over the GPU's in all\n",
           v.host_sync_s * 1e3 / double(v.steps), v.host_inputs_s * 1e3 / double(v.steps),
           v.host_pack_s * 1e3 / double(v.steps),
-          (v.measured_step_s - v.gpu_step_s) * 1e3 / double(v.steps));
+          (v.measured_step_s - v.rank_wait_s - v.gpu_step_s) * 1e3 / double(v.steps));
     if (v.rank_step_s > 0)
       out << fmt::format(
           "    this rank's steps: {:.3f} s of wall time, {:.3f} s of it on the GPU; the slowest "

@@ -273,7 +273,9 @@ int run_experiment_cli(RunCli& r) {
   // A ConfigError from here on (loading, or a typed loader) reaches main(): exit 2.
   const memsim::ConfigNode root =
       memsim::load_experiment_root(r.config_path, r.overrides, r.config_base, r.unsets);
-  if (cuda) {
+  // A tensor-parallel rank (--rank, started by its launcher, which probed) uses only its own GPU:
+  // probing device 0 would leave a context there on every rank.
+  if (cuda && r.rank < 0) {
     if (std::string why = memsim::cuda_device_problem(); !why.empty()) {
       std::cerr << "memsim: --backend cuda: no usable CUDA device: " << why << "\n";
       return kExitConfigError;

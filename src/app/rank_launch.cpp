@@ -5,8 +5,11 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -27,6 +30,9 @@ std::string nccl_id_hex(const NcclUniqueId& id) {
 bool nccl_id_from_hex(const std::string& hex, NcclUniqueId* id) {
   if (hex.size() != 2 * id->size()) return false;
   for (size_t i = 0; i < id->size(); ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(hex[2 * i])) ||
+        !std::isxdigit(static_cast<unsigned char>(hex[2 * i + 1])))
+      return false;
     char* end = nullptr;
     const std::string byte = hex.substr(2 * i, 2);
     (*id)[i] = static_cast<char>(std::strtoul(byte.c_str(), &end, 16));
@@ -71,16 +77,18 @@ std::string wait_ranks(std::vector<RankProcess>& ranks, int timeout_s) {
       RankProcess& r = ranks[i];
       if (r.pid <= 0) continue;
       int status = 0;
-      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
-      r.pid = -1;
+      const pid_t got = waitpid(r.pid, &status, WNOHANG);
+      if (got == 0 || (got < 0 && errno == EINTR)) continue;  // still running
+      r.pid = -1;  // ended (got == pid), or not ours to wait for any more (ECHILD)
       --left;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && problem.empty())
-        problem =
-            fmt::format("a rank failed: rank {} {} (its log: {})", i,
-                        WIFEXITED(status) ? fmt::format("exited {}", WEXITSTATUS(status))
-                                          : fmt::format("was ended by signal {}", WTERMSIG(status)),
-                        r.log);
+      const bool ok = got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (ok || !problem.empty()) continue;
+      const std::string how = got < 0 ? std::string("could not be waited for")
+                              : WIFEXITED(status)
+                                  ? fmt::format("exited {}", WEXITSTATUS(status))
+                                  : fmt::format("was ended by signal {}", WTERMSIG(status));
+      problem = fmt::format("a rank failed: rank {} {} (its output: {} and {}.err)", i, how, r.log,
+                            r.log);
     }
     if (left == 0) break;
     if (!problem.empty() || std::chrono::steady_clock::now() > deadline) {
@@ -152,7 +160,12 @@ Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& hex)
   NcclUniqueId id{};
   if (rank < 0 || rank >= static_cast<int>(ranks) || !nccl_id_from_hex(hex, &id))
     return make_error(ErrorCode::kInvalidArgument,
-                      "--rank needs --tensor-parallel above it and --nccl-id of 256 hex digits");
+                      fmt::format("--rank {} is not one of {} ranks, or --nccl-id is not 256 hex "
+                                  "digits (both are set by the launcher)",
+                                  rank, ranks));
+  // A rank ends with the process that started it (its launcher, or the tool rank 0 runs under):
+  // none is left holding a GPU and waiting in a collective.
+  (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (cudaSetDevice(rank) != cudaSuccess)
     return make_error(ErrorCode::kDriverError, fmt::format("cudaSetDevice({}) failed", rank));
   TpMember m;

@@ -317,6 +317,7 @@ int cuda_tp_memory(const TpMemoryConfig& c, const TpMemoryResults& sim, OutputDi
   const std::vector<KvBudgetInput> inputs = tp_memory_inputs(c);
   std::error_code ec;
   fs::create_directories(dir.staged("tp_ranks"), ec);
+  (void)cudaDeviceReset();  // the device probe's context on GPU 0: the ranks need it not here
   out << fmt::format(
       "\nCUDA: one process per rank on {} GPU(s) here, NCCL {} ({}), NVLink multicast off; "
       "per rank, simulated against measured (MiB; graph bytes exact):\n",

@@ -65,12 +65,12 @@ struct StepResult {
 // Under tensor parallelism (config.tp) each rank holds its shard of those same tensors, bit for
 // bit the unsharded tensor's part (kernels::random_half_block), as vLLM's layers shard them:
 // QKV by heads (a KV head replicated when there are fewer than ranks), gate/up by rows, o_proj
-// and down by columns, the embedding and LM head by rows of the vocabulary padded to 64 x tp
-// (padding rows zero, as vLLM's loader fills them); norms whole. The step runs vLLM's
-// collectives: the masked embedding lookup, o_proj and down give partial sums all-reduced out of
-// place into new tensors, and the LM head's partial logits are all-gathered and copied into
-// [sequences, padded vocabulary] rows, whose first `vocab` columns the argmax reads. So every
-// rank computes the same next tokens as the unsharded model, up to the rounding of the sums.
+// and down by columns, the embedding and LM head by rows of the vocabulary padded to a multiple of
+// 64, which must divide by tp (padding rows zero, as vLLM's loader fills them); norms whole. The
+// step runs vLLM's collectives: the masked embedding lookup, o_proj and down give partial sums
+// all-reduced out of place into new tensors, and the LM head's partial logits are all-gathered and
+// copied into [sequences, padded vocabulary] rows, whose first `vocab` columns the argmax reads. So
+// every rank computes the same next tokens as the unsharded model, up to the rounding of the sums.
 class ModelStep {
  public:
   static constexpr uint32_t kGlobalLayer = 4096;

@@ -413,7 +413,7 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     if (e.step_profile && c.graph_profile && !e.graph_sizes.empty())
       e.step_profile = std::make_shared<const ProfiledStepTime>(
           c.step_profile->profile(), c.graph_profile, e.graph_sizes,
-          graph_rows_at_once(c.model, c.gpu, e.graph_sizes, o.spec.serve.max_model_len));
+          graph_rows_at_once(c.rank_model, c.gpu, e.graph_sizes, o.spec.serve.max_model_len));
     if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
     e.validate_sample = o.spec.validate_sample;
     if (hooks.customize) hooks.customize(o.spec, e);
@@ -424,6 +424,8 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
       o.result = ServingResult();  // frees what the run held
       out_of_memory[i] = 1;
     }
+    if (hooks.failed && (out_of_memory[i] || !o.result.error.empty()))
+      hooks.failed(o.spec, out_of_memory[i] ? "out of host memory" : o.result.error);
     if (hooks.progress) hooks.progress(i, ended);
   });
   for (size_t i = 0; i < c.runs.size(); ++i)

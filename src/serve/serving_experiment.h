@@ -97,6 +97,10 @@ struct ServingRunHooks {
   // (EngineConfig::progress), and once when it ends (finished == requests). Runs may call it
   // from several threads at once. Null: none.
   std::function<void(size_t run, const EngineProgress&)> progress;
+  // Called with a run's error as soon as it fails (out of host memory included), before the next
+  // run starts. A tensor-parallel rank process ends itself there: its peers, waiting in a
+  // collective, are then stopped by their launcher instead of meeting the next run's. Null: none.
+  std::function<void(const ServingRunSpec&, const std::string& error)> failed;
 };
 
 // A `kv:` map ({impl, ...the strategy's keys}) and a `scheduler:` map, parsed and validated
