@@ -137,7 +137,11 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
     auto least = cudaMemGetInfo(&free, &total) == cudaSuccess
                      ? member.group->host_min(free)
                      : Result<uint64_t>(make_error(ErrorCode::kDriverError, "cudaMemGetInfo"));
-    if (!least.ok() || *least <= grid.headroom) {
+    if (!least.ok()) {
+      err << "memsim calibrate: the ranks' free memory: " << least.error().message << "\n";
+      return 1;
+    }
+    if (*least <= grid.headroom) {
       err << "memsim calibrate: no device memory left for a KV pool on some rank\n";
       return 1;
     }

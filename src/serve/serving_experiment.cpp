@@ -238,13 +238,15 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     if (!c.step_profile)
       c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
   }
+  // The calibrate command that writes a missing profile (the rank's under TP).
+  const std::string calibrate =
+      fmt::format("memsim calibrate --backend cuda --model {}{}", c.model.name,
+                  tp > 1 ? fmt::format(" --tensor-parallel {}", tp) : std::string());
   if (auto sc = root.find("step_profile_scale")) {
     sc->expect_keys(keys_at(serving_config_keys(), "step_profile_scale"));
     if (!c.step_profile)
-      sc->fail(
-          fmt::format("scales the step profile, but {} does not exist (memsim calibrate "
-                      "--backend cuda --model {} writes it)",
-                      c.step_profile_path, c.model.name));
+      sc->fail(fmt::format("scales the step profile, but {} does not exist ({} writes it)",
+                           c.step_profile_path, calibrate));
     const double d = sc->has("decode") ? (*sc)["decode"].as_double_in(0.01, 100) : 1.0;
     const double p = sc->has("prefill") ? (*sc)["prefill"].as_double_in(0.01, 100) : 1.0;
     c = with_profile_scale(std::move(c), d, p);
