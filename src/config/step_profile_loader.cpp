@@ -121,11 +121,17 @@ ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_f
     return {p,
             fmt::format("found by the GPU's name {}: there is none beside {}", gpu_name, gpu_file)};
   }
+  // Where it looked: beside the GPU file, and under configs/gpus/ by the GPU's name (one path
+  // when those are the same).
+  const std::string named = (fs::path("configs/gpus") / (gpu_name + ".profiles") / file).string();
+  const std::string looked =
+      beside.string() == named || beside.lexically_normal().string().ends_with("/" + named)
+          ? beside.string()
+          : beside.string() + " or " + named;
   return {beside.string(),
-          fmt::format("no measured profile of {}{} on {}: none at {} or {} ({})", model,
+          fmt::format("no measured profile of {}{} on {}: none at {} ({})", model,
                       tensor_parallel > 1 ? fmt::format(" at TP {}", tensor_parallel) : "",
-                      gpu_name, beside.string(),
-                      (fs::path("configs/gpus") / (gpu_name + ".profiles") / file).string(),
+                      gpu_name, looked,
                       tensor_parallel > 1
                           ? fmt::format("memsim calibrate --backend cuda --model {} "
                                         "--tensor-parallel {} writes one",
