@@ -21,7 +21,6 @@
 #include <fmt/format.h>
 
 #include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/nccl.h"
 #include "bench/bench_cli.h"
 #include "kernels/attention.h"
 #include "src/app/rank_launch.h"
@@ -276,7 +275,6 @@ int run(int argc, char** argv) {
   // A rank: GPU `rank`, an NCCL communicator over the launcher's id, the group the step runs.
   TpMember member;
   if (rank >= 0) member = must(join_tp_group(tp, rank, nccl_id), "tensor-parallel rank");
-  Nccl* nccl = member.nccl.get();
   const bool lead = rank <= 0;  // prints the grid
   const ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + model_name + ".yaml"));
@@ -321,17 +319,10 @@ int run(int argc, char** argv) {
   grid.graphs = graphs;
   pool.layout = {};
   if (const Status st = backend->device_free(pool_base); !st.ok()) die(st.error().message);
-  if (nccl) {  // every rank's pool as large as the smallest's, so all run the same points
-    size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess) die("cudaMemGetInfo failed");
-    const uint64_t least = must(member.group->host_min(free), "free memory over the ranks");
-    if (least <= grid.headroom) die("no device memory left for a KV pool");
-    grid.pool_bytes = least - grid.headroom;
-  }
   std::ostringstream log;
   const StepProfile prof = must(measure_step_profile(*step, *backend, grid, log), "profile");
   if (!lead) return 0;
-  print_grid(prof, *step, gpu, nccl ? tp : 1, run_layers);
+  print_grid(prof, *step, gpu, member.group ? tp : 1, run_layers);
   std::printf("%s", log.str().c_str());  // the profiler's log: each point's GPU and host time
   std::printf("activation peak reserved: %.1f MiB\n",
               double(step->activation_stats().peak_reserved_bytes) / (1 << 20));

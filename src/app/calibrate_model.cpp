@@ -132,21 +132,6 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   }
   ProfileGrid grid;
   grid.graphs = o.graphs;
-  if (member.nccl) {  // every rank's pool as large as the smallest's: all run the same points
-    size_t free = 0, total = 0;
-    auto least = cudaMemGetInfo(&free, &total) == cudaSuccess
-                     ? member.group->host_min(free)
-                     : Result<uint64_t>(make_error(ErrorCode::kDriverError, "cudaMemGetInfo"));
-    if (!least.ok()) {
-      err << "memsim calibrate: the ranks' free memory: " << least.error().message << "\n";
-      return 1;
-    }
-    if (*least <= grid.headroom) {
-      err << "memsim calibrate: no device memory left for a KV pool on some rank\n";
-      return 1;
-    }
-    grid.pool_bytes = *least - grid.headroom;
-  }
   auto profile = measure_step_profile(**step, **backend, grid, out);
   if (!profile.ok()) {
     err << "memsim calibrate: " << profile.error().message << "\n";

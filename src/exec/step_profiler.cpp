@@ -2,6 +2,8 @@
 // K/V, decode steps of B sequences at a context, prefill chunks of one sequence over a prefix.
 #include "src/exec/step_profiler.h"
 
+#include "src/exec/tp_group.h"
+
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -11,6 +13,7 @@
 #include <random>
 
 #include "kernels/attention.h"
+#include "src/exec/tp_group.h"
 
 namespace memsim {
 namespace {
@@ -30,9 +33,14 @@ Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, cons
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess)
       return make_error(ErrorCode::kDriverError, "cudaMemGetInfo failed");
-    if (free <= g.headroom)
+    uint64_t least = free;
+    // Under TP every rank's pool is as large as the smallest's, so that all run the same points.
+    if (TpGroup* tp = step.config().tp) {
+      MEMSIM_ASSIGN_OR_RETURN(least, tp->host_min(free));
+    }
+    if (least <= g.headroom)
       return make_error(ErrorCode::kOutOfMemory, "no device memory left for a KV pool");
-    pool = free - g.headroom;
+    pool = least - g.headroom;
   }
   KvInit init;
   init.layers = m.layers;

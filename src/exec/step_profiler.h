@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "src/exec/model_step.h"
 #include "workload/executor_program.h"
 #include "workload/step_profile.h"
-#include "src/exec/model_step.h"
 
 namespace memsim {
 
@@ -20,8 +20,9 @@ struct ProfileGrid {
   std::vector<uint32_t> chunks = {16, 64, 256, 1024, 2048, 4096, 8192};
   std::vector<uint32_t> prefixes = {0, 1024, 4096, 16384, 32768};
   uint32_t block_size = 16;
-  uint32_t reps = 5;        // timed steps per point (the median is kept), after one warm-up
-  uint64_t pool_bytes = 0;  // KV pool; 0 = free device memory less `headroom`
+  uint32_t reps = 5;  // timed steps per point (the median is kept), after one warm-up
+  // KV pool; 0 = free device memory less `headroom` (under TP, the least free over the ranks)
+  uint64_t pool_bytes = 0;
   uint64_t headroom = 8ull << 30;
   uint64_t seed = 1;  // the random order in which tables take the pool's blocks
   // Decode steps as captured CUDA graphs (one per batch row, captured for contexts up to
