@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "backends/cuda/cuda_backend.h"
+#include "bench/all_reduce_check.h"
 #include "bench/bench_cli.h"
 #include "kernels/attention.h"
 #include "src/app/rank_launch.h"
@@ -218,6 +220,29 @@ void print_grid(const StepProfile& prof, const ModelStep& step, const GpuSpec& g
   for (const ProfileRow& r : prof.prefill) print("prefill", r, false);
 }
 
+// The launcher of --tensor-parallel (one process per rank: their exit status), or 77 without the
+// GPUs; nothing for a process that runs the step itself.
+std::optional<int> launch_or_skip(uint32_t tp, int rank) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  if (tp > 1 && rank < 0) {
+    if (devices < static_cast<int>(tp)) {
+      std::printf("memsim-model-bench: --tensor-parallel %u needs %u GPUs, %d here\n", tp, tp,
+                  devices);
+      return 77;
+    }
+    std::ostringstream out;
+    const int rc = run_rank_processes(own_command_line(), tp, false, 3600, out);
+    std::printf("%s", out.str().c_str());
+    return rc;
+  }
+  if (devices == 0) {
+    std::printf("memsim-model-bench: no GPU\n");
+    return 77;
+  }
+  return std::nullopt;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"memsim-model-bench: the model-shaped step on the GPU"};
   std::string model_name = "llama-3.1-8b", gpu_name = "h200", check_dir;
@@ -247,6 +272,14 @@ int run(int argc, char** argv) {
   std::string nccl_id;
   app.add_option("--tensor-parallel", tp, "ranks, one process and GPU each, over NCCL")
       ->check(CLI::Range(1, 64));
+  std::string all_reduce = "custom";
+  app.add_option("--all-reduce", all_reduce,
+                 "custom: vLLM's custom all-reduce up to 8 MiB, NCCL above (vLLM's default); "
+                 "nccl: NCCL only")
+      ->check(CLI::IsMember({"custom", "nccl"}));
+  bool all_reduce_check_only = false;
+  app.add_flag("--all-reduce-check", all_reduce_check_only,
+               "check the custom all-reduce against the host's sums and NCCL, and time both");
   app.add_option("--rank", rank, "this process's rank (set by --tensor-parallel)")->group("");
   app.add_option("--nccl-id", nccl_id, "NCCL unique id (set by --tensor-parallel)")->group("");
   try {
@@ -254,27 +287,20 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : memsim::bench::kExitBadInput;
   }
-  if (tp > 1 && rank < 0) {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(tp)) {
-      std::printf("memsim-model-bench: --tensor-parallel %u needs %u GPUs, %d here\n", tp, tp,
-                  devices);
-      return 77;
-    }
-    std::ostringstream out;
-    const int rc = run_rank_processes(own_command_line(), tp, false, 3600, out);
-    std::printf("%s", out.str().c_str());
-    return rc;
-  }
-
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("memsim-model-bench: no GPU\n");
-    return 77;
-  }
+  if (const std::optional<int> rc = launch_or_skip(tp, rank)) return *rc;
   // A rank: GPU `rank`, an NCCL communicator over the launcher's id, the group the step runs.
   TpMember member;
-  if (rank >= 0) member = must(join_tp_group(tp, rank, nccl_id), "tensor-parallel rank");
+  if (rank >= 0)
+    member =
+        must(join_tp_group(tp, rank, nccl_id, all_reduce == "custom" && !all_reduce_check_only),
+             "tensor-parallel rank");
+  if (all_reduce_check_only) {
+    if (rank < 0) {
+      std::printf("memsim-model-bench: --all-reduce-check needs --tensor-parallel 2 or more\n");
+      return memsim::bench::kExitBadInput;
+    }
+    return memsim::bench::all_reduce_check(*member.nccl, tp, static_cast<uint32_t>(rank));
+  }
   const bool lead = rank <= 0;  // prints the grid
   const ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + model_name + ".yaml"));
@@ -300,7 +326,10 @@ int run(int argc, char** argv) {
   const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
   std::printf("memsim-model-bench: %s (%u of %u layers)%s, weights %.2f GiB, block %u\n",
               model.name.c_str(), run_layers, model.layers,
-              rank >= 0 ? fmt::format(", rank {} of {}", rank, tp).c_str() : "",
+              rank >= 0 ? fmt::format(", rank {} of {}, all-reduce {}", rank, tp,
+                                      member.group->all_reduce_kind())
+                              .c_str()
+                        : "",
               double(step->weight_bytes()) / (1ull << 30), block_size);
   if (!check_dir.empty()) {
     check(*step, pool, rank >= 0 ? fmt::format("{}/rank{}", check_dir, rank) : check_dir, decodes);

@@ -571,8 +571,9 @@ run tp_serving --config "$KVCONF" --out "$TMP/out_tp_serving" --set model=llama-
   --set gpu=h200 --set parallel.tensor_parallel_size=4 --unset engine.kv_budget --no-plots
 expect_rc tp_serving 0
 expect_in "$TMP/tp_serving.out" "every term is one rank's of 4" "tp serving: the budget is a rank's"
-expect_in "$TMP/tp_serving.out" "roofline + collectives (NCCL 2.28.9 measured at 4 ranks (h200))" \
-  "tp serving: the step time adds measured collectives"
+expect_in "$TMP/tp_serving.out" \
+  "roofline + collectives (NCCL 2.28.9 measured at 4 ranks (h200); custom all-reduce under 8 MiB measured at 4 ranks)" \
+  "tp serving: the step time adds measured collectives, the custom all-reduce's under 8 MiB"
 expect_in "$TMP/out_tp_serving/"*/summary.json '"tensor_parallel_size": 4' \
   "tp serving: summary.json says the figures are per rank"
 run tp_pp --config "$KVCONF" --out "$TMP/out_tp_pp" --set parallel.pipeline_parallel_size=2

@@ -277,9 +277,17 @@ TEST_CASE("profile file: round trip and located errors") {
   CHECK(text.find("tensor_parallel") == std::string::npos);
   p.tensor_parallel = 2;
   const std::string tp_text = format_step_profile(p, {});
-  CHECK(tp_text.find("tensor_parallel: 2\n") != std::string::npos);
+  CHECK(tp_text.find("tensor_parallel: 2\nall_reduce: nccl\n") != std::string::npos);
   CHECK(load_step_profile(ConfigNode::load_file(dir.write("tp.yaml", tp_text))).tensor_parallel ==
         2);
+  // The all-reduce the steps ran on round-trips; a file without the key ran NCCL's.
+  p.all_reduce = "custom";
+  CHECK(load_step_profile(ConfigNode::load_file(dir.write("c.yaml", format_step_profile(p, {}))))
+            .all_reduce == "custom");
+  CHECK_THROWS_WITH(load_step_profile(ConfigNode::load_file(dir.write(
+                        "bad.yaml", replace_once(format_step_profile(p, {}), "all_reduce: custom",
+                                                 "all_reduce: nvls")))),
+                    Catch::Contains("all_reduce"));
 }
 
 namespace {
@@ -480,6 +488,7 @@ TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, c
   // The rank's profile: every step 40 ms, collectives included (nothing is added to it).
   StepProfile p = x.p;
   p.tensor_parallel = 2;
+  p.all_reduce = "custom";  // vLLM's default, as the experiment's parallel section leaves it
   const std::string file =
       x.dir.write("gpus/h200.profiles/llama-3.1-8b.tp2.yaml", format_step_profile(p, {}));
   const ServingConfig c = load_serving_config(tp2, {});
@@ -488,9 +497,19 @@ TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, c
   const ServingResults r = run_serving_experiment(c);
   REQUIRE(r.runs.size() == 2);
   REQUIRE(r.runs[0].result.error.empty());
-  CHECK(r.runs[0].result.step_time_source == "profile h200/llama-3.1-8b (eager, one rank of TP 2)");
+  CHECK(r.runs[0].result.step_time_source ==
+        "profile h200/llama-3.1-8b (eager, one rank of TP 2, custom all-reduce)");
   CHECK(r.runs[0].result.tpot_ms.p50 == Approx(40.0).margin(1e-6));
   CHECK(r.runs[1].result.step_time_source.rfind("roofline + collectives (", 0) == 0);
+  // Steps measured with another all-reduce than the experiment's are refused, naming both; the
+  // experiment that asks for NCCL takes them.
+  p.all_reduce = "nccl";
+  x.dir.write("gpus/h200.profiles/llama-3.1-8b.tp2.yaml", format_step_profile(p, {}));
+  CHECK_THROWS_WITH(load_serving_config(tp2, {}),
+                    Catch::Contains("llama-3.1-8b.tp2.yaml:") &&
+                        Catch::Contains("measured with the nccl all-reduce") &&
+                        Catch::Contains("--all-reduce custom"));
+  CHECK(load_serving_config(tp2, {"parallel.custom_all_reduce=false"}).step_profile != nullptr);
   // A file of another size's steps is refused, naming it.
   p.tensor_parallel = 4;
   x.dir.write("gpus/h200.profiles/llama-3.1-8b.tp2.yaml", format_step_profile(p, {}));

@@ -95,6 +95,51 @@ TEST_CASE("collectives: times at the measured sizes, between them and beyond", "
   CHECK(CollectiveTime::make(bare, 2).error().message.find("no interconnect") != std::string::npos);
 }
 
+TEST_CASE("collectives: the custom all-reduce's times under 8 MiB, NCCL's above", "[tp]") {
+  const GpuSpec h200 = gpu("h200");
+  const auto custom = CollectiveTime::make(h200, 2, true);
+  const auto nccl = CollectiveTime::make(h200, 2);
+  REQUIRE(custom.ok());
+  // configs/gpus/h200.yaml, custom_all_reduce_us at 2 ranks: 2 KiB 4.5 us, 4 MiB 20.1 us.
+  CHECK(custom->all_reduce(2048) == 4500);
+  CHECK(custom->all_reduce(4 * kMiB) == 20100);
+  // Between 4 MiB and max_size: the last two sizes' bandwidth (2 MiB 12.6 us).
+  const double slope = (20.1 - 12.6) / double(2 * kMiB);
+  CHECK(custom->all_reduce(6 * kMiB) ==
+        static_cast<SimTime>(std::llround((20.1 + slope * 2 * kMiB) * 1000)));
+  // max_size and above, or not a 16-byte multiple: NCCL, as vLLM's should_custom_ar decides.
+  CHECK(custom->all_reduce(8 * kMiB) == nccl->all_reduce(8 * kMiB));
+  CHECK(custom->all_reduce(2056 + 2) == nccl->all_reduce(2058));
+  CHECK(custom->all_gather(kMiB) == nccl->all_gather(kMiB));
+  CHECK(custom->source() ==
+        "NCCL 2.28.9 measured at 2 ranks (h200); custom all-reduce under 8 MiB "
+        "measured at 2 ranks");
+  // 8 ranks: the 4-rank table, unscaled. 3 ranks: the kernel does not run there (NCCL).
+  const auto eight = CollectiveTime::make(h200, 8, true);
+  CHECK(eight->all_reduce(2048) == 4900);
+  CHECK(eight->source().find("measured at 4 ranks (used unscaled for 8)") != std::string::npos);
+  CHECK(CollectiveTime::make(h200, 3, true)->all_reduce(2048) ==
+        CollectiveTime::make(h200, 3)->all_reduce(2048));
+  // A GPU file without the table keeps NCCL's times and says so.
+  GpuSpec bare = h200;
+  bare.interconnect.custom_all_reduce_us.clear();
+  const auto unmeasured = CollectiveTime::make(bare, 2, true);
+  CHECK(unmeasured->all_reduce(2048) == 9100);
+  CHECK(unmeasured->source().find("the custom all-reduce is not measured on h200") !=
+        std::string::npos);
+  // The engine's choice: custom at 2, 4, 6, 8 ranks when asked, else NCCL.
+  CommOptions on, off;
+  off.custom_all_reduce = false;
+  ParallelConfig p;
+  p.tensor = 2;
+  CHECK(std::string(all_reduce_kind(p, on)) == "custom");
+  CHECK(std::string(all_reduce_kind(p, off)) == "nccl");
+  p.tensor = 3;
+  CHECK(std::string(all_reduce_kind(p, on)) == "nccl");
+  p.tensor = 1;
+  CHECK(std::string(all_reduce_kind(p, on)) == "none");
+}
+
 TEST_CASE("collectives: NCCL's and the custom all-reduce's memory per rank", "[tp]") {
   const GpuSpec h200 = gpu("h200");
   ParallelConfig p;

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The tensor-parallel model step on real GPUs: memsim-model-bench --tensor-parallel 2 (one process
-# per rank, NCCL) on Qwen2.5-32B's shape with 2 layers: a captured decode step (NCCL all-reduces
-# and the logits' all-gather inside the graph) gives the eager step's tokens on every rank, and
-# each rank's logits of a ragged run match PyTorch's fp32 model of the unsharded weights
-# (tools/model_check.py). Exits 77 (skipped) without 2 GPUs or without PyTorch.
+# per rank, NCCL). First the custom all-reduce itself (--all-reduce-check: bit for bit against
+# the host's sums, eager and replayed from a graph after its inputs changed, both kernels' sizes).
+# Then Qwen2.5-32B's shape with 2 layers: a captured decode step (the custom all-reduces, their
+# inputs registered with the peer, and the logits' NCCL all-gather inside the graph; and again
+# with NCCL all-reduces) gives the eager step's tokens on every rank, and each rank's logits of a
+# ragged run match PyTorch's fp32 model of the unsharded weights (tools/model_check.py).
+# Exits 77 (skipped) without 2 GPUs or without PyTorch.
 # Usage: test_tp_step_cuda.sh /path/to/memsim-model-bench /path/to/libmemsim_kernels.so
 set -u
 BENCH=$1
@@ -19,11 +22,18 @@ trap 'rm -rf "$TMP"' EXIT
 export MEMSIM_ROOT=$ROOT
 failures=0
 fail() { echo "FAIL: $1" >&2; sed 's/^/    | /' "$2" >&2; failures=$((failures + 1)); }
-"$BENCH" --model qwen2.5-32b --layers 2 --tensor-parallel 2 --graph-check --pool-gib 2 \
-  > "$TMP/graph.out" 2>&1
+"$BENCH" --tensor-parallel 2 --all-reduce-check > "$TMP/arc.out" 2>&1
 rc=$?
-same=$(grep -c "next tokens identical" "$TMP/graph.out")
-[ "$rc" -eq 0 ] && [ "$same" -eq 4 ] || fail "graph check: exit $rc, $same of 4 replays identical" "$TMP/graph.out"
+[ "$rc" -eq 0 ] && grep -q "^all-reduce check: passed" "$TMP/arc.out" ||
+  fail "custom all-reduce check: exit $rc" "$TMP/arc.out"
+for ar in custom nccl; do
+  "$BENCH" --model qwen2.5-32b --layers 2 --tensor-parallel 2 --all-reduce $ar --graph-check \
+    --pool-gib 2 > "$TMP/graph_$ar.out" 2>&1
+  rc=$?
+  same=$(grep -c "next tokens identical" "$TMP/graph_$ar.out")
+  [ "$rc" -eq 0 ] && [ "$same" -eq 4 ] ||
+    fail "graph check ($ar all-reduce): exit $rc, $same of 4 replays identical" "$TMP/graph_$ar.out"
+done
 "$BENCH" --model qwen2.5-32b --layers 2 --tensor-parallel 2 --check "$TMP/check" --pool-gib 2 \
   > "$TMP/check.out" 2>&1 || fail "check run" "$TMP/check.out"
 for r in 0 1; do

@@ -61,6 +61,11 @@ SimTime to_ns(double us) {
 
 }  // namespace
 
+const char* all_reduce_kind(const ParallelConfig& p, const CommOptions& o) {
+  if (p.tensor <= 1) return "none";
+  return o.custom_all_reduce && custom_all_reduce_supported(p.tensor) ? "custom" : "nccl";
+}
+
 bool custom_all_reduce_supported(uint32_t world_size) {
   return world_size == 2 || world_size == 4 || world_size == 6 || world_size == 8;
 }
@@ -89,18 +94,32 @@ Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, cons
   return m;
 }
 
-Result<CollectiveTime> CollectiveTime::make(const GpuSpec& gpu, uint32_t ranks) {
+size_t custom_all_reduce_sizes(const InterconnectSpec& ic) {
+  return static_cast<size_t>(std::count_if(ic.collective_sizes.begin(), ic.collective_sizes.end(),
+                                           [](uint64_t b) { return b < kCustomAllReduceMaxSize; }));
+}
+
+namespace {
+
+// The rank count of `tables` nearest to `ranks` (the larger on a tie); 0 when empty.
+uint32_t nearest_count(const std::map<uint32_t, std::vector<double>>& tables, uint32_t ranks) {
+  uint32_t measured = 0;
+  const auto dist = [&](uint32_t k) { return k > ranks ? k - ranks : ranks - k; };
+  for (const auto& [n, us] : tables)
+    if (measured == 0 || dist(n) <= dist(measured)) measured = n;
+  return measured;
+}
+
+}  // namespace
+
+Result<CollectiveTime> CollectiveTime::make(const GpuSpec& gpu, uint32_t ranks,
+                                            bool custom_all_reduce) {
   CollectiveTime c;
   c.ranks_ = ranks;
   if (ranks <= 1) return c;
   MEMSIM_TRY(check_node(gpu, ranks));
   const InterconnectSpec& ic = gpu.interconnect;
-  // The measured count nearest to `ranks` (the larger on a tie).
-  uint32_t measured = 0;
-  for (const auto& [n, us] : ic.all_reduce_us) {
-    const auto dist = [&](uint32_t k) { return k > ranks ? k - ranks : ranks - k; };
-    if (measured == 0 || dist(n) <= dist(measured)) measured = n;
-  }
+  const uint32_t measured = nearest_count(ic.all_reduce_us, ranks);
   if (!ic.all_gather_us.contains(measured))
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("gpu {}: all_gather_us has no row for {} ranks, which "
@@ -117,11 +136,29 @@ Result<CollectiveTime> CollectiveTime::make(const GpuSpec& gpu, uint32_t ranks) 
           ? fmt::format("NCCL {} measured at {} ranks ({})", ic.nccl_version, ranks, gpu.name)
           : fmt::format("NCCL {} measured at {} ranks ({}), bytes per rank scaled to {}",
                         ic.nccl_version, measured, gpu.name, ranks);
+  if (!custom_all_reduce || !custom_all_reduce_supported(ranks)) return c;
+  const uint32_t custom = nearest_count(ic.custom_all_reduce_us, ranks);
+  if (custom == 0) {
+    c.source_ +=
+        fmt::format("; the custom all-reduce is not measured on {}: NCCL's times", gpu.name);
+    return c;
+  }
+  c.custom_us_ = ic.custom_all_reduce_us.at(custom);
+  c.custom_sizes_.assign(c.sizes_.begin(),
+                         c.sizes_.begin() + static_cast<long>(c.custom_us_.size()));
+  c.source_ += custom == ranks
+                   ? fmt::format("; custom all-reduce under 8 MiB measured at {} ranks", ranks)
+                   : fmt::format(
+                         "; custom all-reduce under 8 MiB measured at {} ranks "
+                         "(used unscaled for {})",
+                         custom, ranks);
   return c;
 }
 
 SimTime CollectiveTime::all_reduce(uint64_t bytes) const {
   if (ranks_ <= 1 || bytes == 0) return 0;
+  if (!custom_us_.empty() && bytes < kCustomAllReduceMaxSize && bytes % 16 == 0)
+    return to_ns(interpolate_us(custom_sizes_, custom_us_, static_cast<double>(bytes)));
   return to_ns(interpolate_us(sizes_, reduce_us_, static_cast<double>(bytes) * reduce_scale_));
 }
 

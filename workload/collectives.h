@@ -35,6 +35,13 @@ inline constexpr uint64_t kCustomAllReduceMaxSize = 8ull << 20;
 // _flag[36], uint32 each, 128-byte aligned): ops.meta_size().
 inline constexpr uint64_t kCustomAllReduceSignalBytes = 2560;
 bool custom_all_reduce_supported(uint32_t world_size);
+// What a tensor-parallel step's all-reduces run on: "custom" when custom_all_reduce is on and the
+// world size is one the kernel takes (up to 8 MiB; NCCL above), else "nccl" (vLLM falls back to
+// NCCL there); "none" on one GPU.
+const char* all_reduce_kind(const ParallelConfig& p, const CommOptions& o);
+// How many of the GPU file's collective_sizes lie under the custom all-reduce's max_size: the
+// length of each custom_all_reduce_us row.
+size_t custom_all_reduce_sizes(const InterconnectSpec& ic);
 
 // One rank's communication memory.
 struct CommMemory {
@@ -72,9 +79,15 @@ Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, cons
 // slope (bandwidth) above the largest. For a rank count not measured, the table of the nearest
 // measured count is used with the bytes each rank moves scaled: all-reduce (ring) 2 (n - 1) / n,
 // all-gather (n - 1); source() says so.
+//
+// With `custom_all_reduce` (vLLM's CustomAllreduce, at 2, 4, 6 or 8 ranks) an all-reduce of a
+// 16-byte multiple under 8 MiB takes the GPU file's custom_all_reduce_us time instead (the
+// nearest measured rank count's, unscaled: its one-stage kernel reads every peer's whole input);
+// a GPU file without that table keeps NCCL's times, and source() says so.
 class CollectiveTime {
  public:
-  static Result<CollectiveTime> make(const GpuSpec& gpu, uint32_t ranks);
+  static Result<CollectiveTime> make(const GpuSpec& gpu, uint32_t ranks,
+                                     bool custom_all_reduce = false);
 
   SimTime all_reduce(uint64_t bytes) const;       // an all-reduce of a `bytes` buffer
   SimTime all_gather(uint64_t part_bytes) const;  // each rank contributes part_bytes
@@ -87,7 +100,8 @@ class CollectiveTime {
   uint32_t ranks_ = 1;
   std::vector<double> sizes_;  // bytes
   std::vector<double> reduce_us_, gather_us_;
-  double reduce_scale_ = 1, gather_scale_ = 1;  // bytes multiplier for an unmeasured count
+  double reduce_scale_ = 1, gather_scale_ = 1;    // bytes multiplier for an unmeasured count
+  std::vector<double> custom_sizes_, custom_us_;  // empty: every all-reduce over NCCL
   std::string source_;
 };
 

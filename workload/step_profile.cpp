@@ -141,7 +141,8 @@ ProfiledStepTime::ProfiledStepTime(StepProfile profile, std::shared_ptr<const St
 
 std::string ProfiledStepTime::describe() const {
   std::string s = p_.gpu + "/" + p_.model + " (" + p_.mode;
-  if (p_.tensor_parallel > 1) s += fmt::format(", one rank of TP {}", p_.tensor_parallel);
+  if (p_.tensor_parallel > 1)
+    s += fmt::format(", one rank of TP {}, {} all-reduce", p_.tensor_parallel, p_.all_reduce);
   if (graphs()) s += fmt::format("; decode as CUDA graphs of {} sizes", graph_sizes_.size());
   if (p_.decode_scale != 1 || p_.prefill_scale != 1)
     s +=

@@ -28,6 +28,9 @@ struct StepProfile {
   // Ranks the step ran on (tensor parallelism): each step's time is one rank's, collectives
   // included. 1: one GPU.
   uint32_t tensor_parallel = 1;
+  // Under tensor parallelism, what the steps' all-reduces ran on: "custom" (vLLM's custom
+  // all-reduce up to 8 MiB, NCCL above) or "nccl" (NCCL only; a file without the key).
+  std::string all_reduce = "nccl";
   std::string measured;             // free text: device, driver, date
   std::vector<ProfileRow> decode;   // one new token per sequence, by batch size (ascending)
   std::vector<ProfileRow> prefill;  // one sequence's chunk, by chunk tokens (ascending)

@@ -99,6 +99,10 @@ struct InterconnectSpec {
   std::vector<uint64_t> collective_sizes;
   std::map<uint32_t, std::vector<double>> all_reduce_us;
   std::map<uint32_t, std::vector<double>> all_gather_us;
+  // vLLM-style custom all-reduce (memsim-model-bench --all-reduce-check), per measured rank
+  // count: one time for each of the collective_sizes under its max_size (custom_all_reduce_sizes).
+  // Empty: not measured on this GPU.
+  std::map<uint32_t, std::vector<double>> custom_all_reduce_us;
 };
 
 struct GpuSpec {

@@ -42,7 +42,8 @@ int write_profile(const CalibrateModelOptions& o, StepProfile& p, const ModelSha
       o.out_path.empty() ? step_profile_path(o.gpu_path, model.name, o.graphs, tp) : o.out_path;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tp_flag = tp > 1 ? fmt::format(" --tensor-parallel {}", tp) : "";
+  const std::string tp_flag =
+      tp > 1 ? fmt::format(" --tensor-parallel {} --all-reduce {}", tp, p.all_reduce) : "";
   const std::string text = format_step_profile(
       p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}",
                       model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag),
@@ -52,9 +53,12 @@ int write_profile(const CalibrateModelOptions& o, StepProfile& p, const ModelSha
                       o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
                                  "to 32K, prefill eager"
                                : "eager launches",
-                      tp > 1 ? fmt::format(". One rank of {}: its shard, NCCL all-reduces and "
-                                           "the logits' all-gather included",
-                                           tp)
+                      tp > 1 ? fmt::format(". One rank of {}: its shard, {} and the logits' "
+                                           "NCCL all-gather included",
+                                           tp,
+                                           p.all_reduce == "custom"
+                                               ? "custom all-reduces (NCCL above 8 MiB)"
+                                               : "NCCL all-reduces")
                              : "")});
   // Read back exactly as the serving engine will, before it replaces anything at `path`.
   const auto loads_back = [&](std::string_view t) -> std::string {
@@ -105,7 +109,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   }
   TpMember member;
   if (o.rank >= 0) {
-    auto joined = join_tp_group(tp, o.rank, o.nccl_id);
+    auto joined = join_tp_group(tp, o.rank, o.nccl_id, o.all_reduce == "custom");
     if (!joined.ok()) {
       err << "memsim calibrate: " << joined.error().message << "\n";
       return 2;
@@ -141,6 +145,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   StepProfile p = std::move(profile).value();
   p.gpu = gpu.name;
   p.tensor_parallel = tp;
+  if (member.group) p.all_reduce = member.group->all_reduce_kind();
   return write_profile(o, p, model, device, out, err);
 }
 

@@ -18,6 +18,9 @@ struct CalibrateModelOptions {
   // rank and nccl_id set), each running the grid on its shard; rank 0 writes the rank's profile
   // (<model>.tp<N>[.graphs].yaml).
   uint32_t tensor_parallel = 1;
+  // The all-reduce the ranks run: "custom" (vLLM's default: its custom all-reduce up to 8 MiB,
+  // NCCL above, at 2, 4, 6 or 8 ranks) or "nccl". The profile records it (all_reduce:).
+  std::string all_reduce = "custom";
   int rank = -1;
   std::string nccl_id;
 };

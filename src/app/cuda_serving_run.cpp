@@ -72,7 +72,8 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
   std::shared_ptr<TpMember> member;
   if (rank >= 0) {
     MEMSIM_ASSIGN_OR_RETURN(TpMember joined,
-                            join_tp_group(config.parallel.sizes.tensor, rank, nccl_id));
+                            join_tp_group(config.parallel.sizes.tensor, rank, nccl_id,
+                                          config.parallel.comm.custom_all_reduce));
     member = std::make_shared<TpMember>(std::move(joined));
   }
   const ModelShape& attention = config.rank_model;

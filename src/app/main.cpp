@@ -126,6 +126,11 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
                    "with --model: one rank's steps under tensor parallelism over N GPUs of this "
                    "host (one process each, NCCL); writes <model>.tp<N>.yaml")
       ->check(CLI::Range(1, 64));
+  c.cmd
+      ->add_option("--all-reduce", c.model.all_reduce,
+                   "with --tensor-parallel: custom (vLLM's custom all-reduce up to 8 MiB, NCCL "
+                   "above; its default) or nccl")
+      ->check(CLI::IsMember({"custom", "nccl"}));
   c.cmd->add_option("--rank", c.model.rank, "(set by --tensor-parallel)")->group("");
   c.cmd->add_option("--nccl-id", c.model.nccl_id, "(set by --tensor-parallel)")->group("");
 }

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "src/app/spawn.h"
+#include "workload/collectives.h"
 
 namespace memsim {
 
@@ -156,7 +157,8 @@ int run_rank_processes(const std::vector<std::string>& argv, uint32_t ranks, boo
   return problem.empty() ? 0 : 1;
 }
 
-Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& hex) {
+Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& hex,
+                               bool custom_all_reduce) {
   NcclUniqueId id{};
   if (rank < 0 || rank >= static_cast<int>(ranks) || !nccl_id_from_hex(hex, &id))
     return make_error(ErrorCode::kInvalidArgument,
@@ -171,7 +173,12 @@ Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& hex)
   TpMember m;
   MEMSIM_ASSIGN_OR_RETURN(m.nccl, Nccl::load());
   MEMSIM_TRY(m.nccl->init_rank(id, static_cast<int>(ranks), rank));
-  m.group = make_nccl_group(*m.nccl, ranks, static_cast<uint32_t>(rank));
+  if (custom_all_reduce && custom_all_reduce_supported(ranks)) {
+    MEMSIM_ASSIGN_OR_RETURN(
+        m.group, make_custom_all_reduce_group(*m.nccl, ranks, static_cast<uint32_t>(rank)));
+  } else {
+    m.group = make_nccl_group(*m.nccl, ranks, static_cast<uint32_t>(rank));
+  }
   return m;
 }
 

@@ -49,11 +49,14 @@ int run_rank_processes(const std::vector<std::string>& argv, uint32_t ranks, boo
                        int timeout_s, std::ostream& out);
 
 // A rank's side: GPU `rank` made current, NCCL loaded and its communicator made from the
-// launcher's id (hex), the group a ModelStep runs its collectives through.
+// launcher's id (hex), the group a ModelStep runs its collectives through: vLLM's custom
+// all-reduce over NCCL when `custom_all_reduce` (and the rank count is one its kernel takes:
+// 2, 4, 6, 8; otherwise NCCL alone, as vLLM falls back), else NCCL alone.
 struct TpMember {
   std::unique_ptr<Nccl> nccl;
   std::unique_ptr<TpGroup> group;
 };
-Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& nccl_id_hex);
+Result<TpMember> join_tp_group(uint32_t ranks, int rank, const std::string& nccl_id_hex,
+                               bool custom_all_reduce);
 
 }  // namespace memsim

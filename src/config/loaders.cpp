@@ -37,7 +37,7 @@ const ConfigKeys& gpu_file_keys() {
         "step_overhead_us", "sms", "decode_ctas_per_sm"}},
       {"interconnect",
        {"gpus_per_node", "nccl_version", "nccl_memory", "nccl_memory_ranks", "collective_sizes",
-        "all_reduce_us", "all_gather_us"}},
+        "all_reduce_us", "all_gather_us", "custom_all_reduce_us"}},
       {"interconnect.nccl_memory", {"cumem", "no_cumem"}},
       {"interconnect.nccl_memory.<env>", {"communicator", "collectives", "point_to_point"}},
   };
@@ -100,7 +100,8 @@ InterconnectSpec::NcclMemory load_nccl_memory(const ConfigNode& n) {
 
 // `{RANKS: [us, ...], ...}`: one time per collective size, positive, for rank counts >= 2.
 std::map<uint32_t, std::vector<double>> load_collective_times(const ConfigNode& n, size_t sizes,
-                                                              uint32_t gpus_per_node) {
+                                                              uint32_t gpus_per_node,
+                                                              const char* sizes_name) {
   if (!n.is_map()) n.fail("must map a rank count to its times, e.g. {2: [9.1, ...]}");
   std::map<uint32_t, std::vector<double>> out;
   for (const std::string& key : n.keys()) {
@@ -112,7 +113,7 @@ std::map<uint32_t, std::vector<double>> load_collective_times(const ConfigNode& 
           fmt::format("the key must be a rank count from 2 to gpus_per_node ({})", gpus_per_node));
     const std::vector<ConfigNode> items = row.items();
     if (items.size() != sizes)
-      row.fail(fmt::format("has {} times; collective_sizes has {}", items.size(), sizes));
+      row.fail(fmt::format("has {} times; {} has {}", items.size(), sizes_name, sizes));
     std::vector<double>& us = out[static_cast<uint32_t>(ranks)];
     for (const ConfigNode& v : items) us.push_back(v.as_double_in(1e-3, 1e9));
   }
@@ -139,8 +140,17 @@ InterconnectSpec load_interconnect(const ConfigNode& n) {
   }
   if (ic.collective_sizes.size() < 2) sizes.fail("needs at least two sizes");
   const size_t count = ic.collective_sizes.size();
-  ic.all_reduce_us = load_collective_times(n["all_reduce_us"], count, ic.gpus_per_node);
-  ic.all_gather_us = load_collective_times(n["all_gather_us"], count, ic.gpus_per_node);
+  ic.all_reduce_us =
+      load_collective_times(n["all_reduce_us"], count, ic.gpus_per_node, "collective_sizes");
+  ic.all_gather_us =
+      load_collective_times(n["all_gather_us"], count, ic.gpus_per_node, "collective_sizes");
+  if (auto v = n.find("custom_all_reduce_us")) {
+    const size_t below = custom_all_reduce_sizes(ic);
+    if (below < 2)
+      v->fail("needs at least two collective_sizes under the custom all-reduce's 8 MiB");
+    ic.custom_all_reduce_us =
+        load_collective_times(*v, below, ic.gpus_per_node, "collective_sizes under 8 MiB");
+  }
   return ic;
 }
 

@@ -10,7 +10,8 @@ namespace memsim {
 
 const ConfigKeys& step_profile_keys() {
   static const ConfigKeys kKeys = {
-      {"", {"gpu", "model", "mode", "tensor_parallel", "measured", "decode", "prefill"}},
+      {"",
+       {"gpu", "model", "mode", "tensor_parallel", "all_reduce", "measured", "decode", "prefill"}},
       {"decode[]", {"batch", "contexts", "ms"}},
       {"prefill[]", {"chunk", "prefixes", "ms"}},
   };
@@ -66,6 +67,7 @@ StepProfile load_step_profile(const ConfigNode& node) {
   if (auto v = node.find("mode")) p.mode = v->as_choice({"eager", "graphs"});
   if (auto v = node.find("tensor_parallel"))
     p.tensor_parallel = static_cast<uint32_t>(v->as_uint_in(1, 1024));
+  if (auto v = node.find("all_reduce")) p.all_reduce = v->as_choice({"nccl", "custom"});
   if (auto v = node.find("measured")) p.measured = v->as_string();
   p.decode = load_rows(node["decode"], "decode[]");
   if (p.decode.empty()) node["decode"].fail("must list at least one row");
@@ -77,7 +79,8 @@ std::string format_step_profile(const StepProfile& p, const std::vector<std::str
   std::string o;
   for (const std::string& h : header) o += "# " + h + "\n";
   o += fmt::format("gpu: {}\nmodel: {}\nmode: {}\n", p.gpu, p.model, p.mode);
-  if (p.tensor_parallel > 1) o += fmt::format("tensor_parallel: {}\n", p.tensor_parallel);
+  if (p.tensor_parallel > 1)
+    o += fmt::format("tensor_parallel: {}\nall_reduce: {}\n", p.tensor_parallel, p.all_reduce);
   o += fmt::format("measured: \"{}\"\n", p.measured);
   o += "decode:    # one new token per sequence: step ms by batch x context tokens per sequence\n";
   for (const ProfileRow& r : p.decode)

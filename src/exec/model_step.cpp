@@ -338,6 +338,7 @@ Status ModelStep::Impl::capture_decode(const KvLayout& kv, uint32_t batch, uint3
   }
   if (st.ok()) st = cu(cudaGraphInstantiate(&g.exec, graph, 0), "instantiate");
   if (graph) cudaGraphDestroy(graph);
+  if (st.ok() && tp) st = tp->register_graph_buffers();  // its collectives' inputs, to the peers
   if (!st.ok()) return fail(st);
   graphs.emplace(batch, std::move(g));
   return {};

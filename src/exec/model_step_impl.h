@@ -19,6 +19,7 @@
 #include "src/alloc/torch_caching.h"
 #include "src/exec/model_step.h"
 #include "src/exec/step_metadata.h"
+#include "src/exec/tp_group.h"
 
 namespace memsim {
 namespace model_step_detail {
@@ -58,6 +59,8 @@ struct ModelStep::Impl {
     for (auto& [b, t] : templates)
       if (t.host_out) (void)backend.host_free_pinned(t.host_out);
     gemm.reset();
+    // The peers' mappings of this step's captured all-reduce inputs go before the inputs do.
+    if (tp && !graphs.empty()) tp->release_graph_buffers();
     (void)alloc.release_all();
     for (DevPtr p : weights) (void)backend.device_free(p);
     if (staging) (void)backend.host_free_pinned(staging);

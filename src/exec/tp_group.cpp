@@ -24,6 +24,7 @@ class NcclGroup final : public TpGroup {
   }
   Result<uint64_t> host_max(uint64_t value) override { return host_reduce(value, NcclOp::kMax); }
   Result<uint64_t> host_min(uint64_t value) override { return host_reduce(value, NcclOp::kMin); }
+  const char* all_reduce_kind() const override { return "nccl"; }
   ~NcclGroup() override {
     if (scratch_) cudaFree(scratch_);
   }

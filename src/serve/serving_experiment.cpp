@@ -200,6 +200,13 @@ void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, Ser
       pnode.fail(
           fmt::format("holds steps at tensor_parallel {}, but this file is the TP {} profile",
                       prof.tensor_parallel, tp));
+    if (const char* want = all_reduce_kind(c.parallel.sizes, c.parallel.comm);
+        tp > 1 && prof.all_reduce != want)
+      pnode.fail(fmt::format(
+          "holds steps measured with the {} all-reduce, but the experiment's parallel runs the "
+          "{} one (custom_all_reduce: {}): calibrate with --all-reduce {}, or set "
+          "custom_all_reduce to match",
+          prof.all_reduce, want, c.parallel.comm.custom_all_reduce, want));
     if (std::string why = check_step_profile(prof); !why.empty()) pnode.fail(why);
     return prof;
   };
@@ -234,7 +241,10 @@ ServingConfig load_serving_config(const ConfigNode& root) {
   load_step_profiles(root, gpu_file, c);
   if (tp > 1) {
     c.rank_model = shard_tensor_parallel(c.model, tp)->rank;  // checked by load_parallel
-    c.collectives = std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp));
+    const bool custom =
+        std::string_view(all_reduce_kind(c.parallel.sizes, c.parallel.comm)) == "custom";
+    c.collectives =
+        std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp, custom));
     if (!c.step_profile)
       c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
   }
