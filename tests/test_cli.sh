@@ -578,8 +578,22 @@ expect_in "$TMP/out_tp_serving/"*/summary.json '"tensor_parallel_size": 4' \
   "tp serving: summary.json says the figures are per rank"
 run tp_pp --config "$KVCONF" --out "$TMP/out_tp_pp" --set parallel.pipeline_parallel_size=2
 expect_rc tp_pp 2
-expect_in "$TMP/tp_pp.err" "pipeline_parallel_size): only 1 is modelled yet" \
+expect_in "$TMP/tp_pp.err" "pipeline_parallel_size): serving under pipeline parallelism is not modelled" \
   "tp serving: pipeline parallelism refused, not ignored"
+run pp_memory --config "$TPCONF" --out "$TMP/out_pp" --set models=[llama-3.1-70b] \
+  --set gpus=[h100] --set 'tensor_parallel_sizes=[2]' --set 'pipeline_parallel_sizes=[2]' \
+  --set graph_memory=[shared_pool]
+expect_rc pp_memory 0
+check "pp_memory: ranks.csv has a row per rank (2 stages x 2) and a header" \
+  test "$(wc -l < "$TMP/out_pp/tp_memory/ranks.csv")" -eq 5
+expect_in "$TMP/out_pp/tp_memory/ranks.csv" "llama-3.1-70b,h100,2,shared_pool,3,2,35277520896," \
+  "pp_memory: rank 3 (stage 1, TP rank 1) with its stage's exact weight bytes"
+run pp_node --config "$TPCONF" --out "$TMP/out_pp_node" --set 'tensor_parallel_sizes=[4]' \
+  --set 'pipeline_parallel_sizes=[4]'
+expect_rc pp_node 2
+expect_in "$TMP/pp_node.err" "pipeline_parallel_sizes[0]" "pp_memory: the size beyond the node named"
+expect_in "$TMP/pp_node.err" "16 ranks exceed the 8 GPUs of one h100 node" \
+  "pp_memory: tp x pp against the node's GPUs"
 
 echo "test_cli: $checks checks passed, $failures failed"
 if [ "$failures" -ne 0 ]; then exit 1; fi

@@ -131,6 +131,11 @@ TEST_CASE("every printed column has a legend line and every legend line a printe
     res.points.emplace_back();
     const std::string table = format_tp_memory_table(TpMemoryConfig{}, res, false);
     check_header(line_starting(table, "model"), tp_memory_columns());
+    CHECK(line_starting(table, "model").find(" PP ") == std::string::npos);
+    TpMemoryConfig pp;
+    pp.pipeline_parallel_sizes = {1, 2};
+    check_header(line_starting(format_tp_memory_table(pp, res, false), "model"),
+                 tp_memory_columns(true));
   }
   SECTION("RL") {
     RlResults res;
@@ -147,7 +152,7 @@ TEST_CASE("docs/tables.md lists exactly the columns each table prints") {
   const std::pair<std::string_view, std::span<const ColumnDoc>> tables[] = {
       {kShapesAnchor, shapes_columns()},   {kKvBudgetAnchor, kv_budget_lines()},
       {kServingAnchor, serving_columns()}, {kAllocatorsAnchor, allocator_columns()},
-      {kRlAnchor, rl_columns()},           {kTpMemoryAnchor, tp_memory_columns()},
+      {kRlAnchor, rl_columns()},           {kTpMemoryAnchor, tp_memory_columns(true)},
   };
   for (const auto& [anchor, cols] : tables) {
     CAPTURE(anchor);

@@ -251,11 +251,6 @@ TEST_CASE("kv budget: one rank of Llama-3.1-70B at TP 2 on an H200", "[tp]") {
   REQUIRE_FALSE(t.ok());
   CHECK(t.error().code == ErrorCode::kOutOfMemory);
   CHECK(t.error().message.find("free memory on startup") != std::string::npos);
-
-  // Pipeline parallelism is not modelled: said, not ignored.
-  KvBudgetInput pp = in;
-  pp.parallel.pipeline = 2;
-  CHECK(compute_kv_budget(pp).error().message.find("not modelled") != std::string::npos);
 }
 
 TEST_CASE("step time: a TP step adds 2 x layers + 1 all-reduces and the logits' all-gather",

@@ -67,6 +67,12 @@ struct ProgramOptions {
   uint32_t tensor_parallel = 1;
   uint64_t vocab_padded = 0;
   uint64_t vocab = 0;
+  // Pipeline parallelism: `model` holds one stage's layers (workload/pipeline_parallel.h). A stage
+  // other than the first has no embedding and reads the previous stage's hidden states and
+  // residual from two persistent [b, hidden] inputs; a stage other than the last ends after its
+  // last layer, with those two tensors as its outputs (no final norm, logits or sampler).
+  bool first_stage = true;
+  bool last_stage = true;
 };
 
 // Checks a graph: every op names a tensor in range; every intermediate is allocated once and

@@ -72,10 +72,19 @@ bool custom_all_reduce_supported(uint32_t world_size) {
 
 Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, const CommOptions& o) {
   CommMemory m;
-  if (p.tensor <= 1) return m;
-  MEMSIM_TRY(check_node(gpu, p.tensor));
+  if (p.tensor <= 1 && p.pipeline <= 1) return m;
+  MEMSIM_TRY(check_node(gpu, p.gpus()));
   const InterconnectSpec::NcclMemory& nccl =
       o.nccl_cumem ? gpu.interconnect.nccl_cumem : gpu.interconnect.nccl_no_cumem;
+  if (p.pipeline > 1) {
+    m.pp_nccl = nccl.communicator + nccl.collectives;
+    m.pp_note = fmt::format(
+        "the pipeline group's NCCL memory is not measured: memsim takes the {}-rank "
+        "tensor-parallel "
+        "figure ({}) for it, without the buffers NCCL sets up for send/recv between stages",
+        gpu.interconnect.nccl_memory_ranks, gpu.name);
+  }
+  if (p.tensor <= 1) return m;
   m.nccl_communicator = nccl.communicator;
   m.nccl_collectives = nccl.collectives;
   if (p.tensor != gpu.interconnect.nccl_memory_ranks)

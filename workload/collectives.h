@@ -12,8 +12,8 @@
 
 namespace memsim {
 
-// How a model is spread over GPUs (vLLM's ParallelConfig). memsim models tensor parallelism;
-// pipeline and data parallelism are refused by the loaders until they are modelled.
+// How a model is spread over GPUs (vLLM's ParallelConfig), all on one node: tensor x pipeline
+// ranks make one engine, data_parallel_size engines (replicas) run side by side.
 struct ParallelConfig {
   uint32_t tensor = 1;    // tensor_parallel_size: ranks that shard every layer
   uint32_t pipeline = 1;  // pipeline_parallel_size
@@ -62,16 +62,24 @@ struct CommMemory {
   uint64_t custom_rank_data = 0;
   uint64_t custom_ipc = 0;
 
+  // Pipeline parallelism: the PP group's communicator (vLLM gives each rank a PyNcclCommunicator
+  // for its pipeline group too, warmed up by an all-reduce). Nothing memsim measured models a PP
+  // group, so this is the TP table's figure at its measured rank count (communicator +
+  // collectives), an approximation pp_note states; the buffers NCCL sets up for the first
+  // send/recv between two peers are not in it.
+  uint64_t pp_nccl = 0;
+  std::string pp_note;
+
   // Empty, or why the NCCL figures are not measured ones for this rank count.
   std::string nccl_note;
 
-  uint64_t nccl() const { return nccl_communicator + nccl_collectives; }
+  uint64_t nccl() const { return nccl_communicator + nccl_collectives + pp_nccl; }
   uint64_t custom() const { return custom_meta + custom_buffer + custom_rank_data + custom_ipc; }
   uint64_t total() const { return nccl() + custom(); }
 };
 
-// Zero for one GPU. Errors (kInvalidArgument): ranks beyond the node, or a GPU file without an
-// interconnect section.
+// Zero for one GPU. Errors (kInvalidArgument): the engine's ranks (tensor x pipeline x data)
+// beyond the node, or a GPU file without an interconnect section.
 Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, const CommOptions& o);
 
 // Collective times on `ranks` GPUs of one node, from the GPU file's tables: log-log linear

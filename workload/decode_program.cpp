@@ -44,6 +44,16 @@
 // "logits" [b, vocab_padded] (the padding is sliced off as a view). The masked-id tensors of the
 // embedding ([b] int64 and bool) are left out.
 //
+// Pipeline parallelism (vLLM's PP ranks; model.layers is the stage's): a stage other than the
+// first has no embedding; vLLM's runner keeps persistent intermediate tensors (hidden_states and
+// residual, [max_num_tokens, hidden] each: make_empty_intermediate_tensors, gpu_model_runner) that
+// the received ones are copied into, here two inputs "intermediate.hidden_states" and
+// "intermediate.residual" [b, hidden]; its first layer adds the residual as any later layer does
+// (input_residual). A stage other than the last returns IntermediateTensors(hidden_states,
+// residual): its last layer's down and post_attn_residual stay live as the graph's outputs, and
+// there is no final norm, LM head or sampler (vLLM's PPMissingLayer; the profile run samples on
+// the last rank only).
+//
 // Each tensor is freed right after the op that reads it last, i.e. after that op's own output
 // has been allocated (an op's inputs and output are live together). The residual chain: embed
 // is read last by layer 0's post_attn_residual; input_residual(i) by post_attn_residual(i);
@@ -91,11 +101,17 @@ class ProgramBuilder {
     return refs_.size() - 1;
   }
 
+  // A tensor the program reads but does not own (a persistent input): its frees emit nothing.
+  Handle external() {
+    refs_.push_back(Ref{kExternal, 0, false});
+    return refs_.size() - 1;
+  }
+
   void free(Handle h) {
     Ref& r = refs_.at(h);
     if (r.freed) throw std::logic_error("decode program: tensor freed twice");
     r.freed = true;
-    if (r.graph != graphs_.size() - 1) return;  // an earlier graph's output
+    if (r.graph != graphs_.size() - 1) return;  // an earlier graph's output, or external
     current().ops.push_back(ProgramOp{ProgramOp::Kind::kFree, r.index});
   }
 
@@ -112,6 +128,7 @@ class ProgramBuilder {
   }
 
  private:
+  static constexpr size_t kExternal = static_cast<size_t>(-1);
   struct Ref {
     size_t graph;
     uint32_t index;
@@ -154,6 +171,41 @@ void check_shape(const ModelShape& m, uint32_t batch, const ProgramOptions& o) {
   }
 }
 
+// The last stage's head: final residual add and norm, LM head (all-gathered under TP), sampler.
+void emit_head(ProgramBuilder& pb, const ModelShape& model, const ProgramOptions& options,
+               uint32_t batch, ProgramBuilder::Handle hidden, ProgramBuilder::Handle residual) {
+  using Handle = ProgramBuilder::Handle;
+  const uint64_t b = batch;
+  const uint64_t act = dtype_bytes(model.dtype);
+  const uint64_t fp32 = dtype_bytes(DType::kFP32);
+  const uint64_t hidden_bytes = b * model.hidden * act;
+  const bool tp = options.tensor_parallel > 1;
+  if (options.mode == GraphMode::kPiecewise) pb.begin_graph(graph_name(batch, "head"));
+  const Handle final_sum = pb.alloc("final.residual", hidden_bytes);
+  pb.free(hidden);
+  pb.free(residual);
+  const Handle final_norm = pb.alloc("final.norm", hidden_bytes);
+  pb.free(final_sum);
+  Handle logits;
+  if (tp) {
+    const Handle partial = pb.alloc("logits.partial", b * model.vocab * act);
+    pb.free(final_norm);
+    const Handle gathered = pb.alloc("logits.gathered", b * options.vocab_padded * act);
+    pb.free(partial);
+    logits = pb.alloc("logits", b * options.vocab_padded * act);
+    pb.free(gathered);
+  } else {
+    logits = pb.alloc("logits", b * model.vocab * act);
+    pb.free(final_norm);
+  }
+  const uint64_t vocab = tp ? options.vocab : model.vocab;
+  pb.alloc("logits_fp32", b * vocab * fp32);  // output
+  pb.free(logits);
+  const Handle probs = pb.alloc("probs", b * vocab * fp32);
+  pb.alloc("sampled_ids", b * dtype_bytes(DType::kInt64));  // output
+  pb.free(probs);
+}
+
 }  // namespace
 
 ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
@@ -162,7 +214,6 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
 
   const uint64_t b = batch;
   const uint64_t act = dtype_bytes(model.dtype);
-  const uint64_t fp32 = dtype_bytes(DType::kFP32);
   const uint64_t i32 = dtype_bytes(DType::kInt32);
   const uint64_t i64 = dtype_bytes(DType::kInt64);
   const uint64_t q_width = uint64_t{model.heads} * model.head_dim;
@@ -182,6 +233,11 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
       {"block_tables", b * blocks_per_seq * i32, TensorRole::kInput},
   };
 
+  if (!options.first_stage) {
+    out.inputs.push_back({"intermediate.hidden_states", hidden_bytes, TensorRole::kInput});
+    out.inputs.push_back({"intermediate.residual", hidden_bytes, TensorRole::kInput});
+  }
+
   ProgramBuilder pb(out.graphs);
   pb.begin_graph(graph_name(batch, piecewise ? "embed" : "full"));
 
@@ -195,8 +251,10 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
     pb.free(partial);
     return sum;
   };
-  Handle hidden = reduced("embed");
-  Handle residual = hidden;  // layer 0: residual is the embedding output itself
+  // First stage: the embedding, which layer 0 also takes as its residual. Later stages: the
+  // persistent intermediate inputs (never freed by the program).
+  Handle hidden = options.first_stage ? reduced("embed") : pb.external();
+  Handle residual = options.first_stage ? hidden : pb.external();
   bool workspace_done = options.gemm_workspace_bytes == 0;
 
   for (uint32_t i = 0; i < model.layers; ++i) {
@@ -204,7 +262,7 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
     const std::string p = "layer" + std::to_string(i) + ".";
 
     Handle norm_in;
-    if (i == 0) {
+    if (i == 0 && options.first_stage) {
       norm_in = pb.alloc(p + "input_norm", hidden_bytes);
     } else {
       const Handle sum = pb.alloc(p + "input_residual", hidden_bytes);
@@ -250,30 +308,8 @@ ShapeProgram make_decode_program(const ModelShape& model, uint32_t batch,
     pb.free(a);
   }
 
-  if (piecewise) pb.begin_graph(graph_name(batch, "head"));
-  const Handle final_sum = pb.alloc("final.residual", hidden_bytes);
-  pb.free(hidden);
-  pb.free(residual);
-  const Handle final_norm = pb.alloc("final.norm", hidden_bytes);
-  pb.free(final_sum);
-  Handle logits;
-  if (tp) {
-    const Handle partial = pb.alloc("logits.partial", b * model.vocab * act);
-    pb.free(final_norm);
-    const Handle gathered = pb.alloc("logits.gathered", b * options.vocab_padded * act);
-    pb.free(partial);
-    logits = pb.alloc("logits", b * options.vocab_padded * act);
-    pb.free(gathered);
-  } else {
-    logits = pb.alloc("logits", b * model.vocab * act);
-    pb.free(final_norm);
-  }
-  const uint64_t vocab = tp ? options.vocab : model.vocab;
-  pb.alloc("logits_fp32", b * vocab * fp32);  // output
-  pb.free(logits);
-  const Handle probs = pb.alloc("probs", b * vocab * fp32);
-  pb.alloc("sampled_ids", b * i64);  // output
-  pb.free(probs);
+  // A stage other than the last ends here: hidden (down) and residual are its outputs.
+  if (options.last_stage) emit_head(pb, model, options, batch, hidden, residual);
   pb.close_graph();
 
   for (const GraphProgram& g : out.graphs) {

@@ -49,7 +49,7 @@ const char* to_string(DType t) {
 //              input / post-attention RMSNorm  hidden each
 //   final RMSNorm             hidden
 //   lm_head                   vocab x hidden (absent when tied to the embedding)
-uint64_t ModelShape::weight_bytes() const {
+uint64_t ModelShape::layer_weight_bytes() const {
   const uint64_t q_width = uint64_t{heads} * head_dim;
   const uint64_t kv_width = uint64_t{kv_heads} * head_dim;
 
@@ -61,12 +61,19 @@ uint64_t ModelShape::weight_bytes() const {
   if (qk_norm) per_layer += 2 * head_dim;
   per_layer += 3 * hidden * intermediate;  // gate, up, down
   per_layer += 2 * hidden;                 // input and post-attention RMSNorm
+  return per_layer * dtype_bytes(dtype);
+}
 
-  uint64_t params = vocab * hidden;  // embedding
-  params += uint64_t{layers} * per_layer;
-  params += hidden;                               // final norm
-  if (!tie_embeddings) params += vocab * hidden;  // lm_head
-  return params * dtype_bytes(dtype);
+uint64_t ModelShape::embedding_weight_bytes() const {
+  return vocab * hidden * dtype_bytes(dtype);
+}
+
+uint64_t ModelShape::weight_bytes() const {
+  uint64_t bytes = embedding_weight_bytes();
+  bytes += uint64_t{layers} * layer_weight_bytes();
+  bytes += hidden * dtype_bytes(dtype);                    // final norm
+  if (!tie_embeddings) bytes += embedding_weight_bytes();  // lm_head
+  return bytes;
 }
 
 uint64_t ModelShape::kv_bytes_per_token() const {

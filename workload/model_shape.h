@@ -20,10 +20,10 @@ struct ModelShape {
   uint64_t head_dim = 0;
   uint64_t intermediate = 0;
   uint64_t vocab = 0;
-  DType dtype = DType::kBF16;        // weights and activations
-  bool tie_embeddings = false;       // lm_head shares the embedding matrix
-  bool qkv_bias = false;             // q/k/v projections carry biases (Qwen2/Qwen2.5)
-  bool qk_norm = false;              // per-head RMSNorm on q and k, head_dim weights each (Qwen3)
+  DType dtype = DType::kBF16;   // weights and activations
+  bool tie_embeddings = false;  // lm_head shares the embedding matrix
+  bool qkv_bias = false;        // q/k/v projections carry biases (Qwen2/Qwen2.5)
+  bool qk_norm = false;         // per-head RMSNorm on q and k, head_dim weights each (Qwen3)
   // Numerics the model executor needs (config.json's rope_theta, rms_norm_eps, rope_scaling).
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
@@ -35,8 +35,10 @@ struct ModelShape {
   // transformers' _compute_default_rope_parameters / _compute_llama3_parameters compute them.
   std::vector<float> rope_inv_freq() const;
 
-  uint64_t weight_bytes() const;          // embeddings, attention, MLP, norms, lm_head
-  uint64_t kv_bytes_per_token() const;    // 2 (K and V) x layers x kv_heads x head_dim x dtype
+  uint64_t weight_bytes() const;            // embeddings, attention, MLP, norms, lm_head
+  uint64_t layer_weight_bytes() const;      // one decoder layer (attention, MLP, its two norms)
+  uint64_t embedding_weight_bytes() const;  // vocab x hidden: the embedding (or an untied lm_head)
+  uint64_t kv_bytes_per_token() const;      // 2 (K and V) x layers x kv_heads x head_dim x dtype
 };
 
 }  // namespace memsim

@@ -4,16 +4,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 namespace memsim {
 
 namespace {
 
-std::string cells(std::span<const ColumnDoc> columns, std::string_view indent, bool units) {
+std::string cells(std::span<const ColumnDoc> columns, std::string_view indent,
+                  const std::function<std::string_view(size_t)>& text_of) {
   std::string out(indent);
   for (size_t k = 0; k < columns.size(); ++k) {
     const ColumnDoc& c = columns[k];
-    const std::string_view text = units ? c.unit : c.name;
+    const std::string_view text = text_of(k);
     if (k > 0) out += c.width == 0 ? "  " : " ";
     if (c.width > 0)
       out += fmt::format("{:>{}}", text, c.width);
@@ -29,11 +31,18 @@ std::string cells(std::span<const ColumnDoc> columns, std::string_view indent, b
 }  // namespace
 
 std::string header_row(std::span<const ColumnDoc> columns, std::string_view indent) {
-  return cells(columns, indent, false);
+  return cells(columns, indent, [&](size_t k) { return columns[k].name; });
 }
 
 std::string unit_row(std::span<const ColumnDoc> columns, std::string_view indent) {
-  return cells(columns, indent, true);
+  return cells(columns, indent, [&](size_t k) { return columns[k].unit; });
+}
+
+std::string data_row(std::span<const ColumnDoc> columns, std::span<const std::string> values,
+                     std::string_view indent) {
+  return cells(columns, indent, [&](size_t k) -> std::string_view {
+    return k < values.size() ? std::string_view(values[k]) : std::string_view();
+  });
 }
 
 std::string table_legend(std::span<const ColumnDoc> columns, std::string_view anchor, bool explain,

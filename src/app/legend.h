@@ -23,6 +23,9 @@ struct ColumnDoc {
 std::string header_row(std::span<const ColumnDoc> columns, std::string_view indent = "");
 // The units line, built the same way from the units (trailing blanks trimmed).
 std::string unit_row(std::span<const ColumnDoc> columns, std::string_view indent = "");
+// A data line, built the same way from `values` (one per column; missing ones blank).
+std::string data_row(std::span<const ColumnDoc> columns, std::span<const std::string> values,
+                     std::string_view indent = "");
 
 // What follows a table. With `explain`: "WHAT (docs/tables.md#ANCHOR):" and one line per column,
 // "  name  meaning" (the unit in brackets after the name where there is one). Without: one line,

@@ -334,7 +334,8 @@ int cuda_tp_memory(const TpMemoryConfig& c, const TpMemoryResults& sim, OutputDi
   size_t ran = 0;
   for (size_t i = 0; i < sim.points.size(); ++i) {
     const TpMemoryPoint& p = sim.points[i];
-    if (!p.fits || p.tp < 2 || p.tp > static_cast<uint32_t>(devices) ||
+    // Pipeline-parallel points are simulated only (the ranks here run one TP group).
+    if (!p.fits || p.pp > 1 || p.tp < 2 || p.tp > static_cast<uint32_t>(devices) ||
         !cuda_gpu_mismatch(inputs[i].gpu).empty())
       continue;
     all_ok = run_point(c, p, i, **nccl, tmp, dir, out, csv) && all_ok;

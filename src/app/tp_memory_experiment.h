@@ -1,6 +1,7 @@
-// The tp_memory experiment (experiments/tp_memory.yaml): each rank's memory under tensor
-// parallelism, for every model x GPU x tensor_parallel_size x graph strategy, sized as vLLM
-// sizes it: weights, activation peak, graph memory, NCCL, custom all-reduce, KV cache, free.
+// The tp_memory experiment (experiments/tp_memory.yaml, pp_memory.yaml): each rank's memory under
+// tensor and pipeline parallelism, for every model x GPU x tensor_parallel_size x
+// pipeline_parallel_size x graph strategy, sized as vLLM sizes it: weights, activation peak,
+// graph memory, NCCL, custom all-reduce, KV cache, free.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,7 @@ struct TpMemoryConfig {
   std::vector<GpuSpec> gpus;
   std::vector<std::string> model_files, gpu_files;  // where each was read (for rank processes)
   std::vector<uint32_t> tensor_parallel_sizes;
+  std::vector<uint32_t> pipeline_parallel_sizes = {1};
   std::vector<std::string> graph_memory;  // graph strategies; "none" = enforce_eager
   double gpu_memory_utilization = 0.9;
   uint32_t max_num_seqs = 256;
@@ -39,19 +41,23 @@ struct TpMemoryConfig {
 
 const ConfigKeys& tp_memory_config_keys();
 bool is_tp_memory_config(const ConfigNode& root);
-// Throws ConfigError naming file, line and key; a tensor_parallel_size that a model or GPU
-// cannot take is an error naming both.
+// Throws ConfigError naming file, line and key; a tensor_parallel_size or pipeline_parallel_size
+// that a model or GPU cannot take (tp x pp beyond the node's GPUs included) is an error naming
+// both.
 TpMemoryConfig load_tp_memory_config(const ConfigNode& root);
 
-// One point: a model on a GPU at one tensor_parallel_size with one graph strategy.
+// One point: a model on a GPU at one tensor_parallel_size and pipeline_parallel_size with one
+// graph strategy.
 struct TpMemoryPoint {
   std::string model, gpu, graph_memory;
   uint32_t tp = 1;
+  uint32_t pp = 1;
   bool fits = false;
-  std::string outcome;  // "ok", or why the engine would not start (vLLM's error)
-  KvBudget budget;      // one rank's (ranks alike under TP: simulated once, reported for each)
-  uint64_t kv_blocks_min = 0;  // the engine's blocks: the minimum over ranks
-  uint64_t concurrency = 0;    // sequences of context_tokens the engine holds at once
+  std::string outcome;           // "ok", or why the engine would not start (vLLM's error)
+  KvBudget budget;               // stage 0's rank (ranks of a stage alike under TP: simulated once)
+  std::vector<KvBudget> stages;  // every stage's rank (stages.front() is `budget`)
+  uint64_t kv_blocks_min = 0;    // the engine's blocks: the minimum over ranks
+  uint64_t concurrency = 0;      // sequences of context_tokens the engine holds at once
 };
 
 struct TpMemoryResults {
@@ -67,10 +73,11 @@ std::vector<KvBudgetInput> tp_memory_inputs(const TpMemoryConfig& config);
 std::string tp_memory_point_yaml(const TpMemoryConfig& config, size_t i);
 std::string format_tp_memory_table(const TpMemoryConfig& config, const TpMemoryResults& results,
                                    bool explain);
-// The table's columns (docs/tables.md#tp-memory).
-std::span<const ColumnDoc> tp_memory_columns();
+// The table's columns (docs/tables.md#tp-memory); with `pipeline` (some pipeline_parallel_size
+// above 1) the PP and stage columns too.
+std::span<const ColumnDoc> tp_memory_columns(bool pipeline = false);
 inline constexpr std::string_view kTpMemoryAnchor = "tp-memory";
-// summary.json and ranks.csv (one row per rank of every point).
+// summary.json and ranks.csv (one row per rank of every point: stage x tensor-parallel rank).
 void write_tp_memory_outputs(const TpMemoryConfig& config, const TpMemoryResults& results,
                              OutputDir& dir);
 

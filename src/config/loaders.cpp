@@ -1,6 +1,8 @@
 // GPU-spec and model-shape loaders with full key validation.
 #include "src/config/loaders.h"
 
+#include "workload/pipeline_parallel.h"
+
 #include <fmt/format.h>
 #include <algorithm>
 #include <cstdlib>
@@ -263,6 +265,16 @@ void check_tensor_parallel(const ConfigNode& at, uint32_t tp, const ModelShape& 
   if (Result<CollectiveTime> c = CollectiveTime::make(gpu, tp); !c.ok()) at.fail(c.error().message);
 }
 
+void check_pipeline_parallel(const ConfigNode& at, uint32_t tp, uint32_t pp,
+                             const ModelShape& model, const GpuSpec& gpu) {
+  if (Result<std::vector<PipelineStage>> s = split_pipeline(model.layers, pp); !s.ok())
+    at.fail(fmt::format("{}: {}", model.name, s.error().message));
+  if (pp > 1)
+    if (Result<CollectiveTime> c = CollectiveTime::make(gpu, tp * pp); !c.ok())
+      at.fail(fmt::format("tensor_parallel_size {} x pipeline_parallel_size {}: {}", tp, pp,
+                          c.error().message));
+}
+
 ParallelSettings load_parallel(const ConfigNode& node, const ModelShape& model,
                                const GpuSpec& gpu) {
   node.expect_keys(parallel_keys());
@@ -271,9 +283,19 @@ ParallelSettings load_parallel(const ConfigNode& node, const ModelShape& model,
     p.sizes.tensor = static_cast<uint32_t>(v->as_uint_in(1, 1024));
     check_tensor_parallel(*v, p.sizes.tensor, model, gpu);
   }
-  for (const char* key : {"pipeline_parallel_size", "data_parallel_size"})
-    if (auto v = node.find(key); v && v->as_uint_in(1, 1024) != 1)
-      v->fail("only 1 is modelled yet (tensor parallelism is; issue 31 holds the rest)");
+  if (auto v = node.find("pipeline_parallel_size")) {
+    p.sizes.pipeline = static_cast<uint32_t>(v->as_uint_in(1, 1024));
+    check_pipeline_parallel(*v, p.sizes.tensor, p.sizes.pipeline, model, gpu);
+  }
+  if (auto v = node.find("data_parallel_size")) {
+    p.sizes.data = static_cast<uint32_t>(v->as_uint_in(1, 1024));
+    if (p.sizes.data > 1)
+      if (Result<CollectiveTime> c = CollectiveTime::make(gpu, p.sizes.gpus()); !c.ok())
+        v->fail(
+            fmt::format("tensor_parallel_size {} x pipeline_parallel_size {} x "
+                        "data_parallel_size {}: {}",
+                        p.sizes.tensor, p.sizes.pipeline, p.sizes.data, c.error().message));
+  }
   if (auto v = node.find("custom_all_reduce")) p.comm.custom_all_reduce = v->as_bool();
   if (auto v = node.find("nccl_cumem")) p.comm.nccl_cumem = v->as_bool();
   return p;

@@ -39,11 +39,11 @@ const ConfigKeys& model_file_keys();
 std::string format_compute_yaml(const ComputeSpec& c);
 ModelShape load_model_shape(const ConfigNode& node);
 
-// An experiment's `parallel:` map (shapes of tensor parallelism for serving and tp_memory):
+// An experiment's `parallel:` map (how the model is spread over the GPUs of one node):
 //   parallel:
 //     tensor_parallel_size: 2      # ranks sharding every layer (vLLM's rules, tensor_parallel.h)
-//     pipeline_parallel_size: 1    # only 1 yet (refused otherwise, naming the key)
-//     data_parallel_size: 1        # only 1 yet
+//     pipeline_parallel_size: 1    # stages splitting the layers (vLLM's get_pp_indices)
+//     data_parallel_size: 1        # engine replicas
 //     custom_all_reduce: true      # vLLM's custom all-reduce (not disable_custom_all_reduce)
 //     nccl_cumem: false            # NCCL_CUMEM_ENABLE; vLLM sets 0
 struct ParallelSettings {
@@ -52,12 +52,17 @@ struct ParallelSettings {
 };
 const std::vector<std::string>& parallel_keys();
 // Checks the sizes against `model` (heads, KV heads, MLP and vocabulary must split: an error
-// names tensor_parallel_size and the field) and `gpu` (ranks within its node; an interconnect
-// section when tensor_parallel_size > 1).
+// names tensor_parallel_size and the field; no more stages than layers) and `gpu` (tensor x
+// pipeline x data ranks within its node, the error naming the last of those keys given; an
+// interconnect section when more than one GPU).
 ParallelSettings load_parallel(const ConfigNode& node, const ModelShape& model, const GpuSpec& gpu);
 // One tensor_parallel_size against `model` and `gpu`, failing at `at` (tp_memory's lists).
 void check_tensor_parallel(const ConfigNode& at, uint32_t tp, const ModelShape& model,
                            const GpuSpec& gpu);
+// One pipeline_parallel_size against `model` (a stage per layer at most) and the node of `gpu`
+// (tp x pp ranks), failing at `at`.
+void check_pipeline_parallel(const ConfigNode& at, uint32_t tp, uint32_t pp,
+                             const ModelShape& model, const GpuSpec& gpu);
 
 // The first of `candidates` that is a regular file, or nullopt. Never throws: a path the OS
 // refuses (a name too long, no permission) counts as not found, and the first such refusal's

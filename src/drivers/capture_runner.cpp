@@ -173,6 +173,8 @@ std::vector<const ShapeProgram*>& Runner::programs(uint32_t batch) {
   o.tensor_parallel = cfg_.tensor_parallel;
   o.vocab_padded = cfg_.vocab_padded;
   o.vocab = cfg_.vocab;
+  o.first_stage = cfg_.first_stage;
+  o.last_stage = cfg_.last_stage;
   std::vector<const ShapeProgram*> out;
   if (cfg_.runners != GraphRunners::kPiecewise) {
     o.mode = GraphMode::kFull;

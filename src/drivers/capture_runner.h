@@ -111,6 +111,10 @@ struct CaptureRunConfig {
   uint32_t tensor_parallel = 1;
   uint64_t vocab_padded = 0;
   uint64_t vocab = 0;
+  // Pipeline parallelism: `model` holds one stage's layers (ProgramOptions::first_stage,
+  // last_stage).
+  bool first_stage = true;
+  bool last_stage = true;
   std::vector<uint32_t> capture_sizes;  // the graph shapes (padded batch sizes)
   CaptureOrder order = CaptureOrder::kArrival;
   std::vector<uint32_t> order_list;  // for kList: a permutation of capture_sizes

@@ -29,33 +29,43 @@ std::string gib(uint64_t bytes) {
   return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
 }
 
-// `in` with its model replaced by one rank's shard, and the program options of that rank.
+// `in` with its model replaced by one rank's shard (of one pipeline stage's layers), and the
+// program options of that rank.
 struct RankInput {
   KvBudgetInput in;
   ProgramOptions program;
   uint32_t kv_head_replicas = 1;
+  PipelineStage stage;
+  uint64_t weights = 0;  // the rank's weights (its stage's)
 };
 
 Result<RankInput> rank_input(const KvBudgetInput& in) {
-  RankInput r{in, {}, 1};
+  RankInput r{in, {}, 1, {}, 0};
   ProgramOptions& o = r.program;
   o.mode = GraphMode::kFull;
   o.gemm_workspace_bytes = in.gemm_workspace_bytes;
   o.max_model_len = in.max_model_len;
   o.kv_block_size = in.kv_block_size;
-  if (in.parallel.pipeline != 1 || in.parallel.data != 1)
-    return make_error(ErrorCode::kInvalidArgument,
-                      "kv budget: pipeline and data parallelism are not modelled yet (only "
-                      "tensor_parallel_size)");
+  MEMSIM_ASSIGN_OR_RETURN(const std::vector<PipelineStage> stages,
+                          split_pipeline(in.model.layers, in.parallel.pipeline));
+  if (in.pipeline_stage >= stages.size())
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("kv budget: pipeline stage {} of {}",
+                                                               in.pipeline_stage, stages.size()));
+  r.stage = stages[in.pipeline_stage];
+  ModelShape rank = in.model;
   if (in.parallel.tensor > 1) {
     MEMSIM_ASSIGN_OR_RETURN(const TensorParallelShard shard,
                             shard_tensor_parallel(in.model, in.parallel.tensor));
-    r.in.model = shard.rank;
+    rank = shard.rank;
     r.kv_head_replicas = shard.kv_head_replicas;
     o.tensor_parallel = in.parallel.tensor;
     o.vocab_padded = shard.vocab_padded;
     o.vocab = in.model.vocab;
   }
+  r.weights = stage_weight_bytes(rank, r.stage);
+  r.in.model = stage_model(rank, r.stage);
+  o.first_stage = r.stage.first;
+  o.last_stage = r.stage.last;
   return r;
 }
 
@@ -103,7 +113,8 @@ Result<ActivationPeak> profile_run(const RankInput& rank, const GpuSpec& gpu, ui
   ShapeProgram body, head;
   try {
     body = make_decode_program(in.model, tokens, rank.program);
-    head = rows == tokens ? body : make_decode_program(in.model, rows, rank.program);
+    head = rows == tokens || !rank.stage.last ? body
+                                              : make_decode_program(in.model, rows, rank.program);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kInvalidArgument, e.what());
   }
@@ -156,6 +167,8 @@ CaptureRunConfig capture_config(const RankInput& rank, const std::vector<uint32_
   rc.tensor_parallel = rank.program.tensor_parallel;
   rc.vocab_padded = rank.program.vocab_padded;
   rc.vocab = rank.program.vocab;
+  rc.first_stage = rank.stage.first;
+  rc.last_stage = rank.stage.last;
   rc.capture_sizes = sizes;
   rc.order = in.capture_order;
   rc.arrival = Arrival::kFixed;
@@ -228,10 +241,12 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   b.capacity = in.gpu.capacity;
   b.usable =
       static_cast<uint64_t>(in.gpu_memory_utilization * static_cast<double>(in.gpu.capacity));
-  b.weights = model.weight_bytes();
+  b.weights = rank.weights;
   b.kv_bytes_per_token = model.kv_bytes_per_token();
   b.tensor_parallel = in.parallel.tensor;
   b.kv_head_replicas = rank.kv_head_replicas;
+  b.pipeline_parallel = in.parallel.pipeline;
+  b.stage = rank.stage;
   MEMSIM_ASSIGN_OR_RETURN(b.comm, comm_memory(in.gpu, in.parallel, in.comm));
   // What the device has free once NCCL and the custom all-reduce hold theirs (vLLM's snapshot).
   const uint64_t free_at_start = b.capacity - std::min(b.capacity, b.comm.total());
@@ -247,7 +262,8 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   b.kv_block_size = in.kv_block_size;
   b.gpu_memory_utilization = in.gpu_memory_utilization;
   b.profile_tokens = in.max_num_batched_tokens;
-  b.sampler_rows = std::min(in.max_num_seqs, in.max_num_batched_tokens);
+  // vLLM's profile run samples on the last pipeline rank only.
+  b.sampler_rows = rank.stage.last ? std::min(in.max_num_seqs, in.max_num_batched_tokens) : 0;
   b.capture_sizes = kv_budget_capture_sizes(in);
   b.graph_strategy = in.enforce_eager ? "none (enforce_eager)" : in.graph_strategy;
   if (!in.enforce_eager && b.capture_sizes.empty())
@@ -292,6 +308,41 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   return b;
 }
 
+Result<EngineKvBudget> compute_engine_kv_budget(const KvBudgetInput& in) {
+  MEMSIM_ASSIGN_OR_RETURN(const std::vector<PipelineStage> stages,
+                          split_pipeline(in.model.layers, in.parallel.pipeline));
+  EngineKvBudget e;
+  for (const PipelineStage& stage : stages) {
+    // A stage shaped like an earlier one has its budget (only where it sits differs).
+    const auto same = std::find_if(e.stages.begin(), e.stages.end(),
+                                   [&](const KvBudget& b) { return b.stage.same_shape(stage); });
+    if (same != e.stages.end()) {
+      e.stages.push_back(*same);
+      e.stages.back().stage = stage;
+      continue;
+    }
+    KvBudgetInput one = in;
+    one.pipeline_stage = stage.index;
+    Result<KvBudget> b = compute_kv_budget(one);
+    if (!b.ok()) {
+      Error err = b.error();
+      if (stages.size() > 1)
+        err.message =
+            fmt::format("pipeline stage {} (layers {}..{}): {}", stage.index, stage.first_layer,
+                        stage.first_layer + stage.layers - 1, err.message);
+      return err;
+    }
+    e.stages.push_back(std::move(*b));
+  }
+  // vLLM's get_kv_cache_configs: every worker gets the smallest worker's block count.
+  for (size_t s = 0; s < e.stages.size(); ++s)
+    if (s == 0 || e.stages[s].kv_blocks < e.kv_blocks_min) {
+      e.kv_blocks_min = e.stages[s].kv_blocks;
+      e.min_stage = static_cast<uint32_t>(s);
+    }
+  return e;
+}
+
 std::string format_kv_budget(const KvBudget& b) {
   auto line = [](const char* what, uint64_t bytes, const std::string& note) {
     return fmt::format("  {:<18} {:>11} {:>17} B{}\n", what, gib(bytes), bytes,
@@ -307,8 +358,10 @@ std::string format_kv_budget(const KvBudget& b) {
       line("usable", b.usable, fmt::format("gpu_memory_utilization {}", b.gpu_memory_utilization));
   out += line("- weights", b.weights, "");
   out += line("- activation peak", b.activation_peak,
-              fmt::format("profile run: {} tokens, sampler on {} rows; allocator reserved {}",
-                          b.profile_tokens, b.sampler_rows, gib(b.activation_reserved_peak)));
+              fmt::format("profile run: {} tokens, {}; allocator reserved {}", b.profile_tokens,
+                          b.stage.last ? fmt::format("sampler on {} rows", b.sampler_rows)
+                                       : std::string("no sampler (not the last stage)"),
+                          gib(b.activation_reserved_peak)));
   out += line("- graph memory", b.graph_memory,
               b.capture_sizes.empty()
                   ? b.graph_strategy
@@ -317,11 +370,19 @@ std::string format_kv_budget(const KvBudget& b) {
   out += line("= kv cache", b.kv_bytes,
               fmt::format("{} tokens at {} B/token, {} blocks of {}", b.kv_tokens,
                           b.kv_bytes_per_token, b.kv_blocks, b.kv_block_size));
-  if (b.tensor_parallel > 1) {
-    out += fmt::format(
-        "  every term is one rank's of {} (tensor parallel; ranks alike, each KV head on {} "
-        "rank(s)); outside the budget:\n",
-        b.tensor_parallel, b.kv_head_replicas);
+  if (b.pipeline_parallel > 1)
+    out += fmt::format("  pipeline stage {} of {}: layers {}..{}{}{}\n", b.stage.index,
+                       b.pipeline_parallel, b.stage.first_layer,
+                       b.stage.first_layer + b.stage.layers - 1,
+                       b.stage.first ? ", the embedding" : "",
+                       b.stage.last ? ", the final norm, LM head and sampler" : "");
+  if (b.tensor_parallel > 1 || b.pipeline_parallel > 1) {
+    out += b.tensor_parallel > 1
+               ? fmt::format(
+                     "  every term is one rank's of {} (tensor parallel; ranks alike, each "
+                     "KV head on {} rank(s)); outside the budget:\n",
+                     b.tensor_parallel, b.kv_head_replicas)
+               : std::string("  every term is the stage's rank's; outside the budget:\n");
     out += line("  NCCL", b.comm.nccl(), "communicator + first collective's buffers");
     out += line("  custom AR", b.comm.custom(),
                 b.comm.custom_all_reduce
@@ -329,6 +390,7 @@ std::string format_kv_budget(const KvBudget& b) {
                     : "no custom all-reduce");
     out += line("  free", b.free_bytes(), "capacity - usable - NCCL - custom all-reduce");
     if (!b.comm.nccl_note.empty()) out += "  note: " + b.comm.nccl_note + "\n";
+    if (!b.comm.pp_note.empty()) out += "  note: " + b.comm.pp_note + "\n";
   }
   return out;
 }

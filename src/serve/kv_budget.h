@@ -12,6 +12,7 @@
 #include "src/graph/registry.h"
 #include "workload/collectives.h"
 #include "workload/model_shape.h"
+#include "workload/pipeline_parallel.h"
 
 namespace memsim {
 
@@ -48,6 +49,18 @@ namespace memsim {
 // memory utilization"), as memsim does. Ranks under TP alone are symmetric (the vocabulary is
 // padded to split evenly), so one rank is computed and stands for all; the engine's KV budget is
 // the minimum over ranks (vLLM's get_kv_cache_configs), which is this rank's.
+//
+// Pipeline parallelism (parallel.pipeline > 1): compute_kv_budget is one rank of stage
+// `pipeline_stage` (workload/pipeline_parallel.h: vLLM's layer split, the embedding on the first
+// stage, the final norm, LM head and sampler on the last). Its weights are the stage's; its
+// profile run is the stage's layers at max_num_batched_tokens, with the persistent intermediate
+// tensors (hidden_states + residual) on a stage other than the first, and no logits or sampler
+// on a stage other than the last (vLLM's profile_run samples on the last rank only); its
+// captures are the stage's programs; its KV bytes per token are its layers'. NCCL's memory
+// gains the pipeline group's communicator (CommMemory::pp_nccl, an approximation it states).
+// Stages differ, so compute_engine_kv_budget computes each distinct stage and takes vLLM's
+// engine-wide block count: get_kv_cache_configs sizes every worker's blocks from its own memory
+// and layers, then gives every worker the smallest count.
 struct KvBudgetInput {
   bool export_profile_snapshot = false;  // record the profile run as a PyTorch snapshot
   ModelShape model;
@@ -74,7 +87,8 @@ struct KvBudgetInput {
   uint64_t gemm_workspace_bytes = 32ull << 20;  // cuBLAS workspace (PyTorch's size on Hopper)
   uint32_t max_model_len = 8192;                // sizes the block-table input
   uint32_t kv_block_size = 16;                  // tokens per KV block
-  ParallelConfig parallel;  // tensor > 1: `model` is the whole model, sharded here
+  ParallelConfig parallel;      // tensor > 1: `model` is the whole model, sharded here
+  uint32_t pipeline_stage = 0;  // the stage compute_kv_budget sizes (< parallel.pipeline)
   CommOptions comm;
 };
 
@@ -100,6 +114,8 @@ struct KvBudget {
   // (capacity - usable - communication: the margin the utilization leaves, less NCCL's share).
   uint32_t tensor_parallel = 1;
   uint32_t kv_head_replicas = 1;  // ranks holding a copy of each KV head
+  uint32_t pipeline_parallel = 1;
+  PipelineStage stage;  // the stage's layers, and whether it is the first / last
   CommMemory comm;
   uint64_t free_bytes() const { return capacity - usable - comm.total(); }
 };
@@ -117,6 +133,22 @@ Result<CaptureRunConfig> kv_budget_capture_config(const KvBudgetInput& in);
 // remain (message and bytes_short give the shortfall against one block) -- vLLM's "No available
 // memory for the cache blocks".
 Result<KvBudget> compute_kv_budget(const KvBudgetInput& in);
+
+// One engine's ranks under pipeline parallelism (with one stage: the single rank's budget).
+struct EngineKvBudget {
+  std::vector<KvBudget> stages;  // one per stage, in order (a stage's TP ranks are alike)
+  uint64_t kv_blocks_min = 0;    // the engine's blocks: the least of any stage's kv_blocks
+  uint32_t min_stage = 0;        // the (first) stage with that least count
+  // KV bytes stage s allocates: kv_blocks_min blocks of its own layers (vLLM allocates the
+  // engine's count on every worker; what a stage's budget holds beyond it stays unused).
+  uint64_t kv_allocated(size_t s) const {
+    return kv_blocks_min * stages[s].kv_block_size * stages[s].kv_bytes_per_token;
+  }
+};
+
+// Every stage of the engine `in` describes (in.pipeline_stage is ignored); each distinct stage
+// is simulated once. Errors: compute_kv_budget's, the message naming the stage under PP.
+Result<EngineKvBudget> compute_engine_kv_budget(const KvBudgetInput& in);
 
 // A multi-line human-readable breakdown (ends with a newline).
 std::string format_kv_budget(const KvBudget& b);

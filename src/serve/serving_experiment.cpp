@@ -222,6 +222,18 @@ void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, Ser
     c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
 }
 
+// What the serving engine models of `parallel:`; the rest is refused at its key.
+void check_serving_parallel(const ConfigNode& node, const ParallelConfig& p) {
+  if (p.pipeline > 1)
+    node["pipeline_parallel_size"].fail(
+        "serving under pipeline parallelism is not modelled: vLLM V1 keeps "
+        "pipeline_parallel_size batches in flight (EngineCore.step_with_batch_queue), so each "
+        "step's time and what the scheduler sees running turn on how the stages overlap, and "
+        "memsim's engine runs one batch at a time; the tp_memory experiment sizes a PP "
+        "engine's memory (pipeline_parallel_sizes)");
+  if (p.data > 1) node["data_parallel_size"].fail("only 1 is modelled yet in serving");
+}
+
 }  // namespace
 
 ServingConfig load_serving_config(const ConfigNode& root) {
@@ -236,7 +248,10 @@ ServingConfig load_serving_config(const ConfigNode& root) {
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
   c.rank_model = c.model;
-  if (auto p = root.find("parallel")) c.parallel = load_parallel(*p, c.model, c.gpu);
+  if (auto p = root.find("parallel")) {
+    c.parallel = load_parallel(*p, c.model, c.gpu);
+    check_serving_parallel(*p, c.parallel.sizes);
+  }
   const uint32_t tp = c.parallel.sizes.tensor;
   load_step_profiles(root, gpu_file, c);
   if (tp > 1) {
