@@ -580,6 +580,16 @@ run tp_pp --config "$KVCONF" --out "$TMP/out_tp_pp" --set parallel.pipeline_para
 expect_rc tp_pp 2
 expect_in "$TMP/tp_pp.err" "pipeline_parallel_size): serving under pipeline parallelism is not modelled" \
   "tp serving: pipeline parallelism refused, not ignored"
+run dp_serving --config "$KVCONF" --out "$TMP/out_dp" --set parallel.data_parallel_size=2 \
+  --no-plots
+expect_rc dp_serving 0
+expect_in "$TMP/dp_serving.out" "data parallel: 2 engine replicas" "dp serving: the table says so"
+expect_re "$TMP/dp_serving.out" "^    dp 1: [0-9]+ requests" "dp serving: one line per replica"
+expect_in "$TMP/out_dp/"*/summary.json '"replicas": [' "dp serving: summary.json has the replicas"
+run dp_node --config "$KVCONF" --out "$TMP/out_dp_node" --set parallel.data_parallel_size=16
+expect_rc dp_node 2
+expect_in "$TMP/dp_node.err" "data_parallel_size): tensor_parallel_size 1 x pipeline_parallel_size 1 x data_parallel_size 16" \
+  "dp serving: replicas beyond the node refused, naming the key"
 run pp_memory --config "$TPCONF" --out "$TMP/out_pp" --set models=[llama-3.1-70b] \
   --set gpus=[h100] --set 'tensor_parallel_sizes=[2]' --set 'pipeline_parallel_sizes=[2]' \
   --set graph_memory=[shared_pool]

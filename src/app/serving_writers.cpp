@@ -176,6 +176,12 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
                 : fmt::format(" ({}; {})", c.step_profile_path, c.step_profile_note);
     o << "step time: " << s << why << "\n";
   }
+  if (c.parallel.sizes.data > 1)
+    o << fmt::format(
+        "data parallel: {} engine replicas, each with the budget above, behind vLLM's load "
+        "balancer (4 x waiting + running); a run's row is the replicas merged (blocks, tok/s, "
+        "counts summed, latencies over every request), then one line per replica\n",
+        c.parallel.sizes.data);
   o << header_row(kServingColumns);
   for (const ServingRunResult& r : results.runs) {
     const ServingResult& x = r.result;
@@ -207,6 +213,15 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
       o << "    rejected: " << x.rejections.front()
         << (x.rejected > 1 ? fmt::format(" (and {} more)", x.rejected - 1) : "") << "\n";
     if (!x.error.empty()) o << "    error: " << x.error << "\n";
+    for (size_t k = 0; k < r.replicas.size(); ++k) {  // data parallelism: each engine
+      const ServingResult& y = r.replicas[k];
+      o << fmt::format(
+          "    dp {}: {} requests, {:.0f} tok/s, TTFT p50 {:.0f} ms, TPOT p50 {:.1f} ms, E2E p99 "
+          "{:.1f} s, max seqs {}, preemptions {}{}\n",
+          k, k < r.assigned.size() ? r.assigned[k] : y.requests, y.output_tokens_per_s,
+          y.ttft_ms.p50, y.tpot_ms.p50, y.e2e_ms.p99 / 1000, y.max_running_seqs,
+          y.counters.preemptions, y.error.empty() ? "" : ", FAILED");
+    }
   }
   double sim = 0, wall = 0;
   for (const ServingRunResult& r : results.runs) {
@@ -232,6 +247,8 @@ void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingRe
       << ", \"custom_all_reduce\": " << (c.parallel.comm.custom_all_reduce ? "true" : "false")
       << ", \"nccl_cumem\": " << (c.parallel.comm.nccl_cumem ? "true" : "false")
       << ", \"figures\": \"per rank\"}";
+  if (c.parallel.sizes.data > 1)  // replicas alike: the budget is each one's
+    f << ",\n  \"data_parallel_size\": " << c.parallel.sizes.data;
   f << ",\n  \"requests\": [";
   for (size_t i = 0; i < c.request_sets.size(); ++i)
     f << (i ? ", " : "") << json_string(c.request_sets[i].summary.describe());
@@ -263,6 +280,20 @@ void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingRe
     const auto figs = figures(r);
     for (size_t j = 0; j < figs.size(); ++j)
       f << (j ? ", " : "") << json_string(figs[j].first) << ": " << num(figs[j].second);
+    if (!r.replicas.empty()) {  // data parallelism: each engine's own figures
+      f << ",\n     \"replicas\": [";
+      for (size_t k = 0; k < r.replicas.size(); ++k) {
+        ServingRunResult one;
+        one.budget = r.budget;
+        one.result = r.replicas[k];
+        f << (k ? ",\n       " : "\n       ") << "{\"replica\": " << k
+          << ", \"assigned\": " << (k < r.assigned.size() ? r.assigned[k] : 0)
+          << ", \"error\": " << json_string(one.result.error);
+        for (const auto& [name, v] : figures(one)) f << ", " << json_string(name) << ": " << num(v);
+        f << "}";
+      }
+      f << "]";
+    }
     f << "}" << (i + 1 < results.runs.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
@@ -313,6 +344,10 @@ void write_serving_outputs(const ServingConfig& c, const ServingResults& results
       for (const MetricsRecorder::Sample& s : r.result.samples)
         f << num(double(s.time) / 1e9) << "," << label << "," << r.result.series[s.series] << ","
           << num(s.value) << "\n";
+      for (size_t k = 0; k < r.replicas.size(); ++k)  // data parallelism: "dp K." per engine
+        for (const MetricsRecorder::Sample& s : r.replicas[k].samples)
+          f << num(double(s.time) / 1e9) << "," << label << ",dp" << k << "."
+            << r.replicas[k].series[s.series] << "," << num(s.value) << "\n";
     }
   });
 }

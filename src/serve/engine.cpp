@@ -2,6 +2,8 @@
 // tokens (forks for parallel samples and beams), completion, gauges and per-run figures.
 #include "src/serve/engine.h"
 
+#include "src/serve/engine_impl.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,79 +35,7 @@ uint64_t output_stream(uint64_t request, uint64_t fork) {
   return (3ull << 62) | (request << 24) | fork;
 }
 
-class Engine {
- public:
-  Engine(const EngineConfig& c, const RequestTable& requests)
-      : c_(c),
-        requests_(requests),
-
-        metrics_(clock_),
-        model_(c.collectives && !c.step_profile ? StepTimeModel(c.model, c.gpu, c.collectives)
-                                                : StepTimeModel(c.model, c.gpu, c.step_profile)) {}
-
-  ServingResult run();
-
- private:
-  bool start();   // the scheduler, KV manager, backend, swap space, executor (false: r_.error)
-  void loop();    // the event loop: arrivals, steps, completions, samples
-  void report();  // the run's figures, then every byte back
-  void add_group(uint32_t g);   // request g arrived
-  void record(const Group& G);  // its figures (latencies, tokens) at the end of its run
-  void complete_step(const StepPlan& plan);
-  void fork_children(Group& G);
-  void reshuffle_beams(Group& G);
-  void finish(uint32_t g);
-  void complete_group(uint32_t g);  // generated its last token: release KV, leave the batch
-  void drop_finished();             // compacts the running queue
-  void sample();
-  StepShape shape_of(const StepPlan& plan);
-  uint64_t fast_decode(SimTime stop_at);
-  // Advances the clock over a step of `compute` time; with a strategy that works in the
-  // background, its background step runs overlapped with the compute.
-  void run_step_time(const StepPlan& plan, SimTime compute);
-  // Runs the executor over the step `plan` (of shape `shape`) describes, before its tokens count
-  // as computed.
-  Status execute(const StepPlan& plan, const StepShape& shape);
-  std::string events_since_check();  // what happened since the last check (empty: nothing)
-  // The step planned nothing (see the Scheduler contract): goes on when the scheduler moved
-  // otherwise, advances to the next arrival, or ends / fails on the request nothing can place.
-  // false: the run fails (r_.error names the request and why).
-  bool on_empty_plan(bool preempted, bool ended, size_t next);
-  bool place_swapped(uint32_t g);     // nothing runs: g heads the swapped queue
-  bool place_waiting(uint32_t g);     // nothing runs: g heads the waiting queue
-  std::string who(uint32_t g) const;  // "request R (group g)"
-  std::string describe(const Refusal& why) const;
-  std::string unplaced(uint32_t g, const char* where) const;
-
-  const EngineConfig& c_;
-  const RequestTable& requests_;
-  SimClock clock_;
-  std::unique_ptr<Backend> backend_;
-  MetricsRecorder metrics_;
-  StepTimeModel model_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<KvCacheManager> kv_;
-  std::unique_ptr<ServeState> state_;
-  DevPtr swap_space_ = 0;
-  bool idle_retry_ = false;  // the last step preempted everything and planned nothing
-  GroupWindow groups_;
-  LatencySamples latency_;
-  SeqId next_seq_ = 0;
-  uint64_t forks_ = 0;
-  std::unique_ptr<StepExecutor> executor_;
-  std::mt19937_64 validate_rng_;
-  struct Events {  // counters whose change triggers a check
-    uint64_t forks = 0, cow = 0, evicted = 0, preemptions = 0, swap_ins = 0;
-  } checked_at_;
-  StepWork work_;
-  std::vector<SeqLength> after_step_;
-  uint64_t done_ = 0;
-  uint64_t length_capped_ = 0;
-  uint64_t loops_ = 0;  // scheduling loops, for the progress hook
-  SimTime t0_ = 0, last_sample_ = 0;
-  double waste_integral_ = 0, waste_last_ = 0, running_integral_ = 0;
-  ServingResult r_;
-};
+}  // namespace
 
 void Engine::add_group(uint32_t g) {
   const RequestSpec q = requests_[g];
@@ -327,6 +257,12 @@ bool Engine::on_empty_plan(bool preempted, bool ended, size_t next) {
   if (!st.waiting.empty()) return place_waiting(st.waiting.front());
   if (next < requests_.size()) {
     clock_.advance_to(t0_ + requests_.arrival(next));
+    return true;
+  }
+  if (feed_open_) {  // idle until the next request is handed over
+    if (horizon_ == INT64_MAX)
+      throw std::logic_error("engine: advanced without bound while its feed is open");
+    clock_.advance_to(std::max(clock_.now(), horizon_));
     return true;
   }
   r_.error = fmt::format("{} of {} requests are neither waiting, running, swapped nor finished",
@@ -570,7 +506,7 @@ bool Engine::start() {
   }
   // The pinned swap space exists whenever a group can be swapped: in swap mode, and for requests
   // with several samples or beams, which are swapped whatever the mode (vLLM V0).
-  const bool multi = requests_.any_parallel();
+  const bool multi = feed_open_ ? any_parallel_ : requests_.any_parallel();
   if ((c_.serve.preemption == Preemption::kSwap || multi) && c_.serve.swap_space) {
     auto host = backend_->host_malloc_pinned(c_.serve.swap_space);
     if (!host.ok()) {
@@ -579,8 +515,10 @@ bool Engine::start() {
     }
     swap_space_ = *host;
   }
-  next_seq_ = requests_.size();  // groups are added as their requests arrive
-  latency_.reserve(requests_.size());
+  // Groups are added as their requests arrive; sequence ids past every request's.
+  const size_t requests = feed_open_ ? capacity_ : requests_.size();
+  next_seq_ = requests;
+  latency_.reserve(requests);
   state_ = std::make_unique<ServeState>(*kv_, c_.serve, groups_);
   r_.kv_capacity_tokens = kv_->free_token_capacity();
   if (c_.executor) {
@@ -606,111 +544,142 @@ bool Engine::start() {
       return {};
     };
   }
+  begin_loop();
   return true;
 }
 
-void Engine::loop() {
+void Engine::begin_loop() {
   // Background KV work runs once per step, which the fast path (steps taken together) skips.
-  const bool fast = c_.fast_decode && !executor_ && !kv_->has_background();
+  fast_ = c_.fast_decode && !executor_ && !kv_->has_background();
   t0_ = last_sample_ = clock_.now();
-  SimTime next_sample = t0_;
-  size_t next = 0;
-  StepPlan plan;
+  next_sample_ = t0_;
+  counts_.time = t0_;
+}
+
+void Engine::open_feed(size_t capacity, bool any_parallel) {
+  feed_open_ = true;
+  capacity_ = capacity;
+  any_parallel_ = any_parallel;
+}
+
+void Engine::advance(SimTime until) {
+  horizon_ = until;
   try {
-    while (done_ < requests_.size()) {
-      if (c_.progress && (++loops_ & 1023) == 0)
-        c_.progress({done_, requests_.size(), clock_.now() - t0_});
-      while (next < requests_.size() && t0_ + requests_.arrival(next) <= clock_.now()) {
-        const uint32_t g = static_cast<uint32_t>(next++);
-        add_group(g);
-        if (groups_[g].spec.prompt_tokens >= c_.serve.max_model_len) {
-          // vLLM refuses prompts that leave no room to generate.
-          state_->reject(g, fmt::format("its prompt of {} tokens leaves no room to generate under "
-                                        "max_model_len {}",
-                                        groups_[g].spec.prompt_tokens, c_.serve.max_model_len));
-          continue;
-        }
-        groups_[g].status = GroupStatus::kWaiting;
-        state_->waiting.push_back(g);
-      }
-      const SimTime stop_at = std::min(
-          next_sample, next < requests_.size() ? t0_ + requests_.arrival(next) : INT64_MAX);
-      if (fast && fast_decode(stop_at) > 0) {
-        if (clock_.now() >= next_sample) {
-          sample();
-          next_sample = clock_.now() + c_.sample_interval;
-        }
-        continue;
-      }
-      plan.clear();
-      state_->step_swap_bytes = 0;
-      const SimTime kv0 = clock_.now();  // the scheduler advances the clock only by KV calls
-      const uint64_t preemptions0 = state_->counters().preemptions;
-      const size_t ended0 = state_->finished_now.size();  // rejected on arrival
-      state_->refusal = {};
-      scheduler_->schedule(*state_, plan);
-      r_.kv_critical_time += clock_.now() - kv0;
-      const bool preempted = state_->counters().preemptions != preemptions0;
-      const bool ended = state_->finished_now.size() > ended0;  // by the scheduler
-      for (uint32_t g : state_->finished_now) finish(g);
-      state_->finished_now.clear();
-      if (!state_->hook_error.ok()) {
-        r_.error = state_->hook_error.error().message;
-        break;
-      }
-      if (state_->step_swap_bytes) clock_.advance(model_.pcie_transfer(state_->step_swap_bytes));
-      if (plan.groups.empty()) {
-        if (!on_empty_plan(preempted, ended, next)) break;
-        for (uint32_t g : state_->finished_now) finish(g);
-        state_->finished_now.clear();
-        continue;
-      }
-      idle_retry_ = false;
-      const StepShape shape = shape_of(plan);
-      const SimTime exec0 = clock_.now();
-      // The host clock at the step's issue, for measured runs only (not on the sim's hot path).
-      const double wall0 =
-          c_.measured_clock
-              ? std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                    .count()
-              : 0.0;
-      if (executor_) {
-        if (Status s = execute(plan, shape); !s.ok()) {
-          r_.error = s.error().message;
-          break;
-        }
-      }
-      SimTime compute = model_.step_time(shape);
-      if (c_.measured_clock) {
-        // The step's backend calls already advanced the clock at their modelled cost; the rest
-        // of the measured wall time is compute.
-        const SimTime charged = clock_.now() - exec0;
-        r_.measured_steps.push_back({shape, compute, executor_->measured_step_ns(), wall0,
-                                     executor_->measured_step_gpu_ms()});
-        compute = std::max<SimTime>(0, executor_->measured_step_ns() - charged);
-      }
-      const SimTime start = clock_.now();
-      run_step_time(plan, compute);
-      const SimTime step = clock_.now() - start;
-      ++r_.steps;
-      running_integral_ += double(state_->running_seqs) * double(step);
-      r_.max_running_seqs = std::max(r_.max_running_seqs, state_->running_seqs);
-      const SimTime done0 = clock_.now();
-      complete_step(plan);
-      r_.kv_critical_time += clock_.now() - done0;
-      if (clock_.now() >= next_sample) {
-        sample();
-        next_sample = clock_.now() + c_.sample_interval;
-      }
-    }
-    sample();
+    while (!stop_ && (feed_open_ || done_ < requests_.size()) && clock_.now() < horizon_)
+      loop_step();
   } catch (const std::logic_error& e) {
     r_.error = e.what();
+    stop_ = threw_ = true;
+  }
+}
+
+void Engine::note_counts() {
+  const RequestCounts now{state_->waiting.size() + state_->swapped.size(), state_->running.size()};
+  if (now == counts_.now) return;
+  counts_.before = counts_.now;
+  counts_.now = now;
+  counts_.time = clock_.now();
+}
+
+void Engine::loop_step() {
+  StepPlan& plan = plan_;
+  if (c_.progress && (++loops_ & 1023) == 0)
+    c_.progress({done_, requests_.size(), clock_.now() - t0_});
+  while (next_ < requests_.size() && t0_ + requests_.arrival(next_) <= clock_.now()) {
+    const uint32_t g = static_cast<uint32_t>(next_++);
+    add_group(g);
+    if (groups_[g].spec.prompt_tokens >= c_.serve.max_model_len) {
+      // vLLM refuses prompts that leave no room to generate.
+      state_->reject(g, fmt::format("its prompt of {} tokens leaves no room to generate under "
+                                    "max_model_len {}",
+                                    groups_[g].spec.prompt_tokens, c_.serve.max_model_len));
+      continue;
+    }
+    groups_[g].status = GroupStatus::kWaiting;
+    state_->waiting.push_back(g);
+  }
+  const SimTime arrival = next_ < requests_.size() ? t0_ + requests_.arrival(next_) : INT64_MAX;
+  const SimTime stop_at = std::min({next_sample_, arrival, horizon_});
+  if (fast_ && fast_decode(stop_at) > 0) {
+    note_counts();
+    if (clock_.now() >= next_sample_) {
+      sample();
+      next_sample_ = clock_.now() + c_.sample_interval;
+    }
+    return;
+  }
+  plan.clear();
+  state_->step_swap_bytes = 0;
+  const SimTime kv0 = clock_.now();  // the scheduler advances the clock only by KV calls
+  const uint64_t preemptions0 = state_->counters().preemptions;
+  const size_t ended0 = state_->finished_now.size();  // rejected on arrival
+  state_->refusal = {};
+  scheduler_->schedule(*state_, plan);
+  r_.kv_critical_time += clock_.now() - kv0;
+  const bool preempted = state_->counters().preemptions != preemptions0;
+  const bool ended = state_->finished_now.size() > ended0;  // by the scheduler
+  for (uint32_t g : state_->finished_now) finish(g);
+  state_->finished_now.clear();
+  if (!state_->hook_error.ok()) {
+    r_.error = state_->hook_error.error().message;
+    stop_ = true;
+    return;
+  }
+  if (state_->step_swap_bytes) clock_.advance(model_.pcie_transfer(state_->step_swap_bytes));
+  if (plan.groups.empty()) {
+    note_counts();
+    if (!on_empty_plan(preempted, ended, next_)) {
+      stop_ = true;
+      return;
+    }
+    for (uint32_t g : state_->finished_now) finish(g);
+    state_->finished_now.clear();
+    return;
+  }
+  idle_retry_ = false;
+  const StepShape shape = shape_of(plan);
+  const SimTime exec0 = clock_.now();
+  // The host clock at the step's issue, for measured runs only (not on the sim's hot path).
+  const double wall0 =
+      c_.measured_clock
+          ? std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count()
+          : 0.0;
+  if (executor_) {
+    if (Status s = execute(plan, shape); !s.ok()) {
+      r_.error = s.error().message;
+      stop_ = true;
+      return;
+    }
+  }
+  SimTime compute = model_.step_time(shape);
+  if (c_.measured_clock) {
+    // The step's backend calls already advanced the clock at their modelled cost; the rest
+    // of the measured wall time is compute.
+    const SimTime charged = clock_.now() - exec0;
+    r_.measured_steps.push_back(
+        {shape, compute, executor_->measured_step_ns(), wall0, executor_->measured_step_gpu_ms()});
+    compute = std::max<SimTime>(0, executor_->measured_step_ns() - charged);
+  }
+  const SimTime start = clock_.now();
+  run_step_time(plan, compute);
+  const SimTime step = clock_.now() - start;
+  ++r_.steps;
+  running_integral_ += double(state_->running_seqs) * double(step);
+  r_.max_running_seqs = std::max(r_.max_running_seqs, state_->running_seqs);
+  const SimTime done0 = clock_.now();
+  complete_step(plan);
+  r_.kv_critical_time += clock_.now() - done0;
+  note_counts();
+  if (clock_.now() >= next_sample_) {
+    sample();
+    next_sample_ = clock_.now() + c_.sample_interval;
   }
 }
 
 void Engine::report() {
   r_.sim_time = clock_.now() - t0_;
+  r_.requests = requests_.size();
 
   std::string why;
   if (r_.error.empty() && !kv_->check_invariants(&why)) r_.error = why;
@@ -764,13 +733,16 @@ void Engine::report() {
 ServingResult Engine::run() {
   if (!start()) return std::move(r_);
   const auto wall0 = std::chrono::steady_clock::now();
-  loop();
+  advance(INT64_MAX);
   r_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return finish();
+}
+
+ServingResult Engine::finish() {
+  if (!threw_) sample();
   report();
   return std::move(r_);  // the samples are large: no copy
 }
-
-}  // namespace
 
 ServingResult run_serving(const EngineConfig& config, const RequestTable& requests) {
   Engine engine(config, requests);

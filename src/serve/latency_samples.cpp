@@ -34,6 +34,12 @@ Percentiles ns_percentiles_ms(std::vector<SimTime>& ns) {
 
 }  // namespace
 
+void LatencySamples::append(const LatencySamples& other) {
+  ttft_ns_.insert(ttft_ns_.end(), other.ttft_ns_.begin(), other.ttft_ns_.end());
+  e2e_ns_.insert(e2e_ns_.end(), other.e2e_ns_.begin(), other.e2e_ns_.end());
+  tpot_ms_.insert(tpot_ms_.end(), other.tpot_ms_.begin(), other.tpot_ms_.end());
+}
+
 void LatencySamples::reserve(size_t requests) {
   ttft_ns_.reserve(requests);
   e2e_ns_.reserve(requests);

@@ -23,6 +23,8 @@ class LatencySamples {
   void add_ttft(SimTime ns) { ttft_ns_.push_back(ns); }
   void add_e2e(SimTime ns) { e2e_ns_.push_back(ns); }
   void add_tpot_ms(double ms) { tpot_ms_.push_back(ms); }
+  // Adds every sample of `other` (several engines' requests, for their merged percentiles).
+  void append(const LatencySamples& other);
 
   // Each sorts its samples in place.
   Percentiles ttft_ms();

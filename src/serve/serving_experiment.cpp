@@ -24,6 +24,7 @@
 #include "src/graph/registry.h"
 #include "src/kv/registry.h"
 #include "src/serve/content_executor.h"
+#include "src/serve/dp_serving.h"
 #include "src/serve/scheduler_registry.h"
 #include "workload/executor_program.h"
 
@@ -231,7 +232,19 @@ void check_serving_parallel(const ConfigNode& node, const ParallelConfig& p) {
         "step's time and what the scheduler sees running turn on how the stages overlap, and "
         "memsim's engine runs one batch at a time; the tp_memory experiment sizes a PP "
         "engine's memory (pipeline_parallel_sizes)");
-  if (p.data > 1) node["data_parallel_size"].fail("only 1 is modelled yet in serving");
+}
+
+// vLLM's front-end fans a request of n samples out as n requests, each balanced on its own;
+// memsim's engine keeps a request's samples (and beams) together, so under DP it refuses them.
+void check_data_parallel_requests(const ConfigNode& root, const ServingConfig& c) {
+  if (c.parallel.sizes.data <= 1) return;
+  for (const ServingRunSpec& run : c.runs)
+    if (c.request_sets[run.requests].requests.any_parallel())
+      root["parallel"]["data_parallel_size"].fail(fmt::format(
+          "run '{}' has requests with n > 1 or beams, which vLLM's front-end splits into "
+          "separate requests balanced one by one over the DP engines; memsim keeps a request's "
+          "samples together, so it does not model them under data parallelism",
+          run.label));
 }
 
 }  // namespace
@@ -356,6 +369,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
   } else {
     make_run(std::nullopt);
   }
+  check_data_parallel_requests(root, c);
   return c;
 }
 
@@ -446,7 +460,17 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     if (hooks.customize) hooks.customize(o.spec, e);
     if (hooks.progress) e.progress = [&hooks, i](const EngineProgress& p) { hooks.progress(i, p); };
     try {
-      o.result = run_serving(e, requests);
+      if (c.parallel.sizes.data > 1 && hooks.customize) {
+        o.result.label = o.spec.label;
+        o.result.error = "data parallelism is simulated only (--backend sim)";
+      } else if (c.parallel.sizes.data > 1) {
+        DpServingResult dp = run_serving_dp(e, requests, c.parallel.sizes.data);
+        o.result = std::move(dp.merged);
+        o.replicas = std::move(dp.replicas);
+        o.assigned = std::move(dp.assigned);
+      } else {
+        o.result = run_serving(e, requests);
+      }
     } catch (const std::bad_alloc&) {
       o.result = ServingResult();  // frees what the run held
       out_of_memory[i] = 1;

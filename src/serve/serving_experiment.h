@@ -53,9 +53,11 @@ struct ServingConfig {
   std::string experiment;
   GpuSpec gpu;
   ModelShape model;
-  // parallel: tensor parallelism. With tensor_parallel_size > 1 every run simulates one rank
-  // (ranks alike): rank_model is its shard, the budget is a rank's, and steps are priced by the
-  // rank's profiles (<model>.tp<N>.yaml, calibrate --tensor-parallel N: one rank's measured
+  // parallel: tensor and data parallelism (pipeline is refused in serving). With
+  // data_parallel_size > 1 every run is that many engine replicas behind vLLM's load balancer
+  // (src/serve/dp_serving.h), each as below. With tensor_parallel_size > 1 every run simulates
+  // one rank (ranks alike): rank_model is its shard, the budget is a rank's, and steps are priced
+  // by the rank's profiles (<model>.tp<N>.yaml, calibrate --tensor-parallel N: one rank's measured
   // steps, collectives included) or, without one, by the roofline plus `collectives`.
   ParallelSettings parallel;
   ModelShape rank_model;  // = model on one GPU
@@ -78,9 +80,11 @@ struct ServingConfig {
 
 struct ServingRunResult {
   ServingRunSpec spec;
-  KvBudget budget;
+  KvBudget budget;           // one rank's (under DP: of each replica, all alike)
   std::string budget_error;  // the budget has no room for KV (an outcome)
-  ServingResult result;
+  ServingResult result;      // under data parallelism: the replicas merged (run_serving_dp)
+  std::vector<ServingResult> replicas;  // data_parallel_size > 1: each engine's own run
+  std::vector<uint64_t> assigned;       // requests the load balancer sent to each replica
 };
 
 struct ServingResults {
