@@ -142,13 +142,18 @@ TEST_CASE("pipeline split: NCCL's memory gains the pipeline group's communicator
   ParallelConfig p;
   p.pipeline = 2;
   const CommMemory pp = *comm_memory(h200, p, CommOptions{});
-  CHECK(pp.pp_nccl == (736 + 186) * kMiB);  // the 2-rank measured figure, cuMem off
+  // The 2-rank measured figures, cuMem off: communicator, first all-reduce, first send/recv.
+  CHECK(pp.pp_nccl == (736 + 186 + 446) * kMiB);
   CHECK(pp.nccl() == pp.pp_nccl);
   CHECK(pp.custom() == 0);
-  CHECK(pp.pp_note.find("not measured") != std::string::npos);
+  CHECK(pp.pp_note.find("first send/recv (h200)") != std::string::npos);
+  p.pipeline = 4;
+  CHECK(comm_memory(h200, p, CommOptions{})->pp_note.find("taken for a group of 4") !=
+        std::string::npos);
+  p.pipeline = 2;
   p.tensor = 2;
   const CommMemory both = *comm_memory(h200, p, CommOptions{});
-  CHECK(both.nccl() == 2 * (736 + 186) * kMiB);
+  CHECK(both.nccl() == (736 + 186 + 736 + 186 + 446) * kMiB);
   CHECK(both.custom() == 38 * kMiB);
   p.tensor = 8;  // 16 ranks on an 8-GPU node
   CHECK(comm_memory(h200, p, CommOptions{}).error().message.find("16 ranks exceed") !=

@@ -77,12 +77,16 @@ Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, cons
   const InterconnectSpec::NcclMemory& nccl =
       o.nccl_cumem ? gpu.interconnect.nccl_cumem : gpu.interconnect.nccl_no_cumem;
   if (p.pipeline > 1) {
-    m.pp_nccl = nccl.communicator + nccl.collectives;
+    // The GPU file's communicator, first all-reduce and first send/recv pair (point_to_point,
+    // the step pipeline parallelism adds: docs/results/tp-memory.md), measured on 2 ranks.
+    m.pp_nccl = nccl.communicator + nccl.collectives + nccl.point_to_point;
     m.pp_note = fmt::format(
-        "the pipeline group's NCCL memory is not measured: memsim takes the {}-rank "
-        "tensor-parallel "
-        "figure ({}) for it, without the buffers NCCL sets up for send/recv between stages",
-        gpu.interconnect.nccl_memory_ranks, gpu.name);
+        "the pipeline group's NCCL memory is the GPU file's {}-rank communicator with its first "
+        "all-reduce and first send/recv ({}){}",
+        gpu.interconnect.nccl_memory_ranks, gpu.name,
+        p.pipeline == gpu.interconnect.nccl_memory_ranks
+            ? std::string()
+            : fmt::format(", taken for a group of {}", p.pipeline));
   }
   if (p.tensor <= 1) return m;
   m.nccl_communicator = nccl.communicator;

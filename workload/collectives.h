@@ -63,10 +63,9 @@ struct CommMemory {
   uint64_t custom_ipc = 0;
 
   // Pipeline parallelism: the PP group's communicator (vLLM gives each rank a PyNcclCommunicator
-  // for its pipeline group too, warmed up by an all-reduce). Nothing memsim measured models a PP
-  // group, so this is the TP table's figure at its measured rank count (communicator +
-  // collectives), an approximation pp_note states; the buffers NCCL sets up for the first
-  // send/recv between two peers are not in it.
+  // for its pipeline group too, warmed up by an all-reduce, then used to send the intermediate
+  // tensors between stages): the GPU file's communicator + collectives + point_to_point (the
+  // buffers of the first send/recv), measured on a 2-rank communicator; pp_note says so.
   uint64_t pp_nccl = 0;
   std::string pp_note;
 

@@ -57,7 +57,8 @@ namespace memsim {
 // tensors (hidden_states + residual) on a stage other than the first, and no logits or sampler
 // on a stage other than the last (vLLM's profile_run samples on the last rank only); its
 // captures are the stage's programs; its KV bytes per token are its layers'. NCCL's memory
-// gains the pipeline group's communicator (CommMemory::pp_nccl, an approximation it states).
+// gains the pipeline group's communicator (CommMemory::pp_nccl: the GPU file's measured 2-rank
+// communicator, first all-reduce and first send/recv).
 // Stages differ, so compute_engine_kv_budget computes each distinct stage and takes vLLM's
 // engine-wide block count: get_kv_cache_configs sizes every worker's blocks from its own memory
 // and layers, then gives every worker the smallest count.
