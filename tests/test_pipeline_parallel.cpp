@@ -3,13 +3,13 @@
 // and the engine's blocks (the least over ranks), and the config errors that name the key.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/serve/kv_budget.h"
+#include "tests/kv_test_util.h"
 #include "workload/alloc_program.h"
 #include "workload/collectives.h"
 #include "workload/pipeline_parallel.h"
@@ -21,17 +21,12 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-std::string root() {
-  const char* r = std::getenv("MEMSIM_SOURCE_ROOT");
-  return r != nullptr ? r : ".";
-}
-
 ModelShape model(const std::string& name) {
-  return load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + name + ".yaml"));
+  return test::model_from_configs(name);
 }
 
 GpuSpec gpu(const std::string& name) {
-  return load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + name + ".yaml"));
+  return test::gpu_from_configs(name);
 }
 
 std::vector<uint32_t> layer_counts(uint32_t layers, uint32_t pp) {

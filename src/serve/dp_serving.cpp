@@ -88,17 +88,7 @@ ServingResult merge_replicas(const std::vector<ServingResult>& reps, LatencySamp
     n.rejected += r.counters.rejected;
     n.restarts += r.counters.restarts;
   }
-  m.ttft_ms = latency.ttft_ms();
-  m.tpot_ms = latency.tpot_ms();
-  m.e2e_ms = latency.e2e_ms();
-  const double secs = double(m.sim_time) / 1e9;
-  m.output_tokens_per_s = secs > 0 ? double(m.output_tokens) / secs : 0;
-  m.requests_per_s = secs > 0 ? double(m.finished - m.rejected) / secs : 0;
-  m.mean_running_seqs = m.sim_time ? running / double(m.sim_time) : 0;
-  m.waste_pct = m.sim_time ? waste / double(m.sim_time) : 0;
-  m.prefix_hit_rate = m.counters.prefix_query_tokens
-                          ? double(m.counters.prefix_hit_tokens) / m.counters.prefix_query_tokens
-                          : 0;
+  set_rate_figures(m, latency, running, waste);
   return m;
 }
 

@@ -677,6 +677,21 @@ void Engine::loop_step() {
   }
 }
 
+void set_rate_figures(ServingResult& r, LatencySamples& latency, double running_integral,
+                      double waste_integral) {
+  r.ttft_ms = latency.ttft_ms();
+  r.tpot_ms = latency.tpot_ms();
+  r.e2e_ms = latency.e2e_ms();
+  const double secs = double(r.sim_time) / 1e9;
+  r.output_tokens_per_s = secs > 0 ? double(r.output_tokens) / secs : 0;
+  r.requests_per_s = secs > 0 ? double(r.finished - r.rejected) / secs : 0;
+  r.mean_running_seqs = r.sim_time ? running_integral / double(r.sim_time) : 0;
+  r.waste_pct = r.sim_time ? waste_integral / double(r.sim_time) : 0;
+  r.prefix_hit_rate = r.counters.prefix_query_tokens
+                          ? double(r.counters.prefix_hit_tokens) / r.counters.prefix_query_tokens
+                          : 0;
+}
+
 void Engine::report() {
   r_.sim_time = clock_.now() - t0_;
   r_.requests = requests_.size();
@@ -699,17 +714,7 @@ void Engine::report() {
   r_.rejected = r_.counters.rejected;
   r_.rejections = state_->rejections;
   r_.length_capped = length_capped_;
-  r_.ttft_ms = latency_.ttft_ms();
-  r_.tpot_ms = latency_.tpot_ms();
-  r_.e2e_ms = latency_.e2e_ms();
-  const double secs = double(r_.sim_time) / 1e9;
-  r_.output_tokens_per_s = secs > 0 ? double(r_.output_tokens) / secs : 0;
-  r_.requests_per_s = secs > 0 ? double(r_.finished - r_.rejected) / secs : 0;
-  r_.mean_running_seqs = r_.sim_time ? running_integral_ / double(r_.sim_time) : 0;
-  r_.waste_pct = r_.sim_time ? waste_integral_ / double(r_.sim_time) : 0;
-  r_.prefix_hit_rate = r_.counters.prefix_query_tokens
-                           ? double(r_.counters.prefix_hit_tokens) / r_.counters.prefix_query_tokens
-                           : 0;
+  set_rate_figures(r_, latency_, running_integral_, waste_integral_);
 
   if (executor_) {
     r_.validation = executor_->report();

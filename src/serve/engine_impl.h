@@ -26,6 +26,12 @@ struct RequestCounts {
   bool operator==(const RequestCounts&) const = default;
 };
 
+// The figures a run derives at its end from its counts, sim_time and latencies: percentiles,
+// rates, and the time-weighted means of running sequences and KV waste (their integrals over
+// simulated ns divided by sim_time).
+void set_rate_figures(ServingResult& r, LatencySamples& latency, double running_integral,
+                      double waste_integral);
+
 class Engine {
  public:
   Engine(const EngineConfig& c, const RequestTable& requests)
