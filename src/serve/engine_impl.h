@@ -48,21 +48,20 @@ class Engine {
   // while the engine runs. open_feed (before start): the table will hold at most `capacity`
   // requests, some with several samples or beams when `any_parallel`. advance(until): runs the
   // event loop until the clock reaches `until` (the step that crosses it ends past it) or, once
-  // the feed is closed, until every request has finished; a request appended with an arrival
-  // not before the clock is served as if it had been known. finish: the run's figures.
+  // the feed is closed, until every request has finished. A request appended between two
+  // advances with an arrival at or after the first one's `until` is served exactly as if the
+  // table had held it from the start (an engine still in a step then sees it when the step
+  // ends, as it would). finish: the run's figures.
   bool start();  // the scheduler, KV manager, backend, swap space, executor (false: r_.error)
   void open_feed(size_t capacity, bool any_parallel);
   void close_feed() { feed_open_ = false; }
   void advance(SimTime until);
   ServingResult finish();
   ServingResult take_result() { return std::move(r_); }  // after a failed start: why
-  bool failed() const { return !r_.error.empty(); }
-  bool done() const { return !feed_open_ && (done_ >= requests_.size() || failed()); }
-  SimTime now() const { return clock_.now(); }
-  SimTime origin() const { return t0_; }  // arrivals are offsets from it
+  SimTime origin() const { return t0_; }                 // arrivals are offsets from it
   // The scheduler's (waiting, running) request counts after the last step that ended at or before
-  // `t` (vLLM's get_request_counts, published after each step); t must not be before the
-  // previous advance's end.
+  // `t` (vLLM's get_request_counts, published after each step), for t the last advance's `until`
+  // (only the step that crossed it can have ended after it).
   RequestCounts counts_at(SimTime t) const {
     return counts_.time <= t ? counts_.now : counts_.before;
   }
