@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "src/config/config_node.h"
@@ -157,9 +159,36 @@ TEST_CASE("collectives: NCCL's and the custom all-reduce's memory per rank", "[t
   CHECK(m.custom_ipc == 0);                // no IPC cost with cuMem off
   CHECK(m.total() == (736 + 186 + 38) * kMiB);
   CHECK(m.nccl_note.empty());  // measured at 2 ranks
+  // 4 ranks: measured rank by rank (nccl_memory_by_rank); the largest rank decides. 8 ranks: the
+  // 2-rank figures, extrapolated, and the note says so.
   ParallelConfig four = p;
   four.tensor = 4;
-  CHECK(comm_memory(h200, four, vllm)->nccl_note.find("extrapolated to 4") != std::string::npos);
+  const CommMemory m4 = *comm_memory(h200, four, vllm);
+  CHECK(m4.nccl_note.empty());
+  CHECK(m4.nccl_of(0) == 1162 * kMiB);
+  CHECK(m4.nccl_of(1) == 1210 * kMiB);
+  CHECK(m4.nccl_of(3) == 970 * kMiB);
+  CHECK(m4.nccl() == 1210 * kMiB);
+  CHECK(m4.total_of(3) == (970 + 38) * kMiB);
+  CommOptions cumem4 = vllm;
+  cumem4.nccl_cumem = true;
+  CHECK(comm_memory(h200, four, cumem4)->nccl_of(2) == 862 * kMiB);
+  ParallelConfig eight = p;
+  eight.tensor = 8;
+  const CommMemory m8 = *comm_memory(h200, eight, vllm);
+  CHECK(m8.nccl_note.find("extrapolated to 8") != std::string::npos);
+  CHECK(m8.nccl_of(5) == (736 + 186) * kMiB);
+  // A row that does not give one figure per rank is an error naming it.
+  std::ifstream in(root() + "/configs/gpus/h200.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string bad = text.str();
+  const std::string row = "cumem: [862MiB, 862MiB, 862MiB, 862MiB]";
+  REQUIRE(bad.find(row) != std::string::npos);
+  bad.replace(bad.find(row), row.size(), "cumem: [862MiB]");
+  CHECK_THROWS_WITH(load_gpu_spec(ConfigNode::parse(bad, "h200.yaml")),
+                    Catch::Contains("nccl_memory_by_rank.4.cumem") &&
+                        Catch::Contains("has 1 figures for 4 ranks"));
 
   CommOptions cumem = vllm;
   cumem.nccl_cumem = true;

@@ -91,7 +91,11 @@ Result<CommMemory> comm_memory(const GpuSpec& gpu, const ParallelConfig& p, cons
   if (p.tensor <= 1) return m;
   m.nccl_communicator = nccl.communicator;
   m.nccl_collectives = nccl.collectives;
-  if (p.tensor != gpu.interconnect.nccl_memory_ranks)
+  const auto& by_rank =
+      o.nccl_cumem ? gpu.interconnect.nccl_by_rank_cumem : gpu.interconnect.nccl_by_rank_no_cumem;
+  if (auto it = by_rank.find(p.tensor); it != by_rank.end())
+    m.nccl_by_rank = it->second;
+  else if (p.tensor != gpu.interconnect.nccl_memory_ranks)
     m.nccl_note = fmt::format(
         "NCCL's memory is measured at {} ranks ({}), extrapolated to {}: at 4 ranks memsim's ranks "
         "measured more, and rank by rank different (docs/results/tp-memory.md)",

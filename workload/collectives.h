@@ -3,6 +3,7 @@
 // each rank.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,12 +70,30 @@ struct CommMemory {
   uint64_t pp_nccl = 0;
   std::string pp_note;
 
+  // The tensor-parallel NCCL memory rank by rank (communicator + first collective), where the GPU
+  // file measured it at this rank count (nccl_memory_by_rank); empty: every rank alike, the
+  // communicator + collectives above. NCCL's channels and buffers differ by rank at 4 ranks.
+  std::vector<uint64_t> nccl_by_rank;
+
   // Empty, or why the NCCL figures are not measured ones for this rank count.
   std::string nccl_note;
 
-  uint64_t nccl() const { return nccl_communicator + nccl_collectives + pp_nccl; }
+  // NCCL on TP rank `r` (its PP group's included).
+  uint64_t nccl_of(uint32_t r) const {
+    const uint64_t tp = nccl_by_rank.empty() ? nccl_communicator + nccl_collectives
+                                             : nccl_by_rank.at(r % nccl_by_rank.size());
+    return tp + pp_nccl;
+  }
+  // The largest rank's NCCL: what decides whether every rank can start, and the figure a table
+  // of one rank gives.
+  uint64_t nccl() const {
+    uint64_t most = nccl_of(0);
+    for (uint32_t r = 1; r < nccl_by_rank.size(); ++r) most = std::max(most, nccl_of(r));
+    return most;
+  }
   uint64_t custom() const { return custom_meta + custom_buffer + custom_rank_data + custom_ipc; }
   uint64_t total() const { return nccl() + custom(); }
+  uint64_t total_of(uint32_t r) const { return nccl_of(r) + custom(); }
 };
 
 // Zero for one GPU. Errors (kInvalidArgument): the engine's ranks (tensor x pipeline x data)

@@ -94,6 +94,9 @@ struct InterconnectSpec {
   // The rank count the NCCL figures were measured at; at others they are extrapolated, and
   // outputs say so (memsim's ranks measured other, rank-dependent figures at 4 ranks).
   uint32_t nccl_memory_ranks = 2;
+  // NCCL's memory (communicator + first collective) measured rank by rank at other rank counts
+  // (nccl_memory_by_rank): per count, one total per rank, in each environment. Empty: none.
+  std::map<uint32_t, std::vector<uint64_t>> nccl_by_rank_cumem, nccl_by_rank_no_cumem;
   // Collective times: message sizes (ascending; all-reduce: the buffer, all-gather: one rank's
   // part) and, per measured rank count, microseconds at each size.
   std::vector<uint64_t> collective_sizes;

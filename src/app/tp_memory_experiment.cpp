@@ -257,6 +257,11 @@ std::string format_tp_memory_table(const TpMemoryConfig& c, const TpMemoryResult
       if (!p.fits) continue;
       if (!b.comm.nccl_note.empty()) notes.insert(b.comm.nccl_note);
       if (!b.comm.pp_note.empty()) notes.insert(b.comm.pp_note);
+      if (!b.comm.nccl_by_rank.empty())
+        notes.insert(fmt::format(
+            "NCCL's memory at {} ranks on {} is measured rank by rank and differs: the NCCL and "
+            "free columns give the rank with the most, ranks.csv each rank's",
+            p.tp, p.gpu));
     }
   }
   for (const std::string& n : notes) o += "note: " + n + "\n";
@@ -315,12 +320,12 @@ void write_ranks_csv(const TpMemoryResults& r, std::ostream& f) {
           p.fits ? p.kv_blocks_min * b.kv_block_size * b.kv_bytes_per_token : 0;
       const size_t as = p.fits ? simulated_stage(p, s) * p.tp : 0;
       for (uint32_t t = 0; t < p.tp; ++t)
-        f << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-                         csv_cell(p.model), csv_cell(p.gpu), p.tp, csv_cell(p.graph_memory),
-                         s * p.tp + t, as, b.weights, b.activation_peak, b.graph_memory,
-                         b.comm.nccl(), b.comm.custom(), b.kv_bytes, p.fits ? b.free_bytes() : 0,
-                         b.kv_tokens, b.kv_blocks, p.concurrency, csv_cell(p.outcome), p.pp, s,
-                         b.stage.first_layer, b.stage.layers, allocated);
+        f << fmt::format(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            csv_cell(p.model), csv_cell(p.gpu), p.tp, csv_cell(p.graph_memory), s * p.tp + t, as,
+            b.weights, b.activation_peak, b.graph_memory, b.comm.nccl_of(t), b.comm.custom(),
+            b.kv_bytes, p.fits ? b.free_bytes_of(t) : 0, b.kv_tokens, b.kv_blocks, p.concurrency,
+            csv_cell(p.outcome), p.pp, s, b.stage.first_layer, b.stage.layers, allocated);
     }
   }
 }

@@ -38,9 +38,10 @@ const ConfigKeys& gpu_file_keys() {
        {"dense_tflops", "hbm_gbps", "pcie_gbps", "flops_efficiency", "bandwidth_efficiency",
         "step_overhead_us", "sms", "decode_ctas_per_sm"}},
       {"interconnect",
-       {"gpus_per_node", "nccl_version", "nccl_memory", "nccl_memory_ranks", "collective_sizes",
-        "all_reduce_us", "all_gather_us", "custom_all_reduce_us"}},
+       {"gpus_per_node", "nccl_version", "nccl_memory", "nccl_memory_ranks", "nccl_memory_by_rank",
+        "collective_sizes", "all_reduce_us", "all_gather_us", "custom_all_reduce_us"}},
       {"interconnect.nccl_memory", {"cumem", "no_cumem"}},
+      {"interconnect.nccl_memory_by_rank.<ranks>", {"cumem", "no_cumem"}},
       {"interconnect.nccl_memory.<env>", {"communicator", "collectives", "point_to_point"}},
   };
   return kKeys;
@@ -100,6 +101,33 @@ InterconnectSpec::NcclMemory load_nccl_memory(const ConfigNode& n) {
           n["point_to_point"].as_bytes()};
 }
 
+// `{RANKS: {cumem: [bytes per rank], no_cumem: [...]}, ...}`: NCCL's memory rank by rank.
+void load_nccl_by_rank(const ConfigNode& n, InterconnectSpec& ic) {
+  if (!n.is_map())
+    n.fail("must map a rank count to its per-rank figures, e.g. {4: {no_cumem: [...]}}");
+  for (const std::string& key : n.keys()) {
+    const ConfigNode row = n[key];
+    char* end = nullptr;
+    const unsigned long ranks = std::strtoul(key.c_str(), &end, 10);
+    if (end == key.c_str() || *end != '\0' || ranks < 2 || ranks > ic.gpus_per_node)
+      row.fail(fmt::format("the key must be a rank count from 2 to gpus_per_node ({})",
+                           ic.gpus_per_node));
+    row.expect_keys(keys_at(gpu_file_keys(), "interconnect.nccl_memory_by_rank.<ranks>"));
+    for (const char* env : {"cumem", "no_cumem"}) {
+      auto figures = row.find(env);
+      if (!figures) continue;
+      std::vector<uint64_t> bytes;
+      for (const ConfigNode& v : figures->items()) bytes.push_back(v.as_bytes());
+      if (bytes.size() != ranks)
+        figures->fail(
+            fmt::format("has {} figures for {} ranks (one per rank)", bytes.size(), ranks));
+      (std::string(env) == "cumem" ? ic.nccl_by_rank_cumem
+                                   : ic.nccl_by_rank_no_cumem)[static_cast<uint32_t>(ranks)] =
+          std::move(bytes);
+    }
+  }
+}
+
 // `{RANKS: [us, ...], ...}`: one time per collective size, positive, for rank counts >= 2.
 std::map<uint32_t, std::vector<double>> load_collective_times(const ConfigNode& n, size_t sizes,
                                                               uint32_t gpus_per_node,
@@ -133,6 +161,7 @@ InterconnectSpec load_interconnect(const ConfigNode& n) {
   ic.nccl_cumem = load_nccl_memory(mem["cumem"]);
   ic.nccl_no_cumem = load_nccl_memory(mem["no_cumem"]);
   ic.nccl_memory_ranks = static_cast<uint32_t>(n["nccl_memory_ranks"].as_uint_in(2, 1024));
+  if (auto v = n.find("nccl_memory_by_rank")) load_nccl_by_rank(*v, ic);
   const ConfigNode sizes = n["collective_sizes"];
   for (const ConfigNode& v : sizes.items()) {
     const uint64_t b = v.as_bytes();

@@ -383,12 +383,20 @@ std::string format_kv_budget(const KvBudget& b) {
                      "KV head on {} rank(s)); outside the budget:\n",
                      b.tensor_parallel, b.kv_head_replicas)
                : std::string("  every term is the stage's rank's; outside the budget:\n");
-    out += line("  NCCL", b.comm.nccl(), "communicator + first collective's buffers");
+    std::string by_rank;
+    for (uint32_t r = 0; r < b.comm.nccl_by_rank.size(); ++r)
+      by_rank += fmt::format("{}{:.0f}", r ? " / " : "", double(b.comm.nccl_of(r)) / 1048576.0);
+    out += line("  NCCL", b.comm.nccl(),
+                by_rank.empty()
+                    ? "communicator + first collective's buffers"
+                    : "the largest rank's; by rank " + by_rank + " MiB (measured rank by rank)");
     out += line("  custom AR", b.comm.custom(),
                 b.comm.custom_all_reduce
                     ? "vLLM's custom all-reduce: IPC meta + data buffers, rank_data, peer handles"
                     : "no custom all-reduce");
-    out += line("  free", b.free_bytes(), "capacity - usable - NCCL - custom all-reduce");
+    out += line("  free", b.free_bytes(),
+                by_rank.empty() ? "capacity - usable - NCCL - custom all-reduce"
+                                : "capacity - usable - NCCL - custom all-reduce, on that rank");
     if (!b.comm.nccl_note.empty()) out += "  note: " + b.comm.nccl_note + "\n";
     if (!b.comm.pp_note.empty()) out += "  note: " + b.comm.pp_note + "\n";
   }

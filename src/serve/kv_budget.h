@@ -118,7 +118,10 @@ struct KvBudget {
   uint32_t pipeline_parallel = 1;
   PipelineStage stage;  // the stage's layers, and whether it is the first / last
   CommMemory comm;
+  // What is left free on the rank with the most NCCL memory (all ranks alike unless the GPU file
+  // measured NCCL rank by rank at this count), and on TP rank r.
   uint64_t free_bytes() const { return capacity - usable - comm.total(); }
+  uint64_t free_bytes_of(uint32_t r) const { return capacity - usable - comm.total_of(r); }
 };
 
 // The graph shapes `in` captures (see KvBudgetInput::capture_sizes); empty when enforce_eager.

@@ -247,6 +247,33 @@ void check_data_parallel_requests(const ConfigNode& root, const ServingConfig& c
           run.label));
 }
 
+// calibrate's flags for the rank's profile under TP ("" on one GPU).
+std::string tp_calibrate_flags(const ParallelSettings& p) {
+  if (p.sizes.tensor <= 1) return "";
+  return fmt::format(" --tensor-parallel {} --all-reduce {}", p.sizes.tensor,
+                     all_reduce_kind(p.sizes, p.comm));
+}
+
+// `parallel:` (what serving models of it), the step profiles (a rank's under TP), and under TP
+// the rank's shard and the collectives' times.
+void load_parallel_and_step_time(const ConfigNode& root, const std::string& gpu_file,
+                                 ServingConfig& c) {
+  c.rank_model = c.model;
+  if (auto p = root.find("parallel")) {
+    c.parallel = load_parallel(*p, c.model, c.gpu);
+    check_serving_parallel(*p, c.parallel.sizes);
+  }
+  const uint32_t tp = c.parallel.sizes.tensor;
+  load_step_profiles(root, gpu_file, c);
+  if (tp <= 1) return;
+  c.rank_model = shard_tensor_parallel(c.model, tp)->rank;  // checked by load_parallel
+  const bool custom =
+      std::string_view(all_reduce_kind(c.parallel.sizes, c.parallel.comm)) == "custom";
+  c.collectives = std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp, custom));
+  if (!c.step_profile)
+    c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
+}
+
 }  // namespace
 
 ServingConfig load_serving_config(const ConfigNode& root) {
@@ -260,26 +287,10 @@ ServingConfig load_serving_config(const ConfigNode& root) {
   c.gpu = load_gpu_spec(ConfigNode::load_file(gpu_file));
   c.model = load_model_shape(ConfigNode::load_file(
       resolve_config_path(root["model"], root["model"].as_string(), "models")));
-  c.rank_model = c.model;
-  if (auto p = root.find("parallel")) {
-    c.parallel = load_parallel(*p, c.model, c.gpu);
-    check_serving_parallel(*p, c.parallel.sizes);
-  }
-  const uint32_t tp = c.parallel.sizes.tensor;
-  load_step_profiles(root, gpu_file, c);
-  if (tp > 1) {
-    c.rank_model = shard_tensor_parallel(c.model, tp)->rank;  // checked by load_parallel
-    const bool custom =
-        std::string_view(all_reduce_kind(c.parallel.sizes, c.parallel.comm)) == "custom";
-    c.collectives =
-        std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp, custom));
-    if (!c.step_profile)
-      c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
-  }
+  load_parallel_and_step_time(root, gpu_file, c);
   // The calibrate command that writes a missing profile (the rank's under TP).
-  const std::string calibrate =
-      fmt::format("memsim calibrate --backend cuda --model {}{}", c.model.name,
-                  tp > 1 ? fmt::format(" --tensor-parallel {}", tp) : std::string());
+  const std::string calibrate = fmt::format("memsim calibrate --backend cuda --model {}{}",
+                                            c.model.name, tp_calibrate_flags(c.parallel));
   if (auto sc = root.find("step_profile_scale")) {
     sc->expect_keys(keys_at(serving_config_keys(), "step_profile_scale"));
     if (!c.step_profile)
@@ -349,10 +360,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
       at.fail(
           fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
                       "--backend cuda --model {}{} writes it)",
-                      c.step_profile_path, c.model.name,
-                      c.parallel.sizes.tensor > 1
-                          ? fmt::format(" --tensor-parallel {}", c.parallel.sizes.tensor)
-                          : ""));
+                      c.step_profile_path, c.model.name, tp_calibrate_flags(c.parallel)));
     run.step_time = e.step_time;
     run.requests = *req;
     if (run.label.empty()) run.label = k->params.empty() ? k->impl : k->impl + " " + k->params;
