@@ -127,5 +127,11 @@ TEST_CASE("dp serving: two replicas halve a saturated engine's queue", "[dp]") {
   CHECK(two.merged.output_tokens == one.output_tokens);
   CHECK(two.merged.sim_time < one.sim_time);
   CHECK(two.merged.ttft_ms.p50 < one.ttft_ms.p50);
+  // Waste is a share of each replica's own slots: the merged figure lies between theirs.
+  const double lo = std::min(two.replicas[0].waste_pct, two.replicas[1].waste_pct);
+  const double hi = std::max(two.replicas[0].waste_pct, two.replicas[1].waste_pct);
+  CHECK(two.merged.waste_pct >= lo - 1e-9);
+  CHECK(two.merged.waste_pct <= hi + 1e-9);
+  CHECK(two.merged.waste_pct > 0);
 }
 }  // namespace memsim::test

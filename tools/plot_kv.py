@@ -19,6 +19,7 @@ import csv
 import json
 import math
 import os
+import re
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ beside an installed script
@@ -86,7 +87,33 @@ def load(dir_):
             t, v = series.setdefault((r["strategy"], r["metric"]), ([], []))
             t.append(float(r["time_s"]))
             v.append(float(r["value"]))
+    add_deployment_series(series)
     return runs, series
+
+
+def add_deployment_series(series):
+    """Data parallelism: a run's replicas record their gauges as "dpK.<metric>"; the run's own
+    series of that metric is their sum at every change (each replica 0 before its first sample),
+    as the deployment's total. A run that has its own series keeps it."""
+    parts = {}  # (run, metric) -> [(ts, vs) of each replica]
+    for (run, metric), tv in series.items():
+        m = re.fullmatch(r"dp(\d+)\.(.+)", metric)
+        if m:
+            parts.setdefault((run, m.group(2)), []).append(tv)
+    for key, reps in parts.items():
+        if key in series:
+            continue
+        events = sorted((t, i, v) for i, (ts, vs) in enumerate(reps) for t, v in zip(ts, vs))
+        last = [0.0] * len(reps)
+        out_t, out_v = [], []
+        for t, i, v in events:
+            last[i] = v
+            if out_t and out_t[-1] == t:
+                out_v[-1] = sum(last)
+            else:
+                out_t.append(t)
+                out_v.append(sum(last))
+        series[key] = (out_t, out_v)
 
 
 def run_label(r):

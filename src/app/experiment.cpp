@@ -60,6 +60,10 @@ bool refuse_other_gpu(const GpuSpec& gpu) {
 int run_serving(const ConfigNode& root, const RunContext& ctx) {
   const ServingConfig config = load_serving_config(root);
   if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
+  if (ctx.cuda && config.parallel.sizes.data > 1)
+    root["parallel"]["data_parallel_size"].fail(
+        "--backend cuda runs one engine (its ranks under tensor parallelism); data-parallel "
+        "replicas run on the sim backend only");
   const uint32_t tp = config.parallel.sizes.tensor;
   if (ctx.cuda && tp > 1 && ctx.rank < 0) {  // one process per rank, this command again
     const int rc = cuda_launch_ranks(tp, config.parallel.comm.nccl_cumem, std::cout);

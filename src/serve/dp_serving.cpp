@@ -37,7 +37,7 @@ ServingResult merge_replicas(const std::vector<ServingResult>& reps, LatencySamp
   m.kv_impl = first.kv_impl;
   m.scheduler = first.scheduler;
   m.step_time_source = first.step_time_source;
-  double running = 0, waste = 0;
+  double running = 0, waste = 0, replica_time = 0;
   for (size_t k = 0; k < reps.size(); ++k) {
     const ServingResult& r = reps[k];
     if (m.error.empty() && !r.error.empty()) m.error = fmt::format("dp {}: {}", k, r.error);
@@ -54,7 +54,8 @@ ServingResult merge_replicas(const std::vector<ServingResult>& reps, LatencySamp
     m.output_tokens += r.output_tokens;
     m.max_running_seqs = std::max(m.max_running_seqs, r.max_running_seqs);
     running += r.mean_running_seqs * double(r.sim_time);
-    waste += r.waste_pct * double(r.sim_time);
+    waste += r.waste_pct * double(r.sim_time);  // each replica's share of its own slots
+    replica_time += double(r.sim_time);
     m.peak_used_blocks += r.peak_used_blocks;
     m.peak_kv_bytes += r.peak_kv_bytes;
     m.kv_critical_time += r.kv_critical_time;
@@ -88,7 +89,10 @@ ServingResult merge_replicas(const std::vector<ServingResult>& reps, LatencySamp
     n.rejected += r.counters.rejected;
     n.restarts += r.counters.restarts;
   }
-  set_rate_figures(m, latency, running, waste);
+  // Waste is a percentage of each replica's own slots: the replicas' time-weighted mean, as an
+  // integral over the merged run's time (set_rate_figures divides by it).
+  const double waste_mean = replica_time > 0 ? waste / replica_time : 0;
+  set_rate_figures(m, latency, running, waste_mean * double(m.sim_time));
   return m;
 }
 

@@ -47,11 +47,14 @@ struct DpServingResult {
 
 // Runs `requests` over `replicas` engines of `config` (each its own clock, scheduler, KV pool and
 // backend; ranks and memory alike), the balancer handing each request to one as it arrives.
-// merged: counts, tokens, steps and KV figures summed over the replicas; sim_time from the first
-// arrival to the last completion anywhere; latency percentiles over every request; the most
-// sequences any replica ran at once (max_running_seqs); the deployment's mean running sequences
-// and time-weighted KV waste; the first replica error (named "dp K: ..."). The replicas' gauge
-// samples stay in `replicas`.
+// merged: counts, tokens, steps and KV figures summed over the replicas (peak_used_blocks and
+// peak_kv_bytes are the sum of each replica's own peak, reached at different times: an upper
+// bound of the deployment's at any one moment); sim_time from the first arrival to the last
+// completion anywhere; latency percentiles over every request pooled; the most sequences any
+// replica ran at once (max_running_seqs); the deployment's mean running sequences; KV waste as
+// the replicas' time-weighted mean (a percentage of each replica's own slots); the first replica
+// error (named "dp K: ..."). The replicas' gauge samples stay in `replicas` (timeseries.csv
+// names them "dpK.<metric>"; tools/plot_kv.py sums them into the run's).
 DpServingResult run_serving_dp(const EngineConfig& config, const RequestTable& requests,
                                uint32_t replicas);
 
