@@ -548,10 +548,9 @@ TEST_CASE("graph launch map time is rounded like GpuSpec::price", "[sim_backend]
   expect_cost(s.b, P::kLaunch, 2500 + 50700, [&] { REQUIRE(s.b.launch(g, st).ok()); });
 }
 
-// A shadow model of handles, reservations, mappings and device allocations predicts the outcome
-// of every call (valid or not); failed calls must leave usage() unchanged.
-TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact accounting",
-                 "[sim_backend][random]") {
+// A shadow model of handles, reservations, mappings and device allocations: it predicts the
+// outcome of every call (valid or not) of the randomized workload below.
+struct VmmShadow {
   struct Handle {
     uint64_t bytes;
     uint32_t maps = 0;
@@ -561,29 +560,34 @@ TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact acc
     uint64_t bytes, handle;
   };
   using Maps = std::map<uint64_t, Mapping>;  // offset in the reservation -> mapping
-  std::mt19937_64 rng(20240611);
+  explicit VmmShadow(SimBackend& backend) : b(backend) {}
+  SimBackend& b;
+  std::mt19937_64 rng{20240611};
   std::map<uint64_t, Handle> hs;
   std::map<DevPtr, std::pair<uint64_t, Maps>> rs;  // base -> (size, mappings)
   std::map<DevPtr, uint64_t> dev;
   uint64_t phys = 0, reserved = 0, mapped = 0;
-  auto pick = [&](auto& m) { return std::next(m.begin(), static_cast<long>(rng() % m.size())); };
-  auto overlaps = [](const Maps& maps, uint64_t off, uint64_t bytes) {
+  bool want = false, got = false;  // the last op's predicted and actual success
+
+  template <class M>
+  auto pick(M& m) {
+    return std::next(m.begin(), static_cast<long>(rng() % m.size()));
+  }
+  static bool overlaps(const Maps& maps, uint64_t off, uint64_t bytes) {
     for (const auto& [o, m] : maps)
       if (o < off + bytes && off < o + m.bytes) return true;
     return false;
-  };
-  auto drop_map = [&](Maps& maps, Maps::iterator it) {
+  }
+  void drop_map(Maps& maps, Maps::iterator it) {
     Handle& h = hs.at(it->second.handle);
     --h.maps;
     mapped -= it->second.bytes;
     if (h.released && h.maps == 0) phys -= h.bytes, hs.erase(it->second.handle);
     maps.erase(it);
-  };
-  int oks = 0;
-  for (int op = 0; op < 50000; ++op) {
-    const Usage before = b.usage();
-    bool want = false, got = false;
-    const int kind = static_cast<int>(rng() % 8);
+  }
+  // One random call of `kind` (0..7): false when there was nothing to call it on.
+  bool op(int kind) {
+    want = got = false;
     if (kind == 0) {  // create_physical, sometimes of an invalid size
       const uint64_t k = rng() % 10;
       const uint64_t bytes = k < 8 ? (k + 1) * kG : (k == 8 ? 0 : kG + kMiB);
@@ -600,21 +604,21 @@ TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact acc
       if (got && want && it->second.maps > 0) it->second.released = true;
       if (got && want && it->second.maps == 0) phys -= it->second.bytes, hs.erase(it);
     } else if (kind == 2) {  // reserve_virtual, sometimes of an invalid size
-      if (rs.size() >= 40) continue;
+      if (rs.size() >= 40) return false;
       const uint64_t bytes = rng() % 8 ? (1 + rng() % 16) * kG : kG / 2;
       want = bytes % kG == 0;
       auto r = b.reserve_virtual(bytes, rng() % 2 ? 0 : 8 * kG);
       got = r.ok();
       if (got && want) rs.emplace(*r, std::pair{bytes, Maps{}}), reserved += bytes;
     } else if (kind == 3) {  // free_virtual of a reservation (maybe mapped) or a bogus address
-      if (rs.empty()) continue;
+      if (rs.empty()) return false;
       auto it = pick(rs);
       const bool bogus = rng() % 5 == 0;
       want = !bogus && it->second.second.empty();
       got = b.free_virtual(it->first + (bogus ? 1 : 0)).ok();
       if (got && want) reserved -= it->second.first, rs.erase(it);
     } else if (kind == 4) {  // map with random alignment, handle, range and overlap errors
-      if (rs.empty() || hs.empty()) continue;
+      if (rs.empty() || hs.empty()) return false;
       auto hit = pick(hs);
       auto rit = pick(rs);  // the range may run past its end, even into the next reservation
       const uint64_t skew = rng() % 10 == 0 ? kMiB : 0;
@@ -638,7 +642,7 @@ TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact acc
         REQUIRE(res->offset == hoff + bytes - 1);
       }
     } else if (kind == 5) {  // unmap one whole mapping, or a random (rarely exact) range
-      if (rs.empty()) continue;
+      if (rs.empty()) return false;
       auto rit = pick(rs);
       Maps& maps = rit->second.second;
       uint64_t off = kG * (rng() % (rit->second.first / kG)), bytes = kG * (1 + rng() % 3);
@@ -667,35 +671,47 @@ TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact acc
       got = r.ok();
       if (got && want) dev.emplace(*r, acc), phys += acc, mapped += acc;
     } else {  // device_free of a live or bogus pointer
-      if (dev.empty()) continue;
+      if (dev.empty()) return false;
       auto it = pick(dev);
       want = rng() % 5 != 0;
       got = b.device_free(it->first + (want ? 0 : 4096)).ok();
       if (got && want) phys -= it->second, mapped -= it->second, dev.erase(it);
     }
+    return true;
+  }
+};
+
+TEST_CASE_METHOD(Sim, "randomized VMM and device_malloc workload keeps exact accounting",
+                 "[sim_backend][random]") {
+  VmmShadow m(b);
+  int oks = 0;
+  for (int op = 0; op < 50000; ++op) {
+    const Usage before = b.usage();
+    const int kind = static_cast<int>(m.rng() % 8);
+    if (!m.op(kind)) continue;
     INFO("op " << op << " kind " << kind);
-    REQUIRE(got == want);
-    oks += got;
+    REQUIRE(m.got == m.want);
+    oks += m.got;
     const Usage u = b.usage();
-    if (!got) REQUIRE(same_usage(u, before));
-    REQUIRE(u.physical_bytes == phys);
-    REQUIRE(u.virtual_reserved == reserved);
-    REQUIRE(u.virtual_mapped == mapped);
+    if (!m.got) REQUIRE(same_usage(u, before));
+    REQUIRE(u.physical_bytes == m.phys);
+    REQUIRE(u.virtual_reserved == m.reserved);
+    REQUIRE(u.virtual_mapped == m.mapped);
     REQUIRE(u.physical_bytes <= kCap);
     if (op % 100 == 0) REQUIRE(invariants(b));
   }
   CHECK(oks > 10000);
   // Tear down everything the shadow says is live.
-  for (auto& [va, r] : rs) {
-    Maps& maps = r.second;
+  for (auto& [va, r] : m.rs) {
+    VmmShadow::Maps& maps = r.second;
     while (!maps.empty()) {
       REQUIRE(b.unmap(va + maps.begin()->first, maps.begin()->second.bytes).ok());
-      drop_map(maps, maps.begin());
+      m.drop_map(maps, maps.begin());
     }
     REQUIRE(b.free_virtual(va).ok());
   }
-  for (auto& [id, h] : hs) REQUIRE(b.release_physical(PhysHandle{id}).ok());
-  for (auto& [p, acc] : dev) REQUIRE(b.device_free(p).ok());
+  for (auto& [id, h] : m.hs) REQUIRE(b.release_physical(PhysHandle{id}).ok());
+  for (auto& [p, acc] : m.dev) REQUIRE(b.device_free(p).ok());
   CHECK(same_usage(b.usage(), Usage{}));
   CHECK(invariants(b));
 }

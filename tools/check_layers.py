@@ -44,20 +44,33 @@ def layer_of(folder):
 
 
 def functions_over(lines, limit):
-    """Top-level function bodies (an opening brace at the end of a line that starts at column 0
-    or is a member definition, closed by a '}' at column 0) longer than `limit` lines."""
+    """Top-level function bodies longer than `limit` lines: a definition starting at column 0
+    (its signature on one line, or continued over the next lines up to the one ending in '{'),
+    closed by a '}' at column 0."""
     out = []
     start = None
     name = ""
+    signature = None  # first line of a column-0 signature still open (no '{' or ';' yet)
     for i, line in enumerate(lines):
-        if start is None:
-            if re.match(r"^[A-Za-z].*\)\s*(const)?\s*(noexcept)?\s*(override)?\s*\{\s*$", line) and \
-                    not re.match(r"^(namespace|struct|class|enum|union|extern)\b", line):
-                start, name = i, line.strip()
-        elif line.startswith("}"):
-            if i - start + 1 > limit:
-                out.append((start + 1, i - start + 1, name))
-            start = None
+        if start is not None:
+            if line.startswith("}"):
+                if i - start + 1 > limit:
+                    out.append((start + 1, i - start + 1, name))
+                start = None
+            continue
+        top = re.match(r"^[A-Za-z]", line) and \
+            not re.match(r"^(namespace|struct|class|enum|union|extern|template|using|typedef)\b",
+                         line)
+        if top and re.search(r"\)\s*(const)?\s*(noexcept)?\s*(override)?\s*\{\s*$", line):
+            start, name, signature = i, line.strip(), None
+        elif top and "(" in line and not line.rstrip().endswith((";", "}")):
+            signature = i
+        elif signature is not None:
+            text = line.rstrip()
+            if text.endswith("{") and not text.lstrip().startswith(("{", "//")):
+                start, name, signature = signature, lines[signature].strip(), None
+            elif text.endswith(";") or text.endswith("}") or not text.startswith((" ", "\t")):
+                signature = None
     return out
 
 

@@ -131,6 +131,59 @@ namespace {
 
 // Measured (the GPU's timed model steps) against predicted (the sim backend, same trace and
 // seed) for the runs with engine.gpu_step: model; error = predicted / measured - 1.
+// Step by step: the step-time model's prediction for each measured step's own shape, by class
+// (decode, mixed, prefill), and steps.csv.
+void report_step_classes(const ServingResults& measured, OutputDir& dir, std::ostream& out) {
+  out << "\nper step class: the step-time model's prediction for each measured step's shape; "
+         "ratio = predicted / measured over the class's total time; pred/gpu = predicted / the "
+         "GPU's share of it (CUDA events: the rest is host work)\n";
+  out << fmt::format("{:<30} {:<8} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9} {:>8}\n", "run", "steps",
+                     "count", "measured", "predicted", "ratio", "err p10", "err p90", "pred/gpu");
+  double single_pred = 0, single_gpu = 0;  // single-sequence decode steps of every run
+  std::ostringstream steps;
+  steps << "run,step,num_seqs,new_tokens,decode_seqs,decode_kv_tokens,decode_max_kv,"
+           "kv_read_tokens,attn_pairs,measured_ms,predicted_ms,wall_s,gpu_ms\n";
+  for (const ServingRunResult& m : measured.runs) {
+    const auto& ms = m.result.measured_steps;
+    const char* kClass[] = {"decode", "mixed", "prefill"};
+    std::vector<double> errs[3];
+    double meas[3] = {}, pred[3] = {}, gpu[3] = {};
+    for (size_t k = 0; k < ms.size(); ++k) {
+      const StepShape& sh = ms[k].shape;
+      const int c = sh.decode_seqs == sh.num_seqs ? 0 : sh.decode_seqs ? 1 : 2;
+      meas[c] += double(ms[k].measured) / 1e6;
+      pred[c] += double(ms[k].predicted) / 1e6;
+      gpu[c] += ms[k].gpu_ms;
+      if (c == 0 && sh.num_seqs == 1 && ms[k].gpu_ms > 0) {
+        single_pred += double(ms[k].predicted) / 1e6;
+        single_gpu += ms[k].gpu_ms;
+      }
+      if (ms[k].measured > 0) errs[c].push_back(double(ms[k].predicted) / ms[k].measured - 1);
+      steps << fmt::format("{},{},{},{},{},{},{},{},{:.0f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                           csv_quoted(m.spec.label), k, sh.num_seqs, sh.new_tokens, sh.decode_seqs,
+                           sh.decode_kv_tokens, sh.decode_max_kv, sh.kv_read_tokens, sh.attn_pairs,
+                           double(ms[k].measured) / 1e6, double(ms[k].predicted) / 1e6,
+                           ms[k].wall_s, ms[k].gpu_ms);
+    }
+    for (int c = 0; c < 3; ++c) {
+      if (errs[c].empty()) continue;
+      std::sort(errs[c].begin(), errs[c].end());
+      const auto at = [&](double q) { return errs[c][size_t(q * double(errs[c].size() - 1))]; };
+      out << fmt::format(
+          "{:<30} {:<8} {:>7} {:>9.1f}ms {:>9.1f}ms {:>7.3f} {:>+8.1f}% {:>+8.1f}% {:>8}\n",
+          m.spec.label, kClass[c], errs[c].size(), meas[c], pred[c], pred[c] / meas[c],
+          at(0.1) * 100, at(0.9) * 100,
+          gpu[c] > 0 ? fmt::format("{:.3f}", pred[c] / gpu[c]) : std::string("-"));
+    }
+  }
+  if (single_gpu > 0)
+    out << fmt::format(
+        "single-sequence decode steps, all runs: predicted / GPU time {:.3f} (this GPU against "
+        "the one profiled: the same kernels at the smallest batch)\n",
+        single_pred / single_gpu);
+  dir.write("steps.csv", steps.str());
+}
+
 void report_sim_vs_measured(const ServingConfig& config, const ServingResults& measured,
                             const ServingPredictions& predictions, OutputDir& dir,
                             std::ostream& out) {
@@ -235,55 +288,7 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
   }
   dir.write("sim_vs_measured.csv", csv.str());
 
-  // Step by step: the step-time model's prediction for each measured step's own shape.
-  out << "\nper step class: the step-time model's prediction for each measured step's shape; "
-         "ratio = predicted / measured over the class's total time; pred/gpu = predicted / the "
-         "GPU's share of it (CUDA events: the rest is host work)\n";
-  out << fmt::format("{:<30} {:<8} {:>7} {:>11} {:>11} {:>7} {:>9} {:>9} {:>8}\n", "run", "steps",
-                     "count", "measured", "predicted", "ratio", "err p10", "err p90", "pred/gpu");
-  double single_pred = 0, single_gpu = 0;  // single-sequence decode steps of every run
-  std::ostringstream steps;
-  steps << "run,step,num_seqs,new_tokens,decode_seqs,decode_kv_tokens,decode_max_kv,"
-           "kv_read_tokens,attn_pairs,measured_ms,predicted_ms,wall_s,gpu_ms\n";
-  for (const ServingRunResult& m : measured.runs) {
-    const auto& ms = m.result.measured_steps;
-    const char* kClass[] = {"decode", "mixed", "prefill"};
-    std::vector<double> errs[3];
-    double meas[3] = {}, pred[3] = {}, gpu[3] = {};
-    for (size_t k = 0; k < ms.size(); ++k) {
-      const StepShape& sh = ms[k].shape;
-      const int c = sh.decode_seqs == sh.num_seqs ? 0 : sh.decode_seqs ? 1 : 2;
-      meas[c] += double(ms[k].measured) / 1e6;
-      pred[c] += double(ms[k].predicted) / 1e6;
-      gpu[c] += ms[k].gpu_ms;
-      if (c == 0 && sh.num_seqs == 1 && ms[k].gpu_ms > 0) {
-        single_pred += double(ms[k].predicted) / 1e6;
-        single_gpu += ms[k].gpu_ms;
-      }
-      if (ms[k].measured > 0) errs[c].push_back(double(ms[k].predicted) / ms[k].measured - 1);
-      steps << fmt::format("{},{},{},{},{},{},{},{},{:.0f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
-                           csv_quoted(m.spec.label), k, sh.num_seqs, sh.new_tokens, sh.decode_seqs,
-                           sh.decode_kv_tokens, sh.decode_max_kv, sh.kv_read_tokens, sh.attn_pairs,
-                           double(ms[k].measured) / 1e6, double(ms[k].predicted) / 1e6,
-                           ms[k].wall_s, ms[k].gpu_ms);
-    }
-    for (int c = 0; c < 3; ++c) {
-      if (errs[c].empty()) continue;
-      std::sort(errs[c].begin(), errs[c].end());
-      const auto at = [&](double q) { return errs[c][size_t(q * double(errs[c].size() - 1))]; };
-      out << fmt::format(
-          "{:<30} {:<8} {:>7} {:>9.1f}ms {:>9.1f}ms {:>7.3f} {:>+8.1f}% {:>+8.1f}% {:>8}\n",
-          m.spec.label, kClass[c], errs[c].size(), meas[c], pred[c], pred[c] / meas[c],
-          at(0.1) * 100, at(0.9) * 100,
-          gpu[c] > 0 ? fmt::format("{:.3f}", pred[c] / gpu[c]) : std::string("-"));
-    }
-  }
-  if (single_gpu > 0)
-    out << fmt::format(
-        "single-sequence decode steps, all runs: predicted / GPU time {:.3f} (this GPU against "
-        "the one profiled: the same kernels at the smallest batch)\n",
-        single_pred / single_gpu);
-  dir.write("steps.csv", steps.str());
+  report_step_classes(measured, dir, out);
 }
 
 }  // namespace

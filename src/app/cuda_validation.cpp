@@ -178,6 +178,119 @@ Status probe_cuda_device() {
   return {};
 }
 
+// The simulated against measured time per call of every primitive class, and their common factor.
+void print_per_call(const std::vector<Row>& rows, std::ostream& out) {
+  out << "simulated vs measured time per call (us), ratio = measured / simulated; within = "
+         "inside 25% (classes of more than 10 calls):\n";
+  int counted = 0, within = 0;
+  std::vector<double> ratios;  // of the classes counted
+  for (const Row& r : rows) {
+    if (r.metric.rfind("us_per_call.", 0) != 0) continue;
+    const double ratio = r.simulated > 0 ? r.measured / r.simulated : 0.0;
+    const bool many = r.calls > 10;
+    const bool in = ratio >= 0.75 && ratio <= 1.25;
+    counted += many;
+    within += many && in;
+    if (many) ratios.push_back(ratio);
+    out << fmt::format(
+        "  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  {:<6} ({})\n",
+        r.strategy, r.metric.substr(12), r.simulated, r.measured, ratio,
+        !many ? ""
+        : in  ? "within"
+              : "OUT",
+        r.note);
+  }
+  out << fmt::format("{} of {} primitive classes of more than 10 calls within 25%\n", within,
+                     counted);
+  out << common_factor_line(ratios);
+}
+
+// One recorded strategy run's checks and what they compared.
+struct StrategyChecks {
+  std::string label;
+  const RunRecord* simulated;
+  const CaptureRunResult* run;
+  const Harness* harness;
+  CudaBackend* cuda;
+  bool same_bytes, within, replay_ok;
+  uint64_t bound, allocations;
+  bool driver_managed;
+};
+
+// validation.csv's rows of one strategy: accounted bytes, device usage, graph memory, replay
+// checks and the time per call of each primitive class.
+void add_rows(std::vector<Row>& rows, const StrategyChecks& k) {
+  const ReplayStats& rp = k.harness->replay();
+  rows.push_back({k.label, "peak_physical_bytes",
+                  k.simulated ? static_cast<double>(k.simulated->result.peak_physical) : 0,
+                  static_cast<double>(k.run->peak_physical), k.same_bytes,
+                  "strategy-accounted bytes, sim run vs CUDA run (must be identical)"});
+  rows.push_back({k.label, "peak_strategy_bytes",
+                  k.simulated ? static_cast<double>(k.simulated->result.peak_strategy_reserved) : 0,
+                  static_cast<double>(k.run->peak_strategy_reserved), k.same_bytes, ""});
+  rows.push_back({k.label, "device_usage_bytes",
+                  static_cast<double>(k.harness->peak_shadow_physical()),
+                  static_cast<double>(k.harness->peak_used()), k.within,
+                  fmt::format("cudaMemGetInfo delta; worst |delta| {} vs bound {} ({} allocations "
+                              "x granule)",
+                              std::llabs(k.harness->worst_delta()), k.bound, k.allocations)});
+  if (k.driver_managed)
+    rows.push_back({k.label, "graph_mem_reserved_high", static_cast<double>(k.run->peak_graph_mem),
+                    static_cast<double>(k.harness->peak_graph_reserved()),
+                    k.run->peak_graph_mem == k.harness->peak_graph_reserved(),
+                    "shadow driver model vs cudaGraphMemAttrReservedMemHigh"});
+  rows.push_back({k.label, "replay_checks", static_cast<double>(rp.checks),
+                  static_cast<double>(rp.checks - rp.failed_checks), k.replay_ok,
+                  rp.first_failure.empty() ? rp.error : rp.first_failure});
+  for (Primitive p : kPerCallTable) {
+    const uint64_t n = k.cuda->measured_calls_of(p);
+    if (n == 0) continue;
+    const double sim_us = static_cast<double>(k.cuda->time_in(p)) / 1000.0 /
+                          static_cast<double>(std::max<uint64_t>(1, k.cuda->calls_of(p)));
+    const double meas_us =
+        static_cast<double>(k.cuda->measured_time_in(p)) / 1000.0 / static_cast<double>(n);
+    rows.push_back({k.label, fmt::format("us_per_call.{}", to_string(p)), sim_us, meas_us, true,
+                    fmt::format("{} calls", n), n});
+  }
+}
+
+// graph_body: executor: the executor's model on a backend of its own. Returns 2 (and says
+// why) when it cannot be made; a GPU unlike its file's compute section clears all_ok.
+int make_executor_body(const ShapesConfig& c, SimClock& clock,
+                       std::unique_ptr<CudaBackend>& exec_backend,
+                       std::unique_ptr<ExecutorGraphBody>& body, bool& all_ok, std::ostream& out) {
+  auto b = CudaBackend::create(c.gpu, clock, nullptr);
+  if (!b.ok()) {
+    out << "memsim: --backend cuda: " << b.error().message << "\n";
+    return 2;
+  }
+  exec_backend = std::move(b).value();
+  auto made = ExecutorGraphBody::create(c.model, c.executor_context, c.kv_block_size,
+                                        c.capture_sizes, *exec_backend);
+  if (!made.ok()) {
+    out << "memsim: --backend cuda: graph_body executor: " << made.error().message << "\n";
+    return 2;
+  }
+  body = std::move(made).value();
+  kernels::DeviceLimits lim;
+  if (kernels::query_device(&lim) == cudaSuccess &&
+      (lim.num_sms != c.gpu.compute.sms ||
+       lim.decode_ctas_per_sm != c.gpu.compute.decode_ctas_per_sm)) {
+    out << fmt::format(
+        "memsim: the GPU file of {} says compute.sms {} and compute.decode_ctas_per_sm {}, this "
+        "device has {} and {}: the simulated executor programs plan other split workspaces. "
+        "Set them in the GPU YAML.\n",
+        c.gpu.name, c.gpu.compute.sms, c.gpu.compute.decode_ctas_per_sm, lim.num_sms,
+        lim.decode_ctas_per_sm);
+    all_ok = false;
+  }
+  out << fmt::format(
+      "graph body: the executor's decode step ({} weights, graphs for contexts up to {}); the "
+      "runner checks every capture's allocations against the executor program op by op\n",
+      human_bytes(body->weight_bytes()), c.executor_context);
+  return 0;
+}
+
 int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputDir& dir,
                         std::ostream& out) {
   std::vector<Row> rows;
@@ -194,37 +307,9 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputD
   SimClock exec_clock;
   std::unique_ptr<CudaBackend> exec_backend;
   std::unique_ptr<ExecutorGraphBody> body;
-  if (c.executor_body) {
-    auto b = CudaBackend::create(c.gpu, exec_clock, nullptr);
-    if (!b.ok()) {
-      out << "memsim: --backend cuda: " << b.error().message << "\n";
-      return 2;
-    }
-    exec_backend = std::move(b).value();
-    auto made = ExecutorGraphBody::create(c.model, c.executor_context, c.kv_block_size,
-                                          c.capture_sizes, *exec_backend);
-    if (!made.ok()) {
-      out << "memsim: --backend cuda: graph_body executor: " << made.error().message << "\n";
-      return 2;
-    }
-    body = std::move(made).value();
-    kernels::DeviceLimits lim;
-    if (kernels::query_device(&lim) == cudaSuccess &&
-        (lim.num_sms != c.gpu.compute.sms ||
-         lim.decode_ctas_per_sm != c.gpu.compute.decode_ctas_per_sm)) {
-      out << fmt::format(
-          "memsim: the GPU file of {} says compute.sms {} and compute.decode_ctas_per_sm {}, this "
-          "device has {} and {}: the simulated executor programs plan other split workspaces. "
-          "Set them in the GPU YAML.\n",
-          c.gpu.name, c.gpu.compute.sms, c.gpu.compute.decode_ctas_per_sm, lim.num_sms,
-          lim.decode_ctas_per_sm);
-      all_ok = false;
-    }
-    out << fmt::format(
-        "graph body: the executor's decode step ({} weights, graphs for contexts up to {}); the "
-        "runner checks every capture's allocations against the executor program op by op\n",
-        human_bytes(body->weight_bytes()), c.executor_context);
-  }
+  if (c.executor_body)
+    if (const int rc = make_executor_body(c, exec_clock, exec_backend, body, all_ok, out))
+      return rc;
   // Driver warm-up: the first strategy runs once more, first and unrecorded. Whichever strategy
   // a process ran first measured end_capture about twice as slow as strategies run after it
   // (H200, 331-node graphs: shared_pool run first 1151 us per call, run again third 525 us;
@@ -305,37 +390,8 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputD
                        fmt::format("{:+.1f}M", harness.worst_delta() / 1048576.0),
                        rp.checks - rp.failed_checks, rp.checks, verdict);
 
-    rows.push_back({s.label, "peak_physical_bytes",
-                    simulated ? static_cast<double>(simulated->result.peak_physical) : 0,
-                    static_cast<double>(r.peak_physical), same_bytes,
-                    "strategy-accounted bytes, sim run vs CUDA run (must be identical)"});
-    rows.push_back({s.label, "peak_strategy_bytes",
-                    simulated ? static_cast<double>(simulated->result.peak_strategy_reserved) : 0,
-                    static_cast<double>(r.peak_strategy_reserved), same_bytes, ""});
-    rows.push_back(
-        {s.label, "device_usage_bytes", static_cast<double>(harness.peak_shadow_physical()),
-         static_cast<double>(harness.peak_used()), within,
-         fmt::format("cudaMemGetInfo delta; worst |delta| {} vs bound {} ({} allocations "
-                     "x granule)",
-                     std::llabs(harness.worst_delta()), bound, allocations)});
-    if (driver_managed)
-      rows.push_back({s.label, "graph_mem_reserved_high", static_cast<double>(r.peak_graph_mem),
-                      static_cast<double>(harness.peak_graph_reserved()),
-                      r.peak_graph_mem == harness.peak_graph_reserved(),
-                      "shadow driver model vs cudaGraphMemAttrReservedMemHigh"});
-    rows.push_back({s.label, "replay_checks", static_cast<double>(rp.checks),
-                    static_cast<double>(rp.checks - rp.failed_checks), replay_ok,
-                    rp.first_failure.empty() ? rp.error : rp.first_failure});
-    for (Primitive p : kPerCallTable) {
-      const uint64_t n = cuda.measured_calls_of(p);
-      if (n == 0) continue;
-      const double sim_us = static_cast<double>(cuda.time_in(p)) / 1000.0 /
-                            static_cast<double>(std::max<uint64_t>(1, cuda.calls_of(p)));
-      const double meas_us =
-          static_cast<double>(cuda.measured_time_in(p)) / 1000.0 / static_cast<double>(n);
-      rows.push_back({s.label, fmt::format("us_per_call.{}", to_string(p)), sim_us, meas_us, true,
-                      fmt::format("{} calls", n), n});
-    }
+    add_rows(rows, {s.label, simulated, &r, &harness, &cuda, same_bytes, within, replay_ok, bound,
+                    allocations, driver_managed});
     cuda.record_calls(nullptr);
     calls_csv += calls_rows(s.label, calls);
   }
@@ -349,29 +405,7 @@ int run_cuda_validation(const ShapesConfig& c, const ShapesResults& sim, OutputD
   dir.write("calls.csv", calls_csv);
   dir.write("calls_warmup.csv", warmup_csv);
   out << "\n" << node_line;
-  out << "simulated vs measured time per call (us), ratio = measured / simulated; within = "
-         "inside 25% (classes of more than 10 calls):\n";
-  int counted = 0, within = 0;
-  std::vector<double> ratios;  // of the classes counted
-  for (const Row& r : rows) {
-    if (r.metric.rfind("us_per_call.", 0) != 0) continue;
-    const double ratio = r.simulated > 0 ? r.measured / r.simulated : 0.0;
-    const bool many = r.calls > 10;
-    const bool in = ratio >= 0.75 && ratio <= 1.25;
-    counted += many;
-    within += many && in;
-    if (many) ratios.push_back(ratio);
-    out << fmt::format(
-        "  {:<26} {:<28} sim {:>10.2f}  measured {:>10.2f}  ratio {:>6.2f}  {:<6} ({})\n",
-        r.strategy, r.metric.substr(12), r.simulated, r.measured, ratio,
-        !many ? ""
-        : in  ? "within"
-              : "OUT",
-        r.note);
-  }
-  out << fmt::format("{} of {} primitive classes of more than 10 calls within 25%\n", within,
-                     counted);
-  out << common_factor_line(ratios);
+  print_per_call(rows, out);
   out << docs_footer(kCudaTablesAnchor);
   return all_ok ? 0 : 1;
 }

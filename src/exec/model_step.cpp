@@ -56,167 +56,175 @@ Result<DevPtr> ModelStep::Impl::lm_head_logits(DevPtr last, uint32_t S) {
   return logits;
 }
 
-Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr meta,
-                                void* host_next, bool logits_out) {
-  const uint32_t T = p.T, S = p.S, D = p.D, bt_stride = p.bt_stride;
-  const DecodePlan& dplan = p.dplan;
+ModelStep::Impl::StepViews ModelStep::Impl::views(const KvLayout& kv, const PackedStep& p,
+                                                  DevPtr meta) const {
+  StepViews v;
+  v.T = p.T;
+  v.S = p.S;
+  v.D = p.D;
+  v.num_tiles = p.num_tiles;
+  v.dplan = &p.dplan;
   auto dev = [&](size_t i) { return meta + p.at[i]; };
-  const auto* d_ids = reinterpret_cast<const int32_t*>(dev(0));
-  const auto* d_pos = reinterpret_cast<const int32_t*>(dev(1));
-  const auto* d_slots = reinterpret_cast<const int64_t*>(dev(2));
-  const auto* d_indptr = reinterpret_cast<const int32_t*>(dev(3));
+  v.ids = reinterpret_cast<const int32_t*>(dev(0));
+  v.pos = reinterpret_cast<const int32_t*>(dev(1));
+  v.slots = reinterpret_cast<const int64_t*>(dev(2));
+  v.indptr = reinterpret_cast<const int32_t*>(dev(3));
   const auto* d_kv_lens = reinterpret_cast<const int32_t*>(dev(4));
   const auto* d_tables = reinterpret_cast<const int32_t*>(dev(5));
-  const auto* d_last = reinterpret_cast<const int32_t*>(dev(6));
-  const auto* d_work = reinterpret_cast<const int32_t*>(dev(7));
-  const auto* d_dwork = reinterpret_cast<const int32_t*>(dev(8));
-  SeqTables st;  // the decodes' (sequences [0, D)); st_pre: the prefill chunks' ([D, S))
-  st.kv_lens = d_kv_lens;
+  v.last = reinterpret_cast<const int32_t*>(dev(6));
+  v.work = reinterpret_cast<const int32_t*>(dev(7));
+  v.dwork = reinterpret_cast<const int32_t*>(dev(8));
+  v.decodes.kv_lens = d_kv_lens;
   if (kv.paged) {
-    st.block_tables = d_tables;
-    st.bt_stride = bt_stride;
+    v.decodes.block_tables = d_tables;
+    v.decodes.bt_stride = p.bt_stride;
   } else {
-    st.slots = d_tables;
+    v.decodes.slots = d_tables;
   }
-  SeqTables st_pre = st;
-  st_pre.kv_lens = d_kv_lens + D;
+  v.prefills = v.decodes;
+  v.prefills.kv_lens = d_kv_lens + v.D;
   if (kv.paged)
-    st_pre.block_tables = d_tables + uint64_t{D} * bt_stride;
+    v.prefills.block_tables = d_tables + uint64_t{v.D} * p.bt_stride;
   else
-    st_pre.slots = d_tables + D;
-  DevPtr workspace = 0;
-  if (D && dplan.workspace_bytes) {
-    MEMSIM_ASSIGN_OR_RETURN(workspace, act(dplan.workspace_bytes));
-  }
-  const float eps = static_cast<float>(cfg.model.rms_norm_eps);
+    v.prefills.slots = d_tables + v.D;
+  v.eps = static_cast<float>(cfg.model.rms_norm_eps);
+  return v;
+}
 
-  const uint64_t row_elems = uint64_t{T} * hidden;  // a [T, hidden] activation
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr looked_up, act(row_elems * kElem));
-  MEMSIM_STEP_CU(embedding(dtype, embed, d_ids, looked_up, T, static_cast<uint32_t>(hidden),
-                           static_cast<uint32_t>(vocab_rows), stream,
-                           static_cast<uint32_t>(uint64_t{tp_rank} * vocab_rows)));
-  MEMSIM_ASSIGN_OR_RETURN(DevPtr residual, reduced(looked_up, row_elems));
-  DevPtr x = 0;  // the layer's input before its norm (null in layer 0: the residual itself)
-  for (uint32_t l = 0; l < layers; ++l) {
-    const Layer& L = layer[l];
-    DevPtr normed = 0;
-    RmsNormArgs n;
-    n.weight = L.input_norm;
-    n.tokens = T;
-    n.dim = static_cast<uint32_t>(hidden);
-    n.eps = eps;
-    if (l == 0) {  // vLLM: residual = hidden_states; hidden_states = input_layernorm(...)
-      MEMSIM_ASSIGN_OR_RETURN(normed, act(uint64_t{T} * hidden * kElem));
-      n.x = residual;
-      n.out = normed;
-    } else {  // fused_add_rms_norm in place on the previous layer's output
-      normed = x;
-      n.x = n.out = x;
-      n.residual = residual;
-    }
-    MEMSIM_STEP_CU(rms_norm(dtype, n, stream));
-
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr qkv, act(uint64_t{T} * qkv_cols * kElem));
-    MEMSIM_TRY(gemm_status(gemm->matmul(dtype, normed, L.qkv, L.qkv_bias, qkv, T,
-                                        static_cast<uint32_t>(qkv_cols),
-                                        static_cast<uint32_t>(hidden), stream)));
-    MEMSIM_TRY(free(normed));
-    if (cfg.model.qk_norm) {
-      RmsNormArgs qn;
-      qn.x = qn.out = qkv;
-      qn.weight = L.q_norm;
-      qn.tokens = T;
-      qn.heads = shape.q_heads;
-      qn.dim = shape.head_dim;
-      qn.token_stride = qkv_cols;
-      qn.eps = eps;
-      MEMSIM_STEP_CU(rms_norm(dtype, qn, stream));
-      RmsNormArgs kn = qn;
-      kn.x = kn.out = qkv + q_cols * kElem;
-      kn.weight = L.k_norm;
-      kn.heads = shape.kv_heads;
-      MEMSIM_STEP_CU(rms_norm(dtype, kn, stream));
-    }
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr q, act(uint64_t{T} * q_cols * kElem));
-    MEMSIM_STEP_CU(rope(dtype,
-                        {qkv, q, d_pos, reinterpret_cast<const float*>(inv_freq), T, shape.q_heads,
-                         shape.kv_heads, shape.head_dim},
-                        stream));
-    KvLayerView view;
-    view.k = kv.k[l];
-    view.v = kv.v[l];
-    view.block_stride = static_cast<int64_t>(kv.block_stride / kElem);
-    view.block_size = kv.block_tokens;
-    view.addressing = kv.paged ? KvAddressing::kPaged : KvAddressing::kContiguous;
-    KvWriteArgs w;
-    w.k_new = qkv + q_cols * kElem;
-    w.v_new = qkv + (q_cols + kv_cols) * kElem;
-    w.new_stride = static_cast<int64_t>(qkv_cols);
-    w.slot_mapping = d_slots;
-    w.num_tokens = T;
-    w.cache = view;
-    w.slot_tokens = kv.block_tokens;
-    MEMSIM_STEP_CU(paged_kv_write(shape, w, stream));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr attn, act(uint64_t{T} * q_cols * kElem));
-    LayerAttentionArgs a;
-    a.cache = view;
-    if (D) {  // rows [0, D)
-      a.decode = true;
-      a.q = q;
-      a.o = attn;
-      a.seqs = st;
-      a.dplan = dplan;
-      a.workspace = workspace;
-      a.work = d_dwork;
-      MEMSIM_STEP_CU(layer_attention(shape, a, stream));
-    }
-    if (D < S) {  // rows [D, T)
-      a.decode = false;
-      a.q = q + uint64_t{D} * q_cols * kElem;
-      a.o = attn + uint64_t{D} * q_cols * kElem;
-      a.seqs = st_pre;
-      a.qo_indptr = d_indptr;
-      a.work = d_work;
-      a.num_tiles = p.num_tiles;
-      MEMSIM_STEP_CU(layer_attention(shape, a, stream));
-    }
-    MEMSIM_TRY(free(q));
-    MEMSIM_TRY(free(qkv));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr o_part, act(row_elems * kElem));
-    MEMSIM_TRY(
-        gemm_status(gemm->matmul(dtype, attn, L.o, 0, o_part, T, static_cast<uint32_t>(hidden),
-                                 static_cast<uint32_t>(q_cols), stream)));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr o, reduced(o_part, row_elems));
-    MEMSIM_TRY(free(attn));
-    RmsNormArgs pn;
-    pn.x = pn.out = o;
-    pn.residual = residual;
-    pn.weight = L.post_norm;
-    pn.tokens = T;
-    pn.dim = static_cast<uint32_t>(hidden);
-    pn.eps = eps;
-    MEMSIM_STEP_CU(rms_norm(dtype, pn, stream));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr gu, act(uint64_t{T} * 2 * inter * kElem));
-    MEMSIM_TRY(
-        gemm_status(gemm->matmul(dtype, o, L.gate_up, 0, gu, T, static_cast<uint32_t>(2 * inter),
-                                 static_cast<uint32_t>(hidden), stream)));
-    MEMSIM_TRY(free(o));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr h, act(uint64_t{T} * inter * kElem));
-    MEMSIM_STEP_CU(silu_and_mul(dtype, gu, h, T, static_cast<uint32_t>(inter), stream));
-    MEMSIM_TRY(free(gu));
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr down_part, act(row_elems * kElem));
-    MEMSIM_TRY(
-        gemm_status(gemm->matmul(dtype, h, L.down, 0, down_part, T, static_cast<uint32_t>(hidden),
-                                 static_cast<uint32_t>(inter), stream)));
-    MEMSIM_ASSIGN_OR_RETURN(x, reduced(down_part, row_elems));
-    MEMSIM_TRY(free(h));
+Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const StepViews& v,
+                                          DevPtr normed) {
+  const Layer& L = layer[l];
+  const uint32_t T = v.T;
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr qkv, act(uint64_t{T} * qkv_cols * kElem));
+  MEMSIM_TRY(gemm_status(gemm->matmul(dtype, normed, L.qkv, L.qkv_bias, qkv, T,
+                                      static_cast<uint32_t>(qkv_cols),
+                                      static_cast<uint32_t>(hidden), stream)));
+  MEMSIM_TRY(free(normed));
+  if (cfg.model.qk_norm) {
+    RmsNormArgs qn;
+    qn.x = qn.out = qkv;
+    qn.weight = L.q_norm;
+    qn.tokens = T;
+    qn.heads = shape.q_heads;
+    qn.dim = shape.head_dim;
+    qn.token_stride = qkv_cols;
+    qn.eps = v.eps;
+    MEMSIM_STEP_CU(rms_norm(dtype, qn, stream));
+    RmsNormArgs kn = qn;
+    kn.x = kn.out = qkv + q_cols * kElem;
+    kn.weight = L.k_norm;
+    kn.heads = shape.kv_heads;
+    MEMSIM_STEP_CU(rms_norm(dtype, kn, stream));
   }
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr q, act(uint64_t{T} * q_cols * kElem));
+  MEMSIM_STEP_CU(rope(dtype,
+                      {qkv, q, v.pos, reinterpret_cast<const float*>(inv_freq), T, shape.q_heads,
+                       shape.kv_heads, shape.head_dim},
+                      stream));
+  KvLayerView view;
+  view.k = kv.k[l];
+  view.v = kv.v[l];
+  view.block_stride = static_cast<int64_t>(kv.block_stride / kElem);
+  view.block_size = kv.block_tokens;
+  view.addressing = kv.paged ? KvAddressing::kPaged : KvAddressing::kContiguous;
+  KvWriteArgs w;
+  w.k_new = qkv + q_cols * kElem;
+  w.v_new = qkv + (q_cols + kv_cols) * kElem;
+  w.new_stride = static_cast<int64_t>(qkv_cols);
+  w.slot_mapping = v.slots;
+  w.num_tokens = T;
+  w.cache = view;
+  w.slot_tokens = kv.block_tokens;
+  MEMSIM_STEP_CU(paged_kv_write(shape, w, stream));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr attn, act(uint64_t{T} * q_cols * kElem));
+  LayerAttentionArgs a;
+  a.cache = view;
+  if (v.D) {  // rows [0, D)
+    a.decode = true;
+    a.q = q;
+    a.o = attn;
+    a.seqs = v.decodes;
+    a.dplan = *v.dplan;
+    a.workspace = v.workspace;
+    a.work = v.dwork;
+    MEMSIM_STEP_CU(layer_attention(shape, a, stream));
+  }
+  if (v.D < v.S) {  // rows [D, T)
+    a.decode = false;
+    a.q = q + uint64_t{v.D} * q_cols * kElem;
+    a.o = attn + uint64_t{v.D} * q_cols * kElem;
+    a.seqs = v.prefills;
+    a.qo_indptr = v.indptr;
+    a.work = v.work;
+    a.num_tiles = v.num_tiles;
+    MEMSIM_STEP_CU(layer_attention(shape, a, stream));
+  }
+  MEMSIM_TRY(free(q));
+  MEMSIM_TRY(free(qkv));
+  return attn;
+}
+
+Status ModelStep::Impl::decoder_layer(uint32_t l, const KvLayout& kv, const StepViews& v,
+                                      DevPtr residual, DevPtr& x) {
+  const Layer& L = layer[l];
+  const uint32_t T = v.T;
+  const uint64_t row_elems = uint64_t{T} * hidden;
+  DevPtr normed = 0;
+  RmsNormArgs n;
+  n.weight = L.input_norm;
+  n.tokens = T;
+  n.dim = static_cast<uint32_t>(hidden);
+  n.eps = v.eps;
+  if (l == 0) {  // vLLM: residual = hidden_states; hidden_states = input_layernorm(...)
+    MEMSIM_ASSIGN_OR_RETURN(normed, act(uint64_t{T} * hidden * kElem));
+    n.x = residual;
+    n.out = normed;
+  } else {  // fused_add_rms_norm in place on the previous layer's output
+    normed = x;
+    n.x = n.out = x;
+    n.residual = residual;
+  }
+  MEMSIM_STEP_CU(rms_norm(dtype, n, stream));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr attn, attention(l, kv, v, normed));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr o_part, act(row_elems * kElem));
+  MEMSIM_TRY(gemm_status(gemm->matmul(dtype, attn, L.o, 0, o_part, T, static_cast<uint32_t>(hidden),
+                                      static_cast<uint32_t>(q_cols), stream)));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr o, reduced(o_part, row_elems));
+  MEMSIM_TRY(free(attn));
+  RmsNormArgs pn;
+  pn.x = pn.out = o;
+  pn.residual = residual;
+  pn.weight = L.post_norm;
+  pn.tokens = T;
+  pn.dim = static_cast<uint32_t>(hidden);
+  pn.eps = v.eps;
+  MEMSIM_STEP_CU(rms_norm(dtype, pn, stream));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr gu, act(uint64_t{T} * 2 * inter * kElem));
+  MEMSIM_TRY(
+      gemm_status(gemm->matmul(dtype, o, L.gate_up, 0, gu, T, static_cast<uint32_t>(2 * inter),
+                               static_cast<uint32_t>(hidden), stream)));
+  MEMSIM_TRY(free(o));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr h, act(uint64_t{T} * inter * kElem));
+  MEMSIM_STEP_CU(silu_and_mul(dtype, gu, h, T, static_cast<uint32_t>(inter), stream));
+  MEMSIM_TRY(free(gu));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr down_part, act(row_elems * kElem));
+  MEMSIM_TRY(
+      gemm_status(gemm->matmul(dtype, h, L.down, 0, down_part, T, static_cast<uint32_t>(hidden),
+                               static_cast<uint32_t>(inter), stream)));
+  MEMSIM_ASSIGN_OR_RETURN(x, reduced(down_part, row_elems));
+  MEMSIM_TRY(free(h));
+  return {};
+}
+
+Status ModelStep::Impl::head(const StepViews& v, DevPtr residual, DevPtr x, void* host_next,
+                             bool logits_out) {
+  const uint32_t T = v.T, S = v.S;
   // Final norm (fused with the last residual add), each sequence's last row, LM head, argmax.
   RmsNormArgs fn;
   fn.weight = final_norm;
   fn.tokens = T;
   fn.dim = static_cast<uint32_t>(hidden);
-  fn.eps = eps;
+  fn.eps = v.eps;
   DevPtr final_rows = x;
   if (x) {
     fn.x = fn.out = x;
@@ -229,7 +237,7 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
   MEMSIM_STEP_CU(rms_norm(dtype, fn, stream));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr last, act(uint64_t{S} * hidden * kElem));
   MEMSIM_STEP_CU(
-      gather_rows(dtype, final_rows, d_last, last, S, static_cast<uint32_t>(hidden), stream));
+      gather_rows(dtype, final_rows, v.last, last, S, static_cast<uint32_t>(hidden), stream));
   MEMSIM_TRY(free(final_rows));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr logits, lm_head_logits(last, S));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr next, act(uint64_t{S} * 4));
@@ -244,10 +252,26 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
   MEMSIM_TRY(free(logits));
   MEMSIM_STEP_CU(cudaMemcpyAsync(host_next, reinterpret_cast<void*>(next), uint64_t{S} * 4,
                                  cudaMemcpyDeviceToHost, stream));
-  MEMSIM_TRY(free(next));
+  return free(next);
+}
+
+Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr meta,
+                                void* host_next, bool logits_out) {
+  StepViews v = views(kv, p, meta);
+  if (v.D && p.dplan.workspace_bytes) {
+    MEMSIM_ASSIGN_OR_RETURN(v.workspace, act(p.dplan.workspace_bytes));
+  }
+  const uint64_t row_elems = uint64_t{v.T} * hidden;  // a [T, hidden] activation
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr looked_up, act(row_elems * kElem));
+  MEMSIM_STEP_CU(embedding(dtype, embed, v.ids, looked_up, v.T, static_cast<uint32_t>(hidden),
+                           static_cast<uint32_t>(vocab_rows), stream,
+                           static_cast<uint32_t>(uint64_t{tp_rank} * vocab_rows)));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr residual, reduced(looked_up, row_elems));
+  DevPtr x = 0;  // the layer's input before its norm (null in layer 0: the residual itself)
+  for (uint32_t l = 0; l < layers; ++l) MEMSIM_TRY(decoder_layer(l, kv, v, residual, x));
+  MEMSIM_TRY(head(v, residual, x, host_next, logits_out));
   MEMSIM_TRY(free(residual));
-  MEMSIM_TRY(free(workspace));
-  return {};
+  return free(v.workspace);
 }
 
 Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs) {

@@ -111,6 +111,26 @@ struct ModelStep::Impl {
   // allocates and frees its activations. Captured as it is by capture_decode.
   Status forward(const KvLayout& kv, const PackedStep& p, DevPtr meta, void* host_next,
                  bool logits);
+  // A step's device metadata as the kernels read it (packed by step_metadata.h at `meta`).
+  struct StepViews {
+    uint32_t T = 0, S = 0, D = 0, num_tiles = 0;
+    const kernels::DecodePlan* dplan = nullptr;
+    const int32_t *ids = nullptr, *pos = nullptr, *indptr = nullptr, *last = nullptr;
+    const int32_t *work = nullptr, *dwork = nullptr;
+    const int64_t* slots = nullptr;
+    kernels::SeqTables decodes, prefills;  // sequences [0, D) and [D, S)
+    DevPtr workspace = 0;                  // the split decode's
+    float eps = 1e-6f;
+  };
+  StepViews views(const KvLayout& kv, const PackedStep& p, DevPtr meta) const;
+  // Layer l from its input norm to its down projection's (reduced) output in x; the residual
+  // is updated in place by the fused norms.
+  Status decoder_layer(uint32_t l, const KvLayout& kv, const StepViews& v, DevPtr residual,
+                       DevPtr& x);
+  // Layer l's QKV projection (normed freed), q/k norms, RoPE, KV write and attention.
+  Result<DevPtr> attention(uint32_t l, const KvLayout& kv, const StepViews& v, DevPtr normed);
+  // The final norm, each sequence's last row, the LM head, argmax and the copies to the host.
+  Status head(const StepViews& v, DevPtr residual, DevPtr x, void* host_next, bool logits_out);
   Result<StepResult> run(const KvLayout& kv, const std::vector<StepSeqInput>& seqs);
   Status capture_decode(const KvLayout& kv, uint32_t batch, uint32_t max_context);
   // capture_decode's template step of `batch` at max_context (cached per batch, with a pinned

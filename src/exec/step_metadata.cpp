@@ -10,6 +10,54 @@ namespace memsim {
 
 using namespace kernels;
 
+// One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | prefill
+// work | decode work], from the scratch vectors pack() filled.
+void StepPacker::write_sections(const KvLayout& kv, const PrefillPlan& pplan,
+                                const DecodeWork& dwork, uint32_t S, uint32_t bt_stride,
+                                PackedStep& p) const {
+  const Scratch& b = s_;
+  struct Section {
+    const void* data;
+    uint64_t bytes;
+    uint64_t at = 0;
+  };
+  std::vector<Section> sec = {{b.ids.data(), b.ids.size() * 4},
+                              {b.positions.data(), b.positions.size() * 4},
+                              {b.slot_mapping.data(), b.slot_mapping.size() * 8},
+                              {b.indptr.data(), b.indptr.size() * 4},
+                              {b.kv_lens.data(), b.kv_lens.size() * 4},
+                              {kv.paged ? nullptr : b.tables.data(),
+                               (kv.paged ? uint64_t{S} * bt_stride : b.tables.size()) * 4},
+                              {b.last_rows.data(), b.last_rows.size() * 4},
+                              {pplan.work.data(), pplan.work.size() * 4},
+                              {dwork.words.data(), dwork.words.size() * 4}};
+  uint64_t meta_bytes = 0;
+  for (Section& x : sec) {
+    x.at = meta_bytes;
+    meta_bytes += align16(x.bytes);
+  }
+  // Written section by section, the alignment padding and each table row's unused tail zeroed,
+  // into a buffer kept from the last step (a graph's tables are mostly tail: rows of 2,048
+  // entries at 32K).
+  p.bytes.resize(meta_bytes);
+  uint8_t* const dst = p.bytes.data();
+  for (size_t i = 0; i < sec.size(); ++i) {
+    p.at[i] = sec[i].at;
+    if (sec[i].data && sec[i].bytes) std::memcpy(dst + sec[i].at, sec[i].data, sec[i].bytes);
+    std::memset(dst + sec[i].at + sec[i].bytes, 0, align16(sec[i].bytes) - sec[i].bytes);
+  }
+  if (kv.paged) {
+    auto* row = reinterpret_cast<int32_t*>(dst + sec[5].at);
+    const int32_t* from = b.tables.data();
+    for (const uint32_t n : b.table_rows) {
+      std::copy(from, from + n, row);
+      std::fill(row + n, row + bt_stride, 0);
+      from += n;
+      row += bt_stride;
+    }
+  }
+}
+
 Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs,
                         uint32_t min_bt_stride, PackedStep* out, const DecodePlan* fixed,
                         uint32_t listed) {
@@ -99,49 +147,8 @@ Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seq
   }
   if (D < S) pplan = plan_prefill(c_.shape, q_lens, pre_kv_lens);
 
-  // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | prefill
-  // work | decode work].
-  struct Section {
-    const void* data;
-    uint64_t bytes;
-    uint64_t at = 0;
-  };
-  std::vector<Section> sec = {{ids.data(), ids.size() * 4},
-                              {positions.data(), positions.size() * 4},
-                              {slot_mapping.data(), slot_mapping.size() * 8},
-                              {indptr.data(), indptr.size() * 4},
-                              {kv_lens.data(), kv_lens.size() * 4},
-                              {kv.paged ? nullptr : tables.data(),
-                               (kv.paged ? uint64_t{S} * bt_stride : tables.size()) * 4},
-                              {last_rows.data(), last_rows.size() * 4},
-                              {pplan.work.data(), pplan.work.size() * 4},
-                              {dwork.words.data(), dwork.words.size() * 4}};
-  uint64_t meta_bytes = 0;
-  for (Section& x : sec) {
-    x.at = meta_bytes;
-    meta_bytes += align16(x.bytes);
-  }
-  // Written section by section, the alignment padding and each table row's unused tail zeroed,
-  // into a buffer kept from the last step (a graph's tables are mostly tail: rows of 2,048
-  // entries at 32K).
   PackedStep& p = *out;
-  p.bytes.resize(meta_bytes);
-  uint8_t* const dst = p.bytes.data();
-  for (size_t i = 0; i < sec.size(); ++i) {
-    p.at[i] = sec[i].at;
-    if (sec[i].data && sec[i].bytes) std::memcpy(dst + sec[i].at, sec[i].data, sec[i].bytes);
-    std::memset(dst + sec[i].at + sec[i].bytes, 0, align16(sec[i].bytes) - sec[i].bytes);
-  }
-  if (kv.paged) {
-    auto* row = reinterpret_cast<int32_t*>(dst + sec[5].at);
-    const int32_t* from = tables.data();
-    for (const uint32_t n : table_rows) {
-      std::copy(from, from + n, row);
-      std::fill(row + n, row + bt_stride, 0);
-      from += n;
-      row += bt_stride;
-    }
-  }
+  write_sections(kv, pplan, dwork, S, bt_stride, p);
   p.T = T;
   p.S = S;
   p.bt_stride = bt_stride;

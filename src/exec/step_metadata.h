@@ -67,6 +67,10 @@ class StepPacker {
     std::vector<int64_t> slot_mapping;
     std::vector<uint32_t> table_rows;  // paged: blocks of each row, whose entries `tables` holds
   } s_;
+  // The scratch and the plans' work lists into p.bytes (section offsets in p.at).
+  void write_sections(const KvLayout& kv, const kernels::PrefillPlan& pplan,
+                      const kernels::DecodeWork& dwork, uint32_t S, uint32_t bt_stride,
+                      PackedStep& p) const;
 };
 
 }  // namespace memsim
