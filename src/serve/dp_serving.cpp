@@ -122,18 +122,22 @@ DpServingResult run_serving_dp(const EngineConfig& config, const RequestTable& r
       throw std::logic_error("run_serving_dp: the replicas' clocks start apart");
 
   DpLoadBalancer balancer(replicas);
-  std::vector<RequestCounts> published(replicas), now(replicas);
+  std::vector<RequestCounts> now(replicas);
   SimTime last_publish = t0, look = t0 + kDpStatsInterval;
   for (size_t i = 0; started && i < requests.size(); ++i) {
     const SimTime arrival = t0 + requests.arrival(i);
     for (; look <= arrival; look += kDpStatsInterval) {
+      // vLLM's coordinator publishes at a tick when any engine sent new stats since the last
+      // one (stats_changed), even if its counts came back to what was published, and otherwise
+      // every kDpStatsUnchangedInterval; a publication also resets the front-end's increments.
+      bool reported = false;
       for (uint32_t k = 0; k < replicas; ++k) {
         engines[k]->advance(look);
         now[k] = engines[k]->counts_at(look);
+        reported = reported || engines[k]->counts_changed_at(look) > look - kDpStatsInterval;
       }
-      if (now != published || look - last_publish >= kDpStatsUnchangedInterval) {
+      if (reported || look - last_publish >= kDpStatsUnchangedInterval) {
         balancer.publish(now);
-        published = now;
         last_publish = look;
       }
     }

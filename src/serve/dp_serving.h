@@ -32,7 +32,8 @@ class DpLoadBalancer {
 // The DP coordinator (vllm/v1/engine/coordinator.py) publishes the engines' counts to the
 // front-end stats_update_interval_ms (100) after its last publication when some engine's counts
 // changed, else after 5 s. memsim looks at the engines every 100 ms from the run's start and
-// publishes at the first look that finds a change (or 5 s after the last publication): a change
+// publishes at the first look after any engine reported new counts (even counts back at the
+// published ones: the coordinator's stats_changed), or 5 s after the last publication: a change
 // reaches the front-end up to 100 ms later than a coordinator that wakes on it, and IPC takes no
 // time. An engine's counts are those after its last step that ended by then (vLLM publishes
 // them after each step).

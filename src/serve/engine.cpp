@@ -577,6 +577,7 @@ void Engine::note_counts() {
   const RequestCounts now{state_->waiting.size() + state_->swapped.size(), state_->running.size()};
   if (now == counts_.now) return;
   counts_.before = counts_.now;
+  counts_.before_time = counts_.time;
   counts_.now = now;
   counts_.time = clock_.now();
 }

@@ -65,6 +65,10 @@ class Engine {
   RequestCounts counts_at(SimTime t) const {
     return counts_.time <= t ? counts_.now : counts_.before;
   }
+  // When those counts last changed (the engine reported new stats), as of `t` likewise.
+  SimTime counts_changed_at(SimTime t) const {
+    return counts_.time <= t ? counts_.time : counts_.before_time;
+  }
   const LatencySamples& latencies() const { return latency_; }
 
  private:
@@ -136,7 +140,7 @@ class Engine {
   bool any_parallel_ = false;
   struct {
     RequestCounts before, now;
-    SimTime time = 0;
+    SimTime time = 0, before_time = 0;  // when `now` and `before` were reported
   } counts_;
   double waste_integral_ = 0, waste_last_ = 0, running_integral_ = 0;
   ServingResult r_;
