@@ -116,6 +116,23 @@ TEST_CASE("dp serving: a small trace over two replicas", "[dp]") {
   CHECK(r.merged.kv.total_blocks == 2 * r.replicas[0].kv.total_blocks);
 }
 
+TEST_CASE("dp serving: new counts are published even when they equal the last published", "[dp]") {
+  // Request 0 goes to engine 0 at 0 ms, runs (engine 0 reports one running) and finishes within
+  // the first 100 ms (it reports none), so at the 100 ms mark the engines' counts are back to the
+  // published (0, 0), (0, 0). Engine 0 reported new counts meanwhile, so the coordinator
+  // publishes (vLLM's stats_changed), which resets the front-end's own +1 for engine 0: request 1
+  // at 150 ms ties and goes to engine 0. Without the publication it would see engine 0 at one
+  // waiting and pick engine 1. (A request done in its first step changes no count after a step,
+  // so nothing is reported, as in vLLM.)
+  const EngineConfig e = engine(4 * kGiB);
+  const RequestTable reqs(
+      std::vector<RequestSpec>{request(0, 0, 32, 3), request(1, 150'000'000, 32, 1)});
+  const DpServingResult r = run_serving_dp(e, reqs, 2);
+  REQUIRE(r.merged.error.empty());
+  CHECK(r.merged.finished == 2);
+  CHECK(r.assigned == std::vector<uint64_t>{2, 0});
+}
+
 TEST_CASE("dp serving: two replicas halve a saturated engine's queue", "[dp]") {
   const EngineConfig e = engine(4 * kGiB);
   const RequestTable reqs(synthetic(400, 200));
