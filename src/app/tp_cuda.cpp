@@ -79,9 +79,12 @@ struct Meter {
 Result<uint64_t> custom_all_reduce_bytes(CudaBackend& cuda, Nccl& nccl, int world, int rank,
                                          uint64_t scratch) {
   MEMSIM_ASSIGN_OR_RETURN(const auto o0, cuda.observe());
-  MEMSIM_ASSIGN_OR_RETURN(const DevPtr meta, cuda.device_malloc(2560 + 8 * kMiB, "custom_ar"));
+  MEMSIM_ASSIGN_OR_RETURN(
+      const DevPtr meta,
+      cuda.device_malloc(kCustomAllReduceSignalBytes + kCustomAllReduceMaxSize, "custom_ar"));
   MEMSIM_ASSIGN_OR_RETURN(const auto meta_peers, nccl.exchange_ipc(meta, scratch, world, rank));
-  MEMSIM_ASSIGN_OR_RETURN(const DevPtr buffer, cuda.device_malloc(8 * kMiB, "custom_ar"));
+  MEMSIM_ASSIGN_OR_RETURN(const DevPtr buffer,
+                          cuda.device_malloc(kCustomAllReduceMaxSize, "custom_ar"));
   MEMSIM_ASSIGN_OR_RETURN(const auto buf_peers, nccl.exchange_ipc(buffer, scratch, world, rank));
   DeviceSegmentSource source(cuda, "rank_data");
   TorchCachingAllocator torch(source);

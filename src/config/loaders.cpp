@@ -101,17 +101,23 @@ InterconnectSpec::NcclMemory load_nccl_memory(const ConfigNode& n) {
           n["point_to_point"].as_bytes()};
 }
 
+// A map key that is a rank count, 2 to gpus_per_node (else an error at `row`).
+uint32_t rank_count_key(const ConfigNode& row, const std::string& key, uint32_t gpus_per_node) {
+  char* end = nullptr;
+  const unsigned long ranks = std::strtoul(key.c_str(), &end, 10);
+  if (end == key.c_str() || *end != '\0' || ranks < 2 || ranks > gpus_per_node)
+    row.fail(
+        fmt::format("the key must be a rank count from 2 to gpus_per_node ({})", gpus_per_node));
+  return static_cast<uint32_t>(ranks);
+}
+
 // `{RANKS: {cumem: [bytes per rank], no_cumem: [...]}, ...}`: NCCL's memory rank by rank.
 void load_nccl_by_rank(const ConfigNode& n, InterconnectSpec& ic) {
   if (!n.is_map())
     n.fail("must map a rank count to its per-rank figures, e.g. {4: {no_cumem: [...]}}");
   for (const std::string& key : n.keys()) {
     const ConfigNode row = n[key];
-    char* end = nullptr;
-    const unsigned long ranks = std::strtoul(key.c_str(), &end, 10);
-    if (end == key.c_str() || *end != '\0' || ranks < 2 || ranks > ic.gpus_per_node)
-      row.fail(fmt::format("the key must be a rank count from 2 to gpus_per_node ({})",
-                           ic.gpus_per_node));
+    const uint32_t ranks = rank_count_key(row, key, ic.gpus_per_node);
     row.expect_keys(keys_at(gpu_file_keys(), "interconnect.nccl_memory_by_rank.<ranks>"));
     for (const char* env : {"cumem", "no_cumem"}) {
       auto figures = row.find(env);
@@ -121,8 +127,7 @@ void load_nccl_by_rank(const ConfigNode& n, InterconnectSpec& ic) {
       if (bytes.size() != ranks)
         figures->fail(
             fmt::format("has {} figures for {} ranks (one per rank)", bytes.size(), ranks));
-      (std::string(env) == "cumem" ? ic.nccl_by_rank_cumem
-                                   : ic.nccl_by_rank_no_cumem)[static_cast<uint32_t>(ranks)] =
+      (std::string(env) == "cumem" ? ic.nccl_by_rank_cumem : ic.nccl_by_rank_no_cumem)[ranks] =
           std::move(bytes);
     }
   }
@@ -136,15 +141,11 @@ std::map<uint32_t, std::vector<double>> load_collective_times(const ConfigNode& 
   std::map<uint32_t, std::vector<double>> out;
   for (const std::string& key : n.keys()) {
     const ConfigNode row = n[key];
-    char* end = nullptr;
-    const unsigned long ranks = std::strtoul(key.c_str(), &end, 10);
-    if (end == key.c_str() || *end != '\0' || ranks < 2 || ranks > gpus_per_node)
-      row.fail(
-          fmt::format("the key must be a rank count from 2 to gpus_per_node ({})", gpus_per_node));
+    const uint32_t ranks = rank_count_key(row, key, gpus_per_node);
     const std::vector<ConfigNode> items = row.items();
     if (items.size() != sizes)
       row.fail(fmt::format("has {} times; {} has {}", items.size(), sizes_name, sizes));
-    std::vector<double>& us = out[static_cast<uint32_t>(ranks)];
+    std::vector<double>& us = out[ranks];
     for (const ConfigNode& v : items) us.push_back(v.as_double_in(1e-3, 1e9));
   }
   if (out.empty()) n.fail("needs at least one rank count");

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,7 @@ class CustomArGroup final : public TpGroup {
     (void)cudaGetLastError();
     opened_.clear();
     pending_.clear();
+    pending_ipc_.clear();
     next_slot_ = pending_first_ = 1;
   }
   const char* all_reduce_kind() const override { return "custom"; }
@@ -100,8 +102,9 @@ class CustomArGroup final : public TpGroup {
   }
   Result<uint64_t> open_peer(const cudaIpcMemHandle_t& handle);
   Status register_pending();
-  // Whether the allocation holding `ptr` can be shared by cudaIpc (cudaMalloc'd memory).
-  bool shareable(uint64_t ptr) const;
+  // What the peers need to open the allocation holding `ptr` (its IPC handle and ptr's offset
+  // in it); nothing when cudaIpc cannot share it (memory not cudaMalloc'd).
+  static std::optional<InputRecord> ipc_record(uint64_t ptr);
 
   Nccl& nccl_;
   std::unique_ptr<TpGroup> fallback_;
@@ -114,6 +117,7 @@ class CustomArGroup final : public TpGroup {
   std::vector<uint64_t> meta_peers_, data_peers_;
   uint64_t next_slot_ = 1;                  // the next graph input's slot
   std::vector<DevPtr> pending_;             // inputs captured since the last registration
+  std::vector<InputRecord> pending_ipc_;    // and what the peers need to open each
   uint64_t pending_first_ = 1;              // the slot of pending_[0]
   std::map<std::string, uint64_t> opened_;  // a peer's handle -> its mapping here
 };
@@ -142,13 +146,15 @@ Status CustomArGroup::init() {
                      "cudaMemcpy(rank_data)");
 }
 
-bool CustomArGroup::shareable(uint64_t ptr) const {
+std::optional<InputRecord> CustomArGroup::ipc_record(uint64_t ptr) {
   Result<uint64_t> base = allocation_base(ptr);
-  if (!base.ok()) return false;
-  cudaIpcMemHandle_t h;
-  const bool ok = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(*base)) == cudaSuccess;
+  if (!base.ok()) return std::nullopt;
+  InputRecord r;
+  const bool ok = cudaIpcGetMemHandle(&r.handle, reinterpret_cast<void*>(*base)) == cudaSuccess;
   (void)cudaGetLastError();
-  return ok;
+  if (!ok) return std::nullopt;
+  r.offset = ptr - *base;
+  return r;
 }
 
 Status CustomArGroup::all_reduce(kernels::KvDtype dtype, DevPtr in, DevPtr out, uint64_t elems,
@@ -163,12 +169,15 @@ Status CustomArGroup::all_reduce(kernels::KvDtype dtype, DevPtr in, DevPtr out, 
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   MEMSIM_TRY(cuda_status(cudaStreamIsCapturing(s, &capture), "cudaStreamIsCapturing"));
   uint64_t slot = 0;
-  if (capture == cudaStreamCaptureStatusActive && shareable(in)) {
+  std::optional<InputRecord> shared;
+  if (capture == cudaStreamCaptureStatusActive) shared = ipc_record(in);
+  if (shared) {
     if (next_slot_ >= kSlots)
       return make_error(ErrorCode::kOutOfMemory,
                         "custom all-reduce: rank_data holds no more graph inputs");
     slot = next_slot_++;
     pending_.push_back(in);
+    pending_ipc_.push_back(*shared);
   } else {
     MEMSIM_TRY(cuda_status(
         cudaMemcpyAsync(data_, reinterpret_cast<void*>(in), bytes, cudaMemcpyDeviceToDevice, s),
@@ -198,6 +207,7 @@ Result<uint64_t> CustomArGroup::open_peer(const cudaIpcMemHandle_t& handle) {
 Status CustomArGroup::register_graph_buffers() {
   Status st = register_pending();
   pending_.clear();  // registered, or failed: a later registration starts after them
+  pending_ipc_.clear();
   pending_first_ = next_slot_;
   return st;
 }
@@ -212,13 +222,6 @@ Status CustomArGroup::register_pending() {
                                   "all-reduces (every rank must capture the same)",
                                   least, most));
   if (n == 0) return {};
-  std::vector<InputRecord> mine(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    MEMSIM_ASSIGN_OR_RETURN(const uint64_t base, allocation_base(pending_[i]));
-    MEMSIM_TRY(cuda_status(cudaIpcGetMemHandle(&mine[i].handle, reinterpret_cast<void*>(base)),
-                           "cudaIpcGetMemHandle(graph input)"));
-    mine[i].offset = pending_[i] - base;
-  }
   const uint64_t part = n * sizeof(InputRecord);
   if (scratch_bytes_ < part * (size_ + 1)) {
     cudaFree(scratch_);
@@ -227,7 +230,7 @@ Status CustomArGroup::register_pending() {
     MEMSIM_TRY(cuda_status(cudaMalloc(&scratch_, scratch_bytes_), "cudaMalloc(exchange)"));
   }
   const auto scratch = reinterpret_cast<uint64_t>(scratch_);
-  MEMSIM_TRY(cuda_status(cudaMemcpy(scratch_, mine.data(), part, cudaMemcpyHostToDevice),
+  MEMSIM_TRY(cuda_status(cudaMemcpy(scratch_, pending_ipc_.data(), part, cudaMemcpyHostToDevice),
                          "cudaMemcpy(exchange)"));
   MEMSIM_TRY(nccl_.all_gather_bytes(scratch, scratch + part, part));
   std::vector<InputRecord> all(n * size_);
