@@ -90,6 +90,11 @@ class StepTimeModel {
                 std::shared_ptr<const CollectiveTime> collectives);
 
   SimTime step_time(const StepShape& s) const;
+  // The host's share of a step's time (scheduling, input preparation, launches), which a step
+  // issued while another runs overlaps with it (async scheduling): the roofline's
+  // step_overhead; 0 with a profile, whose times were measured with each step issued after the
+  // last one ended and are all GPU time here.
+  SimTime host_time() const { return profile_ ? 0 : overhead_ns_; }
   // "roofline", or "profile <gpu>/<model> (<mode>)".
   std::string source() const;
   StepBreakdown breakdown(const StepShape& s) const;

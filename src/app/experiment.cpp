@@ -64,6 +64,14 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
     root["parallel"]["data_parallel_size"].fail(
         "--backend cuda runs one engine (its ranks under tensor parallelism); data-parallel "
         "replicas run on the sim backend only");
+  for (size_t i = 0; ctx.cuda && i < config.runs.size(); ++i) {
+    if (!config.runs[i].serve.async_scheduling) continue;
+    std::optional<ConfigNode> run;
+    if (auto runs = root.find("runs")) run = runs->items().at(i);
+    async_scheduling_key(root, run).fail(
+        "--backend cuda runs each step to its end before scheduling the next; async "
+        "scheduling runs on the sim backend only");
+  }
   const uint32_t tp = config.parallel.sizes.tensor;
   if (ctx.cuda && tp > 1 && ctx.rank < 0) {  // one process per rank, this command again
     const int rc = cuda_launch_ranks(tp, config.parallel.comm.nccl_cumem, std::cout);

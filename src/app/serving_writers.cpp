@@ -260,6 +260,7 @@ void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingRe
       << ", \"kv\": " << json_string(r.spec.kv_impl)
       << ", \"kv_params\": " << json_string(r.spec.kv_params)
       << ", \"scheduler\": " << json_string(r.spec.scheduler)
+      << ", \"async_scheduling\": " << (r.spec.serve.async_scheduling ? "true" : "false")
       << ", \"step_time\": " << json_string(r.result.step_time_source)
       << ", \"outcome\": " << json_string(outcome(r))
       << ", \"error\": " << json_string(r.result.error.empty() ? r.budget_error : r.result.error)

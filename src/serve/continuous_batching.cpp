@@ -23,7 +23,8 @@ void ContinuousBatching::schedule(ServeState& state, StepPlan& plan) {
       Group& G = state.group(g);
       const uint32_t per_seq = state.step_tokens(G, budget);
       if (per_seq == 0) {
-        state.refusal = {Refusal::Kind::kStep, g, G.num_tokens() - G.computed, G.live(), budget};
+        state.refusal = {Refusal::Kind::kStep, g, G.schedulable_tokens() - G.computed, G.live(),
+                         budget};
         break;
       }
       if (state.running_seqs + G.live() > o.max_num_seqs) break;

@@ -250,7 +250,8 @@ bool Engine::on_empty_plan(bool preempted, bool ended, size_t next) {
             ? describe(why)
             : fmt::format("was neither scheduled nor preempted ({} new tokens x {} sequences, "
                           "max_num_batched_tokens {})",
-                          G.num_tokens() - G.computed, G.live(), c_.serve.max_num_batched_tokens));
+                          G.schedulable_tokens() - G.computed, G.live(),
+                          c_.serve.max_num_batched_tokens));
     return false;
   }
   if (!st.swapped.empty()) return place_swapped(st.swapped.front());
@@ -483,6 +484,7 @@ bool Engine::start() {
     return false;
   }
   scheduler_ = info->make();
+  if (!set_batch_queue()) return false;
   kv_ = c_.kv_factory();
   KvInit init;
   init.layers = c_.model.layers;
@@ -550,8 +552,8 @@ bool Engine::start() {
 
 void Engine::begin_loop() {
   // Background KV work runs once per step, which the fast path (steps taken together) skips.
-  fast_ = c_.fast_decode && !executor_ && !kv_->has_background();
-  t0_ = last_sample_ = clock_.now();
+  fast_ = c_.fast_decode && !executor_ && !kv_->has_background() && depth_ == 1;
+  t0_ = last_sample_ = gpu_free_ = clock_.now();
   next_sample_ = t0_;
   counts_.time = t0_;
 }
@@ -603,10 +605,7 @@ void Engine::loop_step() {
   const SimTime stop_at = std::min({next_sample_, arrival, horizon_});
   if (fast_ && fast_decode(stop_at) > 0) {
     note_counts();
-    if (clock_.now() >= next_sample_) {
-      sample();
-      next_sample_ = clock_.now() + c_.sample_interval;
-    }
+    maybe_sample();
     return;
   }
   plan.clear();
@@ -627,6 +626,12 @@ void Engine::loop_step() {
     return;
   }
   if (state_->step_swap_bytes) clock_.advance(model_.pcie_transfer(state_->step_swap_bytes));
+  if (plan.groups.empty() && !in_flight_.empty()) {  // nothing new: the oldest step's output
+    await_oldest();
+    note_counts();
+    maybe_sample();
+    return;
+  }
   if (plan.groups.empty()) {
     note_counts();
     if (!on_empty_plan(preempted, ended, next_)) {
@@ -639,6 +644,12 @@ void Engine::loop_step() {
   }
   idle_retry_ = false;
   const StepShape shape = shape_of(plan);
+  if (depth_ > 1) {  // steps in flight (src/serve/engine_batch_queue.cpp)
+    submit(plan, shape);
+    note_counts();
+    maybe_sample();
+    return;
+  }
   const SimTime exec0 = clock_.now();
   // The host clock at the step's issue, for measured runs only (not on the sim's hot path).
   const double wall0 =
@@ -672,10 +683,13 @@ void Engine::loop_step() {
   complete_step(plan);
   r_.kv_critical_time += clock_.now() - done0;
   note_counts();
-  if (clock_.now() >= next_sample_) {
-    sample();
-    next_sample_ = clock_.now() + c_.sample_interval;
-  }
+  maybe_sample();
+}
+
+void Engine::maybe_sample() {
+  if (clock_.now() < next_sample_) return;
+  sample();
+  next_sample_ = clock_.now() + c_.sample_interval;
 }
 
 void set_rate_figures(ServingResult& r, LatencySamples& latency, double running_integral,

@@ -98,8 +98,13 @@ class Engine {
   // otherwise, advances to the next arrival, or ends / fails on the request nothing can place.
   // false: the run fails (r_.error names the request and why).
   bool on_empty_plan(bool preempted, bool ended, size_t next);
-  bool place_swapped(uint32_t g);     // nothing runs: g heads the swapped queue
-  bool place_waiting(uint32_t g);     // nothing runs: g heads the waiting queue
+  bool place_swapped(uint32_t g);  // nothing runs: g heads the swapped queue
+  bool place_waiting(uint32_t g);  // nothing runs: g heads the waiting queue
+  void maybe_sample();             // samples the gauges when the sample interval passed
+  // Steps in flight (engine_batch_queue.cpp): vLLM V1's EngineCore.step_with_batch_queue.
+  bool set_batch_queue();  // its depth from the options (false: r_.error says why not)
+  void submit(const StepPlan& plan, const StepShape& shape);  // issues a step, maybe awaits one
+  void await_oldest();                // waits for the oldest step in flight and applies its output
   std::string who(uint32_t g) const;  // "request R (group g)"
   std::string describe(const Refusal& why) const;
   std::string unplaced(uint32_t g, const char* where) const;
@@ -134,6 +139,19 @@ class Engine {
   SimTime next_sample_ = 0, horizon_ = INT64_MAX;
   size_t next_ = 0;
   StepPlan plan_;
+  // A step whose output has not arrived: the groups it ran, whether each samples a token, and
+  // when its output is back. A ring of depth_ entries (in_flight_ counts them from the oldest).
+  struct InFlightStep {
+    std::vector<std::pair<uint32_t, bool>> groups;
+    SimTime done = 0;
+  };
+  std::vector<InFlightStep> ring_;
+  struct {
+    size_t head = 0, size = 0;
+    bool empty() const { return size == 0; }
+  } in_flight_;
+  uint32_t depth_ = 1;    // steps in flight at most (1: each step's output before the next)
+  SimTime gpu_free_ = 0;  // when the GPU finishes the steps issued so far
   bool fast_ = false, stop_ = false, threw_ = false;
   bool feed_open_ = false;
   size_t capacity_ = 0;  // the most requests the table will hold

@@ -49,4 +49,12 @@ class Scheduler {
 // Returns whether anything was preempted.
 bool schedule_running(ServeState& state, StepPlan& plan, uint32_t* budget);
 
+// A running group with nothing to compute until a step in flight returns its output, which the
+// running phase passes over (vLLM V1 Scheduler.schedule(): "Async scheduling: Avoid scheduling
+// an extra step when we are sure that the previous step has reached request.max_tokens", and
+// num_new_tokens == 0, "PP>1 and we have already scheduled all prompt tokens but they are not
+// finished yet"). Never true when steps run one at a time: a step's output arrives before the
+// next is scheduled.
+bool in_flight_only(const Group& G);
+
 }  // namespace memsim

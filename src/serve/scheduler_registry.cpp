@@ -24,6 +24,7 @@ ServeOptions parse_serve_options(const ConfigNode& node, ServeOptions o) {
                    : Victim::kLastArrived;
   if (auto v = node.find("swap_space")) o.swap_space = v->as_bytes();
   if (auto v = node.find("beam_fork_prob")) o.beam_fork_prob = v->as_double_in(0, 1);
+  if (auto v = node.find("async_scheduling")) o.async_scheduling = v->as_bool();
   return o;
 }
 
@@ -41,9 +42,10 @@ const Registry<SchedulerEntry>& schedulers() {
       "scheduler",
       {
           {"continuous_batching",
-           "vLLM V1: token budget, max_num_seqs, chunked prefill, preemption by recompute or swap",
+           "vLLM V1: token budget, max_num_seqs, chunked prefill, preemption by recompute or "
+           "swap, async scheduling",
            {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "preemption", "victim",
-            "swap_space", "beam_fork_prob"},
+            "swap_space", "beam_fork_prob", "async_scheduling"},
            parse_serve_options,
            [] { return std::make_unique<ContinuousBatching>(); }},
           {"static_batch",

@@ -81,11 +81,11 @@ bool ServeState::grow_group(uint32_t g, uint32_t tokens) {
 }
 
 uint32_t ServeState::pending_tokens(const Group& g) const {
-  return (g.num_tokens() - g.computed) * g.live();
+  return (g.schedulable_tokens() - g.computed) * g.live();
 }
 
 uint32_t ServeState::step_tokens(const Group& g, uint32_t budget) const {
-  const uint32_t rest = g.num_tokens() - g.computed;
+  const uint32_t rest = g.schedulable_tokens() - g.computed;
   if (g.live() == 1) return std::min(rest, budget);
   return uint64_t{rest} * g.live() <= budget ? rest : 0;
 }

@@ -44,7 +44,11 @@ struct Group {
   uint32_t width = 1;          // n or beam_width: sequences after the prefill
   uint32_t computed = 0;       // tokens whose KV is computed (every live sequence)
   uint32_t outputs = 0;        // tokens sampled so far per sequence
-  uint32_t prefix_hit = 0;     // tokens served from the prefix cache at the last admission
+  // Tokens that steps still in flight will sample (vLLM's num_output_placeholders): under
+  // async scheduling a step is scheduled before the previous one's output arrives, its
+  // `computed` counts the in-flight tokens, and these stand for the tokens not yet sampled.
+  uint32_t placeholders = 0;
+  uint32_t prefix_hit = 0;  // tokens served from the prefix cache at the last admission
   uint32_t preemptions = 0;
   uint64_t swapped_bytes = 0;  // device bytes held in the host swap space (when swapped)
   bool truncated = false;      // generation cut short by KV exhaustion (single_sequence)
@@ -54,6 +58,9 @@ struct Group {
   SimTime finished = -1;
 
   uint32_t num_tokens() const { return spec.prompt_tokens + outputs; }  // known tokens
+  // Tokens a step may compute up to: the known ones and the placeholders (vLLM's
+  // num_tokens_with_spec + num_output_placeholders, without speculative tokens).
+  uint32_t schedulable_tokens() const { return num_tokens() + placeholders; }
   uint32_t live() const { return static_cast<uint32_t>(seqs.size()); }
 };
 
@@ -108,6 +115,9 @@ struct ServeOptions {
   Victim victim = Victim::kLastArrived;
   uint64_t swap_space = 4ull << 30;  // host bytes for swapped KV (vLLM V0 swap_space 4 GiB)
   double beam_fork_prob = 0.1;       // per beam per step: replaced by a fork of a sibling
+  // vLLM V1's AsyncScheduler: the next step is scheduled while the previous one runs (two
+  // steps in flight, output placeholders); see src/serve/engine_batch_queue.cpp.
+  bool async_scheduling = false;
   uint64_t seed = 1;
 };
 

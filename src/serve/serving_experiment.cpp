@@ -133,7 +133,30 @@ SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
   if (auto impl = node.find("impl")) base.info = &schedulers().at(*impl);
   schedulers().check_keys(node, *base.info, keys_at(serving_config_keys(), "scheduler"));
   base.options = base.info->parse(node, base.options);
+  if (base.options.async_scheduling) {
+    const auto& keys = base.info->keys;
+    const ConfigNode at = node.find("async_scheduling").value_or(node);
+    if (std::find(keys.begin(), keys.end(), "async_scheduling") == keys.end())
+      at.fail(
+          fmt::format("scheduler '{}' has no async scheduling (async_scheduling was set "
+                      "for continuous_batching; set it false here)",
+                      base.info->name));
+    if (base.options.preemption == Preemption::kSwap)
+      node.find("preemption")
+          .value_or(at)
+          .fail(
+              "async_scheduling models vLLM V1's AsyncScheduler, and vLLM V1 has no "
+              "preemption by swapping (use recompute)");
+  }
   return base;
+}
+
+ConfigNode async_scheduling_key(const ConfigNode& root, std::optional<ConfigNode> run) {
+  for (const std::optional<ConfigNode>& n : {run, std::optional<ConfigNode>(root)})
+    if (n)
+      if (auto s = n->find("scheduler"))
+        if (auto a = s->find("async_scheduling")) return *a;
+  return run.value_or(root);
 }
 
 bool is_serving_config(const ConfigNode& root) {
@@ -340,6 +363,12 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     const ConfigNode& at = node ? *node : root;
     if (!k) at.fail("no `kv:` strategy (give one at the top level or in this run)");
     if (!req) at.fail("no `requests:` (give them at the top level or in this run)");
+    if (s.options.async_scheduling && c.request_sets[*req].requests.any_parallel())
+      async_scheduling_key(root, node)
+          .fail(
+              "async scheduling with requests of n > 1 or beams is not modelled: memsim "
+              "steps a request's sequences together (vLLM V0), and vLLM V1's front-end runs "
+              "each sample as its own request");
     run.kv_impl = k->impl;
     run.kv_params = k->params;
     run.kv_factory = k->factory;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,9 @@ struct SchedulerChoice {
   ServeOptions options;
 };
 SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base);
+// The `scheduler.async_scheduling` key that set a run's option: the run's own (`run`, its
+// `runs[]` entry), else the top level's; the run (or root) when neither has it.
+ConfigNode async_scheduling_key(const ConfigNode& root, std::optional<ConfigNode> run);
 
 // The maps of a serving config and the keys each accepts (docs/config.md lists them); the
 // `kv:` and `scheduler:` maps' entries are parse_kv's and parse_scheduler's.

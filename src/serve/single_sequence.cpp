@@ -27,7 +27,8 @@ void SingleSequence::schedule(ServeState& state, StepPlan& plan) {
   Group& G = state.group(g);
   const uint32_t per_seq = state.step_tokens(G, budget);  // the batching schedulers' rule
   if (per_seq == 0) {  // its samples or beams step together and exceed the budget
-    state.refusal = {Refusal::Kind::kStep, g, G.num_tokens() - G.computed, G.live(), budget};
+    state.refusal = {Refusal::Kind::kStep, g, G.schedulable_tokens() - G.computed, G.live(),
+                     budget};
     return;
   }
   if (!state.grow_group(g, G.computed + per_seq)) {

@@ -15,7 +15,7 @@ void StaticBatch::schedule(ServeState& state, StepPlan& plan) {
       const Group& G = state.group(g);
       const uint32_t per_seq = state.step_tokens(G, o.max_num_batched_tokens);
       if (per_seq == 0) {
-        state.refusal = {Refusal::Kind::kStep, g, G.num_tokens() - G.computed, G.live(),
+        state.refusal = {Refusal::Kind::kStep, g, G.schedulable_tokens() - G.computed, G.live(),
                          o.max_num_batched_tokens};
         break;
       }
