@@ -576,10 +576,13 @@ expect_in "$TMP/tp_serving.out" \
   "tp serving: the step time adds measured collectives, the custom all-reduce's under 8 MiB"
 expect_in "$TMP/out_tp_serving/"*/summary.json '"tensor_parallel_size": 4' \
   "tp serving: summary.json says the figures are per rank"
-run tp_pp --config "$KVCONF" --out "$TMP/out_tp_pp" --set parallel.pipeline_parallel_size=2
-expect_rc tp_pp 2
-expect_in "$TMP/tp_pp.err" "pipeline_parallel_size): serving under pipeline parallelism is not modelled" \
-  "tp serving: pipeline parallelism refused, not ignored"
+run tp_pp --config "$KVCONF" --out "$TMP/out_tp_pp" --set parallel.pipeline_parallel_size=2 \
+  --no-plots
+expect_rc tp_pp 0
+expect_in "$TMP/tp_pp.out" "each step split over 2 stages of 16+16 layers" \
+  "pp serving: the step-time line says how steps are split"
+expect_in "$TMP/out_tp_pp/"*/summary.json '"pipeline_parallel_size": 2' \
+  "pp serving: summary.json records the stages"
 run dp_serving --config "$KVCONF" --out "$TMP/out_dp" --set parallel.data_parallel_size=2 \
   --no-plots
 expect_rc dp_serving 0

@@ -2,6 +2,7 @@
 #include "workload/step_time.h"
 
 #include "workload/collectives.h"
+#include "workload/pipeline_parallel.h"
 #include "workload/step_profile.h"
 
 #include <algorithm>
@@ -76,6 +77,26 @@ StepTimeModel::StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
   all_reduces_ = 2 * model.layers + 1;
 }
 
+StepTimeModel::StepTimeModel(const ModelShape& rank, const GpuSpec& gpu, const PipelineStage& stage,
+                             std::shared_ptr<const CollectiveTime> collectives)
+    : StepTimeModel(stage_model(rank, stage), gpu, std::shared_ptr<const ProfiledStepTime>()) {
+  const uint64_t dt = dtype_bytes(rank.dtype);
+  const uint64_t table = rank.embedding_weight_bytes();
+  lm_head_params_ = stage.last ? rank.vocab * rank.hidden : 0;
+  last_stage_ = stage.last;
+  // The first stage looks its tokens' rows up, unless the table it holds is also the last
+  // stage's LM head (tied, one stage), which reads it whole.
+  const bool rows_only = stage.first && !(stage.last && rank.tie_embeddings);
+  static_weight_bytes_ = stage_weight_bytes(rank, stage) - (rows_only ? table : 0);
+  embed_row_bytes_ = rows_only ? rank.hidden * dt : 0;
+  if (collectives) {
+    collectives_ = std::move(collectives);
+    hidden_row_bytes_ = rank.hidden * dt;
+    logits_row_bytes_ = rank.vocab * dt;
+    all_reduces_ = 2 * stage.layers + (stage.first ? 1 : 0);
+  }
+}
+
 SimTime StepTimeModel::step_time(const StepShape& s) const {
   return profile_ ? profile_->step_time(s) : breakdown(s).total_ns;
 }
@@ -102,8 +123,9 @@ StepBreakdown StepTimeModel::breakdown(const StepShape& s) const {
   b.overhead_ns = overhead_ns_;
   b.bound = b.compute_ns > b.memory_ns ? StepBound::kCompute : StepBound::kMemory;
   if (collectives_) {
-    b.collective_ns = all_reduces_ * collectives_->all_reduce(s.new_tokens * hidden_row_bytes_) +
-                      collectives_->all_gather(uint64_t{s.num_seqs} * logits_row_bytes_);
+    b.collective_ns = all_reduces_ * collectives_->all_reduce(s.new_tokens * hidden_row_bytes_);
+    if (last_stage_)
+      b.collective_ns += collectives_->all_gather(uint64_t{s.num_seqs} * logits_row_bytes_);
   }
   b.total_ns = overhead_ns_ + std::max(b.compute_ns, b.memory_ns) + b.collective_ns;
   return b;

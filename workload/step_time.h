@@ -75,6 +75,7 @@ struct StepBreakdown {
 
 class ProfiledStepTime;
 class CollectiveTime;
+struct PipelineStage;
 
 class StepTimeModel {
  public:
@@ -87,6 +88,13 @@ class StepTimeModel {
   // Tensor parallelism: `model` is one rank's shard; collectives priced by `collectives` are
   // added to the roofline (no profile: a step profile is measured on one GPU).
   StepTimeModel(const ModelShape& model, const GpuSpec& gpu,
+                std::shared_ptr<const CollectiveTime> collectives);
+
+  // One pipeline stage of `rank` (its layers; the embedding rows on the first stage, the LM head
+  // and the logits' all-gather on the last; the embedding's all-reduce on the first), with its
+  // tensor-parallel collectives when `collectives` is given: breakdown() prices the stage's
+  // share of a step (workload/pipeline_time.h).
+  StepTimeModel(const ModelShape& rank, const GpuSpec& gpu, const PipelineStage& stage,
                 std::shared_ptr<const CollectiveTime> collectives);
 
   SimTime step_time(const StepShape& s) const;
@@ -128,6 +136,7 @@ class StepTimeModel {
   uint64_t hidden_row_bytes_ = 0;  // one token's hidden state (an all-reduce row)
   uint64_t logits_row_bytes_ = 0;  // one sequence's logits on this rank (an all-gather part)
   uint32_t all_reduces_ = 0;       // per step: 2 x layers + 1
+  bool last_stage_ = true;         // computes the logits (and all-gathers them under TP)
 };
 
 }  // namespace memsim

@@ -59,11 +59,15 @@ bool refuse_other_gpu(const GpuSpec& gpu) {
 // cuda every run's KV pool and attention run on the GPU.
 int run_serving(const ConfigNode& root, const RunContext& ctx) {
   const ServingConfig config = load_serving_config(root);
-  if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
+  // What runs on the sim backend only is said first, whatever the machine.
   if (ctx.cuda && config.parallel.sizes.data > 1)
     root["parallel"]["data_parallel_size"].fail(
         "--backend cuda runs one engine (its ranks under tensor parallelism); data-parallel "
         "replicas run on the sim backend only");
+  if (ctx.cuda && config.parallel.sizes.pipeline > 1)
+    root["parallel"]["pipeline_parallel_size"].fail(
+        "--backend cuda runs one pipeline stage's ranks at most; pipeline-parallel serving runs "
+        "on the sim backend only");
   for (size_t i = 0; ctx.cuda && i < config.runs.size(); ++i) {
     if (!config.runs[i].serve.async_scheduling) continue;
     std::optional<ConfigNode> run;
@@ -72,6 +76,7 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
         "--backend cuda runs each step to its end before scheduling the next; async "
         "scheduling runs on the sim backend only");
   }
+  if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
   const uint32_t tp = config.parallel.sizes.tensor;
   if (ctx.cuda && tp > 1 && ctx.rank < 0) {  // one process per rank, this command again
     const int rc = cuda_launch_ranks(tp, config.parallel.comm.nccl_cumem, std::cout);

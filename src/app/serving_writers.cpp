@@ -242,8 +242,9 @@ void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingRe
   f << "{\n  \"experiment\": " << json_string(c.experiment)
     << ",\n  \"source\": " << json_string(c.source) << ",\n  \"gpu\": " << json_string(c.gpu.name)
     << ",\n  \"model\": " << json_string(c.model.name);
-  if (c.parallel.sizes.tensor > 1)  // one rank simulated, standing for every rank
+  if (c.parallel.sizes.tensor > 1 || c.parallel.sizes.pipeline > 1)  // one rank simulated
     f << ",\n  \"parallel\": {\"tensor_parallel_size\": " << c.parallel.sizes.tensor
+      << ", \"pipeline_parallel_size\": " << c.parallel.sizes.pipeline
       << ", \"custom_all_reduce\": " << (c.parallel.comm.custom_all_reduce ? "true" : "false")
       << ", \"nccl_cumem\": " << (c.parallel.comm.nccl_cumem ? "true" : "false")
       << ", \"figures\": \"per rank\"}";

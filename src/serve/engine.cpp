@@ -487,8 +487,9 @@ bool Engine::start() {
   if (!set_batch_queue()) return false;
   kv_ = c_.kv_factory();
   KvInit init;
-  init.layers = c_.model.layers;
-  init.kv_bytes_per_token = c_.model.kv_bytes_per_token();
+  const ModelShape& kv_model = c_.kv_model ? *c_.kv_model : c_.model;
+  init.layers = kv_model.layers;
+  init.kv_bytes_per_token = kv_model.kv_bytes_per_token();
   init.budget_bytes = c_.kv_budget_bytes;
   init.max_num_seqs = c_.serve.max_num_seqs;
   init.max_model_len = c_.serve.max_model_len;
@@ -553,7 +554,8 @@ bool Engine::start() {
 void Engine::begin_loop() {
   // Background KV work runs once per step, which the fast path (steps taken together) skips.
   fast_ = c_.fast_decode && !executor_ && !kv_->has_background() && depth_ == 1;
-  t0_ = last_sample_ = gpu_free_ = clock_.now();
+  t0_ = last_sample_ = last_done_ = clock_.now();
+  stage_free_.assign(c_.pipeline ? c_.pipeline->stages() : 1, t0_);
   next_sample_ = t0_;
   counts_.time = t0_;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "src/serve/serve_state.h"
 #include "src/serve/step_executor.h"
 #include "workload/model_shape.h"
+#include "workload/pipeline_time.h"
 #include "workload/request_table.h"
 #include "workload/requests.h"
 #include "workload/step_profile.h"
@@ -46,6 +48,11 @@ struct EngineConfig {
   // collectives included), each step adds these collectives to the roofline
   // (workload/step_time.h).
   std::shared_ptr<const CollectiveTime> collectives;
+  // Pipeline parallelism (null: one stage): `model` is still the whole model's rank (the step
+  // time), `kv_model` the KV pool's stage, and up to stages() steps are in flight, each running
+  // the stages in turn (src/serve/engine_batch_queue.cpp).
+  std::shared_ptr<const PipelineTime> pipeline;
+  std::optional<ModelShape> kv_model;  // the KV pool's layers when not `model`'s
   // Decode batch sizes captured as CUDA graphs (ascending; empty: every step eager). vLLM pads a
   // decode step of up to the largest size to the next captured size and replays its graph; the
   // step-time profile prices those steps from its graph profile, and an executor on the GPU

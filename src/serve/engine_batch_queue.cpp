@@ -1,10 +1,17 @@
 // The serving engine with steps in flight: vLLM V1's EngineCore.step_with_batch_queue
-// (vllm/v1/engine/core.py) under async scheduling (vllm/v1/core/sched/async_scheduler.py).
+// (vllm/v1/engine/core.py) under async scheduling (vllm/v1/core/sched/async_scheduler.py) and
+// under pipeline parallelism.
 //
-// vLLM keeps up to max_concurrent_batches steps in flight (2 under async scheduling on one
-// pipeline stage, vllm/config/vllm.py). Each engine step schedules a new batch and submits it
-// without waiting; it then blocks on the oldest batch only when the queue is full or that batch
-// is already done, and applies its output (update_from_output). So with two in flight:
+// vLLM keeps up to max_concurrent_batches steps in flight (vllm/config/vllm.py: 2 under async
+// scheduling on one pipeline stage, pipeline_parallel_size otherwise). Each engine step
+// schedules a new batch and submits it without waiting; it then blocks on the oldest batch only
+// when the queue is full or that batch is already done, and applies its output
+// (update_from_output). A step runs its pipeline stages in turn, each stage after its own
+// previous step (workload/pipeline_time.h); with one stage, the GPU runs the steps in order.
+//
+// Under pipeline parallelism the scheduler is the synchronous one: a request whose tokens are
+// all computed waits, passed over, until its batch's output is back (in_flight_only), while
+// requests not in flight fill the next batch. Under async scheduling, with two in flight:
 // - step k+1 is scheduled while step k runs: the host's scheduling, input preparation and
 //   launches overlap the GPU's work (a step's host_time), and the GPU runs the steps back to
 //   back when the host keeps up;
@@ -29,10 +36,16 @@
 namespace memsim {
 
 bool Engine::set_batch_queue() {
-  depth_ = c_.serve.async_scheduling ? 2 : 1;
+  const uint32_t pp = c_.pipeline ? c_.pipeline->stages() : 1;
+  depth_ = c_.serve.async_scheduling ? 2 : pp;
   if (depth_ == 1) return true;
   const char* why = nullptr;
-  if (c_.executor || c_.measured_clock)
+  if (c_.serve.async_scheduling && pp > 1)
+    why =
+        "under pipeline parallelism vLLM's V1 model runner cannot feed a stage the token a "
+        "batch still in the pipeline samples (its V2 runner keeps pp + 1 batches in flight, "
+        "which memsim does not model)";
+  else if (c_.executor || c_.measured_clock)
     why = "the GPU executor runs each step to its end before the next is scheduled";
   else if (c_.serve.preemption == Preemption::kSwap)
     why = "vLLM V1, whose scheduler this is, has no preemption by swapping";
@@ -44,7 +57,9 @@ bool Engine::set_batch_queue() {
     ring_.assign(depth_, {});
     return true;
   }
-  r_.error = fmt::format("scheduler.async_scheduling is not modelled here: {}", why);
+  r_.error = fmt::format(
+      "{} is not modelled here: {}",
+      c_.serve.async_scheduling ? "scheduler.async_scheduling" : "pipeline-parallel serving", why);
   return false;
 }
 
@@ -62,10 +77,16 @@ void Engine::submit(const StepPlan& plan, const StepShape& shape) {
     if (samples && c_.serve.async_scheduling) ++G.placeholders;
     step.groups.emplace_back(sg.group, samples);
   }
-  const SimTime start = std::max(clock_.now(), gpu_free_);
-  running_integral_ +=
-      double(state_->running_seqs) * double(start + gpu - std::max(gpu_free_, scheduled));
-  gpu_free_ = step.done = start + gpu;
+  // The stages run the step in turn, each after its previous step (one stage: the GPU).
+  if (c_.pipeline)
+    c_.pipeline->stage_times(shape, gpu, &stage_time_);
+  else
+    stage_time_.assign(1, gpu);
+  SimTime t = clock_.now();
+  for (size_t j = 0; j < stage_free_.size(); ++j)
+    t = stage_free_[j] = std::max(t, stage_free_[j]) + stage_time_[j];
+  running_integral_ += double(state_->running_seqs) * double(t - std::max(last_done_, scheduled));
+  last_done_ = step.done = t;
   ++r_.steps;
   r_.max_running_seqs = std::max(r_.max_running_seqs, state_->running_seqs);
   if (kv_->has_background()) {  // the strategy's background work, beside the GPU's step

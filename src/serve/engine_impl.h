@@ -150,8 +150,10 @@ class Engine {
     size_t head = 0, size = 0;
     bool empty() const { return size == 0; }
   } in_flight_;
-  uint32_t depth_ = 1;    // steps in flight at most (1: each step's output before the next)
-  SimTime gpu_free_ = 0;  // when the GPU finishes the steps issued so far
+  uint32_t depth_ = 1;  // steps in flight at most (1: each step's output before the next)
+  std::vector<SimTime> stage_free_;  // when each pipeline stage finishes the steps issued so far
+  std::vector<SimTime> stage_time_;  // the step being issued: each stage's time
+  SimTime last_done_ = 0;            // when the last step issued ends
   bool fast_ = false, stop_ = false, threw_ = false;
   bool feed_open_ = false;
   size_t capacity_ = 0;  // the most requests the table will hold

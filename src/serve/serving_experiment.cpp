@@ -246,17 +246,6 @@ void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, Ser
     c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
 }
 
-// What the serving engine models of `parallel:`; the rest is refused at its key.
-void check_serving_parallel(const ConfigNode& node, const ParallelConfig& p) {
-  if (p.pipeline > 1)
-    node["pipeline_parallel_size"].fail(
-        "serving under pipeline parallelism is not modelled: vLLM V1 keeps "
-        "pipeline_parallel_size batches in flight (EngineCore.step_with_batch_queue), so each "
-        "step's time and what the scheduler sees running turn on how the stages overlap, and "
-        "memsim's engine runs one batch at a time; the tp_memory experiment sizes a PP "
-        "engine's memory (pipeline_parallel_sizes)");
-}
-
 // vLLM's front-end fans a request of n samples out as n requests, each balanced on its own;
 // memsim's engine keeps a request's samples (and beams) together, so under DP it refuses them.
 void check_data_parallel_requests(const ConfigNode& root, const ServingConfig& c) {
@@ -284,17 +273,24 @@ void load_parallel_and_step_time(const ConfigNode& root, const std::string& gpu_
   c.rank_model = c.model;
   if (auto p = root.find("parallel")) {
     c.parallel = load_parallel(*p, c.model, c.gpu);
-    check_serving_parallel(*p, c.parallel.sizes);
   }
-  const uint32_t tp = c.parallel.sizes.tensor;
+  const uint32_t tp = c.parallel.sizes.tensor, pp = c.parallel.sizes.pipeline;
   load_step_profiles(root, gpu_file, c);
-  if (tp <= 1) return;
-  c.rank_model = shard_tensor_parallel(c.model, tp)->rank;  // checked by load_parallel
-  const bool custom =
-      std::string_view(all_reduce_kind(c.parallel.sizes, c.parallel.comm)) == "custom";
-  c.collectives = std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp, custom));
-  if (!c.step_profile)
-    c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
+  if (tp > 1) {
+    c.rank_model = shard_tensor_parallel(c.model, tp)->rank;  // checked by load_parallel
+    const bool custom =
+        std::string_view(all_reduce_kind(c.parallel.sizes, c.parallel.comm)) == "custom";
+    c.collectives =
+        std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp, custom));
+    if (!c.step_profile)
+      c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
+  }
+  if (pp > 1) {
+    auto t = PipelineTime::make(c.rank_model, c.gpu, pp, tp, c.collectives);
+    if (!t.ok()) root["parallel"]["pipeline_parallel_size"].fail(t.error().message);
+    c.pipeline = std::make_shared<const PipelineTime>(std::move(t).value());
+    c.step_profile_note += "; each step split over " + c.pipeline->source();
+  }
 }
 
 }  // namespace
@@ -424,6 +420,19 @@ ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill)
   return c;
 }
 
+namespace {
+
+// The budget a serving run shows and sizes its pool by: under pipeline parallelism the stage
+// with the fewest KV blocks (the engine's count, vLLM's minimum over workers), else the rank's.
+Result<KvBudget> engine_budget(const KvBudgetInput& in) {
+  if (in.parallel.pipeline <= 1) return compute_kv_budget(in);
+  auto e = compute_engine_kv_budget(in);
+  if (!e.ok()) return e.error();
+  return e->stages[e->min_stage];
+}
+
+}  // namespace
+
 ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHooks& hooks) {
   ServingResults out;
   out.runs.resize(c.runs.size());
@@ -453,7 +462,7 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
                     in.max_num_seqs, in.enforce_eager, in.graph_strategy, in.max_model_len,
                     in.kv_block_size, in.export_profile_snapshot);
     auto it = budgets.find(key);
-    if (it == budgets.end()) it = budgets.emplace(key, compute_kv_budget(in)).first;
+    if (it == budgets.end()) it = budgets.emplace(key, engine_budget(in)).first;
     if (it->second.ok()) {
       o.budget = *it->second;
     } else {
@@ -480,6 +489,15 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     e.model = c.rank_model;
     e.gpu = c.gpu;
     e.collectives = c.collectives;
+    e.pipeline = c.pipeline;
+    if (c.pipeline) {
+      // The stage with the fewest blocks; under engine.kv_budget (the same bytes on every
+      // stage), the one with the most layers: the first (split_pipeline).
+      PipelineStage stage = o.budget.stage;
+      if (o.spec.kv_budget_override || stage.layers == 0)
+        stage = split_pipeline(c.rank_model.layers, c.parallel.sizes.pipeline)->front();
+      e.kv_model = stage_model(c.rank_model, stage);
+    }
     e.scheduler = o.spec.scheduler;
     e.serve = o.spec.serve;
     e.kv_impl = o.spec.kv_impl;

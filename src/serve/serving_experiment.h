@@ -54,15 +54,19 @@ struct ServingConfig {
   std::string experiment;
   GpuSpec gpu;
   ModelShape model;
-  // parallel: tensor and data parallelism (pipeline is refused in serving). With
-  // data_parallel_size > 1 every run is that many engine replicas behind vLLM's load balancer
-  // (src/serve/dp_serving.h), each as below. With tensor_parallel_size > 1 every run simulates
-  // one rank (ranks alike): rank_model is its shard, the budget is a rank's, and steps are priced
-  // by the rank's profiles (<model>.tp<N>.yaml, calibrate --tensor-parallel N: one rank's measured
-  // steps, collectives included) or, without one, by the roofline plus `collectives`.
+  // parallel: tensor, pipeline and data parallelism. With data_parallel_size > 1 every run is
+  // that many engine replicas behind vLLM's load balancer (src/serve/dp_serving.h), each as
+  // below. With tensor_parallel_size > 1 every run simulates one rank (ranks alike): rank_model
+  // is its shard, the budget is a rank's, and steps are priced by the rank's profiles
+  // (<model>.tp<N>.yaml, calibrate --tensor-parallel N: one rank's measured steps, collectives
+  // included) or, without one, by the roofline plus `collectives`. With
+  // pipeline_parallel_size > 1 the engine's KV blocks are the least over its stages (the budget
+  // shown is that stage's), and each step runs through the stages (`pipeline`) with up to that
+  // many steps in flight (src/serve/engine_batch_queue.cpp).
   ParallelSettings parallel;
   ModelShape rank_model;  // = model on one GPU
   std::shared_ptr<const CollectiveTime> collectives;
+  std::shared_ptr<const PipelineTime> pipeline;  // null: one stage
   SimTime sample_interval = 100'000'000;
   std::string step_profile_path;  // where the (gpu, model) profile is or would be
   std::string step_profile_note;  // how it was found (by the GPU's name), or why there is none
