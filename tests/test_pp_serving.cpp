@@ -89,7 +89,7 @@ TEST_CASE("pipeline time: the stages share a step as their rooflines do, plus th
   CHECK(t.source().find("4 stages of 20+20+20+20 layers") != std::string::npos);
   const auto link = *CollectiveTime::make(gpu, 2);
   // 32 tokens: two [32, 8192] bf16 tensors, each one 2-rank all-gather of 512 KiB parts.
-  CHECK(t.send_time(32) == 2 * link.all_gather(32 * row));
+  CHECK(t.send_time(32) == 2 * link.send_recv(32 * row));
   std::vector<SimTime> out;
   const SimTime gpu_ns = 40'000'000;
   t.stage_times(decode, gpu_ns, &out);
@@ -102,7 +102,7 @@ TEST_CASE("pipeline time: the stages share a step as their rooflines do, plus th
   // Under TP 2 a rank sends its half of each tensor, and the receiver all-gathers them.
   auto tp2 = std::make_shared<const CollectiveTime>(*CollectiveTime::make(gpu, 2, true));
   const PipelineTime t2 = *PipelineTime::make(m, gpu, 4, 2, tp2);
-  CHECK(t2.send_time(32) == 2 * link.all_gather(32 * row / 2) + 2 * tp2->all_gather(32 * row / 2));
+  CHECK(t2.send_time(32) == 2 * link.send_recv(32 * row / 2) + 2 * tp2->all_gather(32 * row / 2));
 }
 
 namespace {

@@ -142,6 +142,43 @@ TEST_CASE("collectives: the custom all-reduce's times under 8 MiB, NCCL's above"
   CHECK(std::string(all_reduce_kind(p, on)) == "none");
 }
 
+TEST_CASE("collectives: a send/recv between two GPUs, measured or priced as an all-gather",
+          "[tp]") {
+  GpuSpec g = gpu("h200");
+  // A table at the file's 18 sizes (2 KiB .. 256 MiB): 10 us up to 1 MiB, then 10 us a MiB more.
+  g.interconnect.send_recv_us.clear();
+  const auto unmeasured = CollectiveTime::make(g, 2);
+  CHECK(!unmeasured->send_recv_measured());
+  CHECK(unmeasured->send_recv(kMiB) == unmeasured->all_gather(kMiB));
+  for (uint64_t b : g.interconnect.collective_sizes)
+    g.interconnect.send_recv_us.push_back(b <= kMiB ? 10.0 : 10.0 * double(b / kMiB));
+  const auto two = CollectiveTime::make(g, 2);
+  CHECK(two->send_recv_measured());
+  CHECK(two->send_recv(2048) == 10000);
+  CHECK(two->send_recv(kMiB) == 10000);
+  CHECK(two->send_recv(64 * kMiB) == 640000);
+  CHECK(two->send_recv(0) == 0);
+
+  // configs/gpus/h200.yaml's measured pairs: 2 KiB 5.8 us, 1 MiB 12.5 us.
+  const auto measured = CollectiveTime::make(gpu("h200"), 2);
+  CHECK(measured->send_recv_measured());
+  CHECK(measured->send_recv(2048) == 5800);
+  CHECK(measured->send_recv(kMiB) == 12500);
+
+  // The GPU file: one time for each collective size.
+  const std::string root = std::getenv("MEMSIM_SOURCE_ROOT");
+  std::ifstream in(root + "/configs/gpus/h200.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string yaml = text.str();
+  const size_t row = yaml.find("  send_recv_us: [");
+  REQUIRE(row != std::string::npos);
+  yaml = yaml.substr(0, row) + "  send_recv_us: [1, 2, 3]\n";
+  CHECK_THROWS_WITH(load_gpu_spec(ConfigNode::parse(yaml, "h200.yaml")),
+                    Catch::Contains("interconnect.send_recv_us") &&
+                        Catch::Contains("has 3 times; collective_sizes has 18"));
+}
+
 TEST_CASE("collectives: NCCL's and the custom all-reduce's memory per rank", "[tp]") {
   const GpuSpec h200 = gpu("h200");
   ParallelConfig p;

@@ -11,8 +11,14 @@
    opened on every peer, as register_graph_buffers does for a captured graph's inputs).
    cudaMemGetInfo's free bytes are read after each step (the driver API, through libcuda).
 
+3. Time of an NCCL send/recv pair (bf16, eager, as vLLM sends a pipeline stage's intermediate
+   tensors outside its CUDA graphs) from rank 0 to rank 1 at the same sizes: 10 pairs issued
+   back to back behind a busy stream (the host's launch latency hidden, as behind a forward
+   pass), the median of 20 such runs per pair; the slower rank's is the pair's.
+
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Prints one JSON line per rank and size.
-usage: collective_bench.py [--ranks N] [--env KEY=VALUE]...   (needs N GPUs and PyTorch)"""
+usage: collective_bench.py [--ranks N] [--env KEY=VALUE]... [--send-recv-only]
+       (needs N GPUs and PyTorch)"""
 import argparse
 import ctypes
 import json
@@ -155,13 +161,54 @@ def collective_times(world):
     return rows
 
 
+def send_recv_times(world, pairs=10):
+    """Rank 0 sends to rank 1 (the others wait): median microseconds of a pair on this rank's
+    stream, from `pairs` pairs issued back to back while the stream is still busy (as vLLM issues
+    a stage's sends behind its forward pass), so that the host's launch latency is hidden."""
+    rows = []
+    rank = dist.get_rank()
+    for shift in range(11, 29):  # 2 KiB .. 256 MiB
+        nbytes = 1 << shift
+        x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+
+        def pair():
+            if rank == 0:
+                dist.send(x, 1)
+            elif rank == 1:
+                dist.recv(x, 0)
+
+        for _ in range(3):
+            pair()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(20):
+            dist.barrier()
+            torch.cuda._sleep(4_000_000)  # about 2 ms: every launch below queues behind it
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(pairs):
+                pair()
+            b.record()
+            b.synchronize()
+            samples.append(a.elapsed_time(b) * 1000.0 / pairs)
+        rows.append({"kind": "send_recv", "rank": rank, "world": world, "bytes": nbytes,
+                     "graph": False, "send_recv_us": round(statistics.median(samples), 3)})
+    return rows
+
+
 def rank_main(rank, world, port, env):
     torch.cuda.set_device(rank)
     torch.zeros(1, device="cuda")
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, device_id=torch.device("cuda", rank))
+    if env.get("MEMSIM_SEND_RECV_ONLY") == "1":
+        rows = send_recv_times(world)
+        dist.barrier()
+        dist.destroy_process_group()
+        return rows
     rows = [custom_ar_memory(world)]
     rows += collective_times(world)
+    rows += send_recv_times(world)
     dist.barrier()
     dist.destroy_process_group()
     return rows
@@ -171,8 +218,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for every rank")
+    ap.add_argument("--send-recv-only", action="store_true", help="time only the send/recv pairs")
     a = ap.parse_args()
     env = dict(kv.split("=", 1) for kv in a.env)
+    if a.send_recv_only:
+        env["MEMSIM_SEND_RECV_ONLY"] = "1"
     rows = run_ranks(rank_main, a.ranks, env)
     version = ".".join(map(str, torch.cuda.nccl.version()))
     for row in sorted(rows, key=lambda r: (r["kind"], r.get("bytes", 0), r["rank"])):

@@ -148,6 +148,7 @@ Result<CollectiveTime> CollectiveTime::make(const GpuSpec& gpu, uint32_t ranks,
   const double n = ranks, m = measured;
   c.reduce_scale_ = (2 * (n - 1) / n) / (2 * (m - 1) / m);
   c.gather_scale_ = (n - 1) / (m - 1);
+  c.send_us_ = ic.send_recv_us;
   c.source_ =
       measured == ranks
           ? fmt::format("NCCL {} measured at {} ranks ({})", ic.nccl_version, ranks, gpu.name)
@@ -182,6 +183,12 @@ SimTime CollectiveTime::all_reduce(uint64_t bytes) const {
 SimTime CollectiveTime::all_gather(uint64_t part_bytes) const {
   if (ranks_ <= 1 || part_bytes == 0) return 0;
   return to_ns(interpolate_us(sizes_, gather_us_, static_cast<double>(part_bytes) * gather_scale_));
+}
+
+SimTime CollectiveTime::send_recv(uint64_t bytes) const {
+  if (ranks_ <= 1 || bytes == 0) return 0;
+  if (send_us_.empty()) return all_gather(bytes);
+  return to_ns(interpolate_us(sizes_, send_us_, static_cast<double>(bytes)));
 }
 
 }  // namespace memsim

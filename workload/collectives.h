@@ -117,6 +117,10 @@ class CollectiveTime {
 
   SimTime all_reduce(uint64_t bytes) const;       // an all-reduce of a `bytes` buffer
   SimTime all_gather(uint64_t part_bytes) const;  // each rank contributes part_bytes
+  // A send/recv of `bytes` between two GPUs: the GPU file's send_recv_us, or, where it has none,
+  // a 2-rank all-gather of `bytes` parts (the same bytes cross the link each way).
+  SimTime send_recv(uint64_t bytes) const;
+  bool send_recv_measured() const { return !send_us_.empty(); }
   uint32_t ranks() const { return ranks_; }
   // "measured at 2 ranks (NCCL 2.28.9, h200)" or "... scaled from 4 measured ranks ...".
   const std::string& source() const { return source_; }
@@ -128,6 +132,7 @@ class CollectiveTime {
   std::vector<double> reduce_us_, gather_us_;
   double reduce_scale_ = 1, gather_scale_ = 1;    // bytes multiplier for an unmeasured count
   std::vector<double> custom_sizes_, custom_us_;  // empty: every all-reduce over NCCL
+  std::vector<double> send_us_;                   // at sizes_; empty: not measured
   std::string source_;
 };
 

@@ -25,14 +25,16 @@ Result<PipelineTime> PipelineTime::make(const ModelShape& rank, const GpuSpec& g
   std::string layers;
   for (const PipelineStage& s : *split)
     layers += fmt::format("{}{}", layers.empty() ? "" : "+", s.layers);
-  t.source_ = fmt::format("{} stages of {} layers, sends priced as 2-rank all-gathers ({})", pp,
-                          layers, t.link_->source());
+  t.source_ = fmt::format("{} stages of {} layers, sends {} ({})", pp, layers,
+                          t.link_->send_recv_measured() ? "from the measured NCCL send/recv"
+                                                        : "priced as 2-rank all-gathers",
+                          t.link_->source());
   return t;
 }
 
 SimTime PipelineTime::send_time(uint64_t new_tokens) const {
   const uint64_t part = new_tokens * slice_row_bytes_;
-  SimTime t = 2 * link_->all_gather(part);  // hidden_states and residual
+  SimTime t = 2 * link_->send_recv(part);  // hidden_states and residual
   if (tp_group_) t += 2 * tp_group_->all_gather(part);
   return t;
 }

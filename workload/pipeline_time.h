@@ -26,9 +26,9 @@ namespace memsim {
 // - send_j (not on the last stage): the intermediate tensors, hidden_states and residual, each
 //   [new_tokens, hidden] in the model's dtype, each TP rank sending its 1/tp slice
 //   (send_tensor_dict with all_gather_group: the receiver all-gathers them over its TP group).
-//   The GPU file measures no send/recv times, so a send of b bytes is priced as a 2-rank
-//   all-gather of b-byte parts (the same bytes cross the link each way), and an all-gather over
-//   the TP group follows when tp > 1; source() says so.
+//   Each send is the GPU file's measured NCCL send/recv (send_recv_us) or, where it has none, a
+//   2-rank all-gather of the same bytes (CollectiveTime::send_recv), and an all-gather over the
+//   TP group follows when tp > 1; source() says which.
 class PipelineTime {
  public:
   // `rank`: one TP rank's shard of the whole model. Errors: split_pipeline's, and the GPU file's

@@ -106,6 +106,10 @@ struct InterconnectSpec {
   // count: one time for each of the collective_sizes under its max_size (custom_all_reduce_sizes).
   // Empty: not measured on this GPU.
   std::map<uint32_t, std::vector<double>> custom_all_reduce_us;
+  // NCCL send/recv between two GPUs (a pipeline stage's intermediate tensors), eager, one time
+  // for each of the collective_sizes (tools/collective_bench.py --send-recv-only). Empty: not
+  // measured on this GPU.
+  std::vector<double> send_recv_us;
 };
 
 struct GpuSpec {

@@ -39,7 +39,8 @@ const ConfigKeys& gpu_file_keys() {
         "step_overhead_us", "sms", "decode_ctas_per_sm"}},
       {"interconnect",
        {"gpus_per_node", "nccl_version", "nccl_memory", "nccl_memory_ranks", "nccl_memory_by_rank",
-        "collective_sizes", "all_reduce_us", "all_gather_us", "custom_all_reduce_us"}},
+        "collective_sizes", "all_reduce_us", "all_gather_us", "custom_all_reduce_us",
+        "send_recv_us"}},
       {"interconnect.nccl_memory", {"cumem", "no_cumem"}},
       {"interconnect.nccl_memory_by_rank.<ranks>", {"cumem", "no_cumem"}},
       {"interconnect.nccl_memory.<env>", {"communicator", "collectives", "point_to_point"}},
@@ -182,6 +183,12 @@ InterconnectSpec load_interconnect(const ConfigNode& n) {
       v->fail("needs at least two collective_sizes under the custom all-reduce's 8 MiB");
     ic.custom_all_reduce_us =
         load_collective_times(*v, below, ic.gpus_per_node, "collective_sizes under 8 MiB");
+  }
+  if (auto v = n.find("send_recv_us")) {
+    const std::vector<ConfigNode> items = v->items();
+    if (items.size() != count)
+      v->fail(fmt::format("has {} times; collective_sizes has {}", items.size(), count));
+    for (const ConfigNode& t : items) ic.send_recv_us.push_back(t.as_double_in(1e-3, 1e9));
   }
   return ic;
 }
