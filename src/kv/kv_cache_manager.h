@@ -143,6 +143,18 @@ class KvCacheManager {
   virtual Status shutdown() = 0;
 
   virtual uint32_t lookup_prefix(const TokenContent& content) const = 0;
+  // lookup_prefix's match with what an SGLang-style scheduler weighs (PrefillAdder,
+  // dfs-weight): the tokens of evictable (unlocked) cached blocks on it, which locking the
+  // prefix takes out of free_token_capacity, and the cache's node ids on its path from the root
+  // (empty where the cache keeps no tree).
+  struct PrefixMatch {
+    uint32_t tokens = 0;
+    uint64_t evictable_tokens = 0;
+    std::vector<uint32_t> path;
+  };
+  virtual PrefixMatch match_prefix(const TokenContent& content) const {
+    return {lookup_prefix(content), 0, {}};
+  }
   virtual Status grow(SeqId seq, const TokenContent& content, uint32_t num_tokens,
                       uint32_t prefix_tokens) = 0;
   virtual Status fork(SeqId parent, SeqId child) = 0;

@@ -117,6 +117,18 @@ uint32_t RadixTokenPool::lookup_prefix(const TokenContent& content) const {
   return tree_.match(content, content.size() - 1).tokens;
 }
 
+KvCacheManager::PrefixMatch RadixTokenPool::match_prefix(const TokenContent& content) const {
+  PrefixMatch m;
+  if (!backend_ || config_.disable_radix_cache || content.begin() != 0 || content.size() < 2)
+    return m;
+  const RadixTree::Match t = tree_.match(content, content.size() - 1);
+  m.tokens = t.tokens;
+  m.evictable_tokens = t.unlocked_pages * page_size();
+  for (uint32_t n = t.node; n != RadixTree::kRoot; n = tree_.parent_of(n)) m.path.push_back(n);
+  std::reverse(m.path.begin(), m.path.end());
+  return m;
+}
+
 Status RadixTokenPool::grow(SeqId seq, const TokenContent& content, uint32_t num_tokens,
                             uint32_t prefix_tokens) {
   if (!backend_) return make_error(ErrorCode::kInvalidState, "radix_token_pool: not initialized");

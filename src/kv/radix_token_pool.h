@@ -58,6 +58,7 @@ class RadixTokenPool final : public KvCacheManager {
   Status init(Backend& backend, const KvInit& init) override;
   Status shutdown() override;
   uint32_t lookup_prefix(const TokenContent& content) const override;
+  PrefixMatch match_prefix(const TokenContent& content) const override;
   Status grow(SeqId seq, const TokenContent& content, uint32_t num_tokens,
               uint32_t prefix_tokens) override;
   Status fork(SeqId parent, SeqId child) override;

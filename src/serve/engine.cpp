@@ -553,7 +553,8 @@ bool Engine::start() {
 
 void Engine::begin_loop() {
   // Background KV work runs once per step, which the fast path (steps taken together) skips.
-  fast_ = c_.fast_decode && !executor_ && !kv_->has_background() && depth_ == 1;
+  fast_ = c_.fast_decode && !executor_ && !kv_->has_background() && depth_ == 1 &&
+          scheduler_->allows_fast_decode();
   t0_ = last_sample_ = last_done_ = clock_.now();
   stage_free_.assign(c_.pipeline ? c_.pipeline->stages() : 1, t0_);
   next_sample_ = t0_;

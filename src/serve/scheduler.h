@@ -38,6 +38,9 @@ class Scheduler {
   virtual ~Scheduler() = default;
   virtual std::string_view name() const = 0;
   virtual void schedule(ServeState& state, StepPlan& plan) = 0;
+  // Whether the engine may take stretches of pure-decode steps together without asking
+  // (Engine::fast_decode): only for a scheduler whose decode steps change nothing of its own.
+  virtual bool allows_fast_decode() const { return true; }
 };
 
 // vLLM V1's first scheduling phase, shared by the batching schedulers: every running group in

@@ -2,6 +2,7 @@
 #include "src/serve/scheduler_registry.h"
 
 #include "src/serve/continuous_batching.h"
+#include "src/serve/sglang_scheduler.h"
 #include "src/serve/single_sequence.h"
 #include "src/serve/static_batch.h"
 
@@ -35,6 +36,46 @@ ServeOptions parse_single_sequence(const ConfigNode& node, ServeOptions o) {
   return o;
 }
 
+// SGLang's server arguments and environment knobs, under their own names.
+ServeOptions parse_sglang(const ConfigNode& node, ServeOptions o) {
+  SglangOptions& s = o.sglang;
+  if (auto v = node.find("schedule_policy")) {
+    const std::string p = v->as_choice({"fcfs", "lpm", "dfs-weight", "lof", "random"});
+    using P = SglangOptions::Policy;
+    s.policy = p == "lpm"          ? P::kLpm
+               : p == "dfs-weight" ? P::kDfsWeight
+               : p == "lof"        ? P::kLof
+               : p == "random"     ? P::kRandom
+                                   : P::kFcfs;
+  }
+  if (auto v = node.find("max_running_requests")) {
+    s.max_running_requests = static_cast<uint32_t>(v->as_uint_in(1, 1u << 20));
+    o.max_num_seqs = s.max_running_requests;
+  }
+  if (auto v = node.find("chunked_prefill_size")) {  // <= 0: no chunking, as in SGLang
+    const int64_t n = v->as_int();
+    o.chunked_prefill = n > 0;
+    if (n > 0) o.max_num_batched_tokens = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
+  }
+  if (auto v = node.find("max_prefill_tokens"))
+    s.max_prefill_tokens = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
+  if (auto v = node.find("schedule_conservativeness"))
+    s.schedule_conservativeness = v->as_double_in(0.01, 100);
+  if (auto v = node.find("init_new_token_ratio")) s.init_new_token_ratio = v->as_double_in(0, 1);
+  if (auto v = node.find("min_new_token_ratio_factor"))
+    s.min_new_token_ratio_factor = v->as_double_in(0, 1);
+  if (auto v = node.find("new_token_ratio_decay_steps"))
+    s.new_token_ratio_decay_steps = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
+  if (auto v = node.find("retract_decode_steps"))
+    s.retract_decode_steps = static_cast<uint32_t>(v->as_uint_in(0, 1u << 24));
+  if (auto v = node.find("clip_max_new_tokens"))
+    s.clip_max_new_tokens = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
+  // SGLang retracts by recompute, fewest outputs first (retract_decode).
+  o.preemption = Preemption::kRecompute;
+  o.victim = Victim::kFewestDecoded;
+  return o;
+}
+
 }  // namespace
 
 const Registry<SchedulerEntry>& schedulers() {
@@ -54,6 +95,14 @@ const Registry<SchedulerEntry>& schedulers() {
             "swap_space", "beam_fork_prob"},
            parse_serve_options,
            [] { return std::make_unique<StaticBatch>(); }},
+          {"sglang",
+           "SGLang: prefill batches by its PrefillAdder (new_token_ratio), decode steps, "
+           "retraction, fcfs / lpm / dfs-weight / lof / random",
+           {"schedule_policy", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
+            "schedule_conservativeness", "init_new_token_ratio", "min_new_token_ratio_factor",
+            "new_token_ratio_decay_steps", "retract_decode_steps", "clip_max_new_tokens"},
+           parse_sglang,
+           [] { return std::make_unique<SglangScheduler>(); }},
           {"single_sequence",
            "one request at a time; KV exhaustion truncates its generation (OrinMLLM, seed 10.4)",
            {"max_num_batched_tokens", "chunked_prefill", "beam_fork_prob"},

@@ -132,12 +132,12 @@ size_t ServeState::pick_victim() const {
   return best;
 }
 
-void ServeState::release_seqs(Group& G) {
+void ServeState::release_seqs(Group& G, uint32_t cached_tokens) {
   for (Sequence& s : G.seqs) {
     if (s.fork_from < 0) {
       sync(s);
       // Only [0, computed) holds KV: a preempted group may have grown for a step that never ran.
-      kv_.release(s.id, s.content.slice(0, G.computed));
+      kv_.release(s.id, s.content.slice(0, std::min(G.computed, cached_tokens)));
     }
     s.kv_tokens = s.synced = s.capacity = 0;
   }
@@ -187,6 +187,24 @@ void ServeState::preempt(uint32_t g) {
   ++counters_.recomputes;
   G.status = GroupStatus::kWaiting;
   waiting.push_front(g);
+}
+
+void ServeState::retract(uint32_t g) {
+  Group& G = groups_[g];
+  running.erase(std::find(running.begin(), running.end(), g));
+  running_seqs -= G.live();
+  ++G.preemptions;
+  ++counters_.preemptions;
+  ++counters_.recomputes;
+  // Its prompt will be looked up again: no longer private content.
+  for (Sequence& s : G.seqs) {
+    s.content.set_private_from(TokenContent::kShared);
+    if (s.fork_from < 0) kv_.publish(s.id, s.content);
+  }
+  release_seqs(G, G.spec.prompt_tokens);
+  G.computed = 0;
+  G.status = GroupStatus::kWaiting;
+  waiting.push_back(g);
 }
 
 bool ServeState::swap_in(uint32_t g, uint32_t new_tokens) {

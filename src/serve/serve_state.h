@@ -106,6 +106,21 @@ class GroupWindow {
   size_t head_ = 0;    // groups_[0, head_) are finished, to be erased in one go
 };
 
+// SGLang's scheduling knobs (python/sglang/srt/server_args.py and environ.py defaults), read by
+// the sglang scheduler (src/serve/sglang_scheduler.h).
+struct SglangOptions {
+  enum class Policy : uint8_t { kFcfs, kLpm, kDfsWeight, kLof, kRandom };
+  Policy policy = Policy::kFcfs;               // --schedule-policy
+  uint32_t max_running_requests = 0;           // 0: SGLang's rule from the token pool's size
+  uint32_t max_prefill_tokens = 16384;         // --max-prefill-tokens
+  double schedule_conservativeness = 1.0;      // --schedule-conservativeness
+  double init_new_token_ratio = 0.7;           // SGLANG_INIT_NEW_TOKEN_RATIO
+  double min_new_token_ratio_factor = 0.14;    // SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+  uint32_t new_token_ratio_decay_steps = 600;  // SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+  uint32_t retract_decode_steps = 20;          // SGLANG_RETRACT_DECODE_STEPS
+  uint32_t clip_max_new_tokens = 4096;         // SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+};
+
 struct ServeOptions {
   uint32_t max_num_seqs = 256;
   uint32_t max_num_batched_tokens = 8192;
@@ -119,6 +134,7 @@ struct ServeOptions {
   // steps in flight, output placeholders); see src/serve/engine_batch_queue.cpp.
   bool async_scheduling = false;
   uint64_t seed = 1;
+  SglangOptions sglang;  // the sglang scheduler's own
 };
 
 struct ServeCounters {
@@ -191,6 +207,10 @@ class ServeState {
   uint32_t step_tokens(const Group& g, uint32_t budget) const;
   // Preempts running group g (removing it from `running`): recompute or swap per the options.
   void preempt(uint32_t g);
+  // SGLang's retraction of running group g (ScheduleBatch.retract_decode): its KV is released
+  // with only its prompt's tokens cached (release_req: cache_finished_req without inserting
+  // what it decoded), and it goes to the back of the waiting queue to recompute.
+  void retract(uint32_t g);
   // Picks the victim among the running groups per options().victim; its index in running.
   size_t pick_victim() const;
   // Swaps a swapped group back in with room for the `new_tokens` per sequence that the step
@@ -210,7 +230,7 @@ class ServeState {
  private:
   bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool count_oom = true);
   void run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, SwapEvent e);
-  void release_seqs(Group& g);
+  void release_seqs(Group& g, uint32_t cached_tokens = UINT32_MAX);
 
   KvCacheManager& kv_;
   ServeOptions options_;
