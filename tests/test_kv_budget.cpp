@@ -52,6 +52,35 @@ TEST_CASE("kv budget: Llama-3.1-8B on an H200 at utilization 0.9, shared_pool", 
   CHECK_THAT(text, Catch::Contains(std::to_string(b.kv_bytes)));
 }
 
+// SGLang's rule (ModelRunner._profile_available_bytes): rest = post-load free - pre-load free x
+// (1 - mem_fraction_static) = F x free - weights, with nothing else subtracted. At 0.8 on the
+// H200: floor(0.8 x 150,109,880,320) - 16,060,522,496 = 104,027,381,760 bytes of KV; the
+// activation peak and the graphs are what they are under vLLM's rule, and live in the rest.
+TEST_CASE("kv budget: SGLang's mem_fraction_static", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  in.mem_fraction_static = 0.8;
+  const Result<KvBudget> r = compute_kv_budget(in);
+  REQUIRE(r.ok());
+  CHECK(r->usable == 120087904256ull);
+  CHECK(r->kv_bytes == 120087904256ull - 16060522496ull);
+  CHECK(r->activation_peak == kActivationPeak);
+  CHECK(r->graph_memory == kGraphMemory);
+  CHECK(r->mem_fraction_static == 0.8);
+  const std::string text = format_kv_budget(*r);
+  CHECK_THAT(text, Catch::Contains("mem_fraction_static 0.8 x the memory free before the weights"));
+  CHECK_THAT(text, Catch::Contains("the rest (27.96 GiB) holds the activation peak and graph "
+                                   "memory (1.45 GiB)\n"));
+  // At 0.1 the weights alone leave no room: the error says so, with the shortfall.
+  in.mem_fraction_static = 0.1;
+  const Result<KvBudget> none = compute_kv_budget(in);
+  REQUIRE(!none.ok());
+  CHECK(none.error().code == ErrorCode::kOutOfMemory);
+  CHECK_THAT(none.error().message, Catch::Contains("mem_fraction_static 0.100") &&
+                                       Catch::Contains("leave less than one KV block"));
+  in.mem_fraction_static = 1.0;
+  CHECK(compute_kv_budget(in).error().code == ErrorCode::kInvalidArgument);
+}
+
 TEST_CASE("kv budget: enforce_eager has no graph memory", "[kv_budget]") {
   KvBudgetInput in = llama8b_h200();
   const Result<KvBudget> graphs = compute_kv_budget(in);

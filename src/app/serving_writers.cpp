@@ -44,7 +44,9 @@ constexpr ColumnDoc kServingColumns[] = {
 
 constexpr ColumnDoc kKvBudgetLines[] = {
     {"capacity", "the GPU's capacity"},
-    {"usable", "floor(gpu_memory_utilization x capacity)"},
+    {"usable",
+     "floor(gpu_memory_utilization x capacity), or SGLang's mem_fraction_static x the memory "
+     "free before the weights"},
     {"- weights", "the model's weight bytes"},
     {"- activation peak",
      "peak allocated bytes of vLLM's profile run (one forward pass of max_num_batched_tokens, "

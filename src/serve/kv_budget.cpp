@@ -250,7 +250,16 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   MEMSIM_ASSIGN_OR_RETURN(b.comm, comm_memory(in.gpu, in.parallel, in.comm));
   // What the device has free once NCCL and the custom all-reduce hold theirs (vLLM's snapshot).
   const uint64_t free_at_start = b.capacity - std::min(b.capacity, b.comm.total());
-  if (b.comm.total() > 0 && free_at_start < b.usable)
+  const bool sglang = in.mem_fraction_static > 0;
+  if (sglang) {
+    if (!(in.mem_fraction_static < 1))
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("kv budget: mem_fraction_static {} is not in (0, 1)",
+                                    in.mem_fraction_static));
+    b.usable = static_cast<uint64_t>(in.mem_fraction_static * static_cast<double>(free_at_start));
+    b.mem_fraction_static = in.mem_fraction_static;
+  }
+  if (!sglang && b.comm.total() > 0 && free_at_start < b.usable)
     return make_error(
         ErrorCode::kOutOfMemory,
         fmt::format("kv budget: free memory on startup ({} of {}, after NCCL {} and the custom "
@@ -290,17 +299,23 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
     MEMSIM_ASSIGN_OR_RETURN(b.graph_memory, graph_memory(rank, after_weights, b.capture_sizes));
   }
 
-  const uint64_t needed = b.weights + b.activation_peak + b.graph_memory;
+  const uint64_t needed =
+      b.weights + (sglang ? 0 : b.activation_peak + b.graph_memory);  // SGLang: in the reserve
   const uint64_t block_bytes = uint64_t{in.kv_block_size} * b.kv_bytes_per_token;
   if (b.usable < needed + block_bytes)
     return make_error(
         ErrorCode::kOutOfMemory,
-        fmt::format("kv budget: no memory for the KV cache: {:.3f} x {} = {} usable, but weights "
-                    "{} + activations {} + graphs {} = {} leave less than one KV block ({} B); "
-                    "short by {} B",
-                    in.gpu_memory_utilization, gib(b.capacity), gib(b.usable), gib(b.weights),
-                    gib(b.activation_peak), gib(b.graph_memory), gib(needed), block_bytes,
-                    needed + block_bytes - b.usable),
+        sglang ? fmt::format("kv budget: no memory for the KV cache: mem_fraction_static {:.3f} x "
+                             "{} free = {}, but the weights ({}) leave less than one KV block "
+                             "({} B); short by {} B",
+                             in.mem_fraction_static, gib(free_at_start), gib(b.usable),
+                             gib(b.weights), block_bytes, needed + block_bytes - b.usable)
+               : fmt::format("kv budget: no memory for the KV cache: {:.3f} x {} = {} usable, but "
+                             "weights {} + activations {} + graphs {} = {} leave less than one KV "
+                             "block ({} B); short by {} B",
+                             in.gpu_memory_utilization, gib(b.capacity), gib(b.usable),
+                             gib(b.weights), gib(b.activation_peak), gib(b.graph_memory),
+                             gib(needed), block_bytes, needed + block_bytes - b.usable),
         needed + block_bytes - b.usable);
   b.kv_bytes = b.usable - needed;
   b.kv_tokens = b.kv_bytes_per_token ? b.kv_bytes / b.kv_bytes_per_token : 0;
@@ -354,15 +369,20 @@ std::string format_kv_budget(const KvBudget& b) {
                         b.capture_sizes.back());
   std::string out;
   out += line("capacity", b.capacity, "");
-  out +=
-      line("usable", b.usable, fmt::format("gpu_memory_utilization {}", b.gpu_memory_utilization));
+  const bool sglang = b.mem_fraction_static > 0;
+  out += line("usable", b.usable,
+              sglang ? fmt::format("mem_fraction_static {} x the memory free before the weights "
+                                   "(SGLang)",
+                                   b.mem_fraction_static)
+                     : fmt::format("gpu_memory_utilization {}", b.gpu_memory_utilization));
   out += line("- weights", b.weights, "");
-  out += line("- activation peak", b.activation_peak,
+  // SGLang sizes its pool without them: they come out of the rest.
+  out += line(sglang ? "  activation peak" : "- activation peak", b.activation_peak,
               fmt::format("profile run: {} tokens, {}; allocator reserved {}", b.profile_tokens,
                           b.stage.last ? fmt::format("sampler on {} rows", b.sampler_rows)
                                        : std::string("no sampler (not the last stage)"),
                           gib(b.activation_reserved_peak)));
-  out += line("- graph memory", b.graph_memory,
+  out += line(sglang ? "  graph memory" : "- graph memory", b.graph_memory,
               b.capture_sizes.empty()
                   ? b.graph_strategy
                   : fmt::format("{}, captures: {} largest first (the GEMM workspace apart)",
@@ -370,6 +390,17 @@ std::string format_kv_budget(const KvBudget& b) {
   out += line("= kv cache", b.kv_bytes,
               fmt::format("{} tokens at {} B/token, {} blocks of {}", b.kv_tokens,
                           b.kv_bytes_per_token, b.kv_blocks, b.kv_block_size));
+  if (sglang) {
+    const uint64_t free = b.capacity - std::min(b.capacity, b.comm.total());
+    const uint64_t reserve = free - std::min(free, b.usable);
+    const uint64_t wanted = b.activation_peak + b.graph_memory;
+    out += fmt::format("  the rest ({}) holds the activation peak and graph memory ({}){}\n",
+                       gib(reserve), gib(wanted),
+                       wanted > reserve
+                           ? ": it does not, and SGLang would run out of memory in the first "
+                             "large prefill or at graph capture"
+                           : "");
+  }
   if (b.pipeline_parallel > 1)
     out += fmt::format("  pipeline stage {} of {}: layers {}..{}{}{}\n", b.stage.index,
                        b.pipeline_parallel, b.stage.first_layer,

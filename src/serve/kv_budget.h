@@ -66,7 +66,11 @@ struct KvBudgetInput {
   bool export_profile_snapshot = false;  // record the profile run as a PyTorch snapshot
   ModelShape model;
   GpuSpec gpu;
-  double gpu_memory_utilization = 0.9;     // (0, 1]
+  double gpu_memory_utilization = 0.9;  // (0, 1]
+  // > 0: SGLang's rule instead (ModelRunner._profile_available_bytes): the KV pool is what is
+  // left of mem_fraction_static x the memory free before the weights load (after NCCL's) once
+  // the weights are in; activations and graphs live in the rest, not subtracted.
+  double mem_fraction_static = 0;
   uint32_t max_num_batched_tokens = 8192;  // the profile run's token count (vLLM profile_run)
   uint32_t max_num_seqs = 256;
   bool enforce_eager = false;  // no CUDA graphs: graph memory 0
@@ -107,6 +111,7 @@ struct KvBudget {
   uint64_t kv_blocks = 0;  // kv_bytes / (kv_block_size x kv_bytes_per_token)
   uint32_t kv_block_size = 0;
   double gpu_memory_utilization = 0;
+  double mem_fraction_static = 0;       // > 0: SGLang's rule sized it (usable = that x free)
   std::string graph_strategy;           // "none (enforce_eager)" when eager
   std::vector<uint32_t> capture_sizes;  // captured (empty when eager)
   uint32_t profile_tokens = 0;          // max_num_batched_tokens

@@ -37,9 +37,9 @@ const ConfigKeys& serving_config_keys() {
         "sample_interval_ms", "seed", "grid", "step_profile_scale", "parallel"}},
       {"parallel", parallel_keys()},
       {"engine",
-       {"gpu_memory_utilization", "enforce_eager", "graph_memory", "kv_budget", "max_model_len",
-        "validate_content", "validate_sample", "gpu_layers", "step_time", "gpu_step",
-        "export_snapshot"}},
+       {"gpu_memory_utilization", "mem_fraction_static", "enforce_eager", "graph_memory",
+        "kv_budget", "max_model_len", "validate_content", "validate_sample", "gpu_layers",
+        "step_time", "gpu_step", "export_snapshot"}},
       {"step_profile_scale", {"decode", "prefill"}},
       {"scheduler", {}, "schedulers()"},
       {"kv", {}, "kv_strategies()"},
@@ -52,6 +52,7 @@ namespace {
 
 struct EngineSettings {
   double gpu_memory_utilization = 0.9;
+  double mem_fraction_static = 0;  // > 0: SGLang's budget rule instead
   bool enforce_eager = false;
   std::string graph_memory = "shared_pool";
   uint64_t kv_budget = 0;
@@ -69,8 +70,17 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   if (auto v = node.find("export_snapshot")) e.export_snapshot = v->as_bool();
   if (auto v = node.find("step_time")) e.step_time = v->as_choice({"auto", "roofline", "profile"});
   if (auto v = node.find("gpu_step")) e.gpu_step = v->as_choice({"attention", "model"});
-  if (auto v = node.find("gpu_memory_utilization"))
+  if (auto v = node.find("gpu_memory_utilization")) {
     e.gpu_memory_utilization = v->as_double_in(0.01, 1.0);
+    e.mem_fraction_static = 0;  // the rule this node names wins over an inherited one
+  }
+  if (auto v = node.find("mem_fraction_static")) {
+    if (node.has("gpu_memory_utilization"))
+      v->fail(
+          "give gpu_memory_utilization (vLLM's budget rule) or mem_fraction_static (SGLang's), "
+          "not both");
+    e.mem_fraction_static = v->as_double_in(0.01, 0.99);
+  }
   if (auto v = node.find("enforce_eager")) e.enforce_eager = v->as_bool();
   if (auto v = node.find("graph_memory")) {
     std::vector<std::string> names = graph_strategies().names();
@@ -373,6 +383,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     run.serve = s.options;
     run.serve.max_model_len = e.max_model_len;
     run.gpu_memory_utilization = e.gpu_memory_utilization;
+    run.mem_fraction_static = e.mem_fraction_static;
     run.enforce_eager = e.enforce_eager;
     run.export_snapshot = e.export_snapshot;
     run.graph_memory = e.graph_memory;
@@ -448,6 +459,7 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     in.model = c.model;
     in.gpu = c.gpu;
     in.gpu_memory_utilization = r.gpu_memory_utilization;
+    in.mem_fraction_static = r.mem_fraction_static;
     in.max_num_batched_tokens = r.serve.max_num_batched_tokens;
     in.max_num_seqs = r.serve.max_num_seqs;
     in.enforce_eager = r.enforce_eager;
@@ -458,9 +470,9 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     in.parallel = c.parallel.sizes;
     in.comm = c.parallel.comm;
     const std::string key =
-        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", in.gpu_memory_utilization, in.max_num_batched_tokens,
-                    in.max_num_seqs, in.enforce_eager, in.graph_strategy, in.max_model_len,
-                    in.kv_block_size, in.export_profile_snapshot);
+        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", in.mem_fraction_static, in.gpu_memory_utilization,
+                    in.max_num_batched_tokens, in.max_num_seqs, in.enforce_eager, in.graph_strategy,
+                    in.max_model_len, in.kv_block_size, in.export_profile_snapshot);
     auto it = budgets.find(key);
     if (it == budgets.end()) it = budgets.emplace(key, engine_budget(in)).first;
     if (it->second.ok()) {

@@ -31,6 +31,7 @@ struct ServingRunSpec {
   std::string scheduler;
   ServeOptions serve;
   double gpu_memory_utilization = 0.9;
+  double mem_fraction_static = 0;  // engine.mem_fraction_static: SGLang's budget rule (> 0)
   bool enforce_eager = false;
   // engine.export_snapshot: the profile run's allocator timeline (the run's caching allocator
   // on the sim backend) written as a PyTorch snapshot, snapshots/<label>_profile_run.pickle.
