@@ -1,5 +1,6 @@
 // Tests of Sma and its MemoryHeap: best fit, coalescing, split rules, stream-aware reuse, GC,
-// VMM growth and trimming, the device_malloc region, out of memory, misuse, and fuzzing.
+// VMM growth and trimming, the device_malloc region, out of memory, misuse (fuzzing:
+// test_sma_fuzz.cpp).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -15,93 +16,10 @@
 #include "src/alloc/registry.h"
 #include "src/alloc/sma.h"
 #include "src/config/config_node.h"
+#include "tests/sma_test_util.h"
 
 namespace memsim {
-namespace {
-
-constexpr uint64_t kK = 1ull << 10;
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kG = 2 * kMiB;  // granularity
-constexpr StreamId kS0{0};
-constexpr StreamId kS1{1};
-constexpr StreamId kS2{2};
-constexpr StreamId kS3{3};
-using Region = SmaConfig::Region;
-using P = Primitive;
-
-GpuSpec test_gpu(uint64_t capacity) {
-  GpuSpec g;
-  g.name = "test";
-  g.capacity = capacity;
-  g.granularity = kG;
-  g.va_space = 1ull << 40;
-  return g;  // every cost term 0: these tests count bytes and calls, not time
-}
-
-struct Sim {
-  explicit Sim(uint64_t capacity = 256 * kMiB) : b(test_gpu(capacity), clock) {}
-  SimClock clock;
-  SimBackend b;
-};
-
-SmaConfig heap_of(uint64_t bytes, Region region = Region::kVmm) {
-  SmaConfig c;
-  c.heap_size = bytes;
-  c.region = region;
-  return c;
-}
-
-void require_invariants(const Sma& a) {
-  std::string why;
-  const bool ok = a.check_invariants(&why);
-  INFO(why);
-  REQUIRE(ok);
-}
-
-void require_invariants(const MemoryHeap& h) {
-  std::string why;
-  const bool ok = h.check_invariants(&why);
-  INFO(why);
-  REQUIRE(ok);
-}
-
-void require_invariants(const SimBackend& b) {
-  std::string why;
-  const bool ok = b.check_invariants(&why);
-  INFO(why);
-  REQUIRE(ok);
-}
-
-DevPtr must_malloc(Sma& a, uint64_t bytes, StreamId s = kS0) {
-  auto r = a.malloc(bytes, s);
-  INFO((r.ok() ? std::string() : r.error().message));
-  REQUIRE(r.ok());
-  return *r;
-}
-
-void must_free(Sma& a, DevPtr p) {
-  REQUIRE(a.free(p).ok());
-}
-
-uint64_t live_size(const Sma& a, DevPtr p) {
-  for (const LiveBlock& b : a.live_blocks())
-    if (b.ptr == p) return b.size;
-  return 0;
-}
-
-bool same_stats(const AllocatorStats& x, const AllocatorStats& y) {
-  return x.reserved_bytes == y.reserved_bytes && x.peak_reserved_bytes == y.peak_reserved_bytes &&
-         x.allocated_bytes == y.allocated_bytes &&
-         x.peak_allocated_bytes == y.peak_allocated_bytes &&
-         x.requested_bytes == y.requested_bytes && x.segments == y.segments &&
-         x.live_blocks == y.live_blocks && x.segment_allocs == y.segment_allocs &&
-         x.segment_releases == y.segment_releases && x.ooms == y.ooms;
-}
-
-// Idle ranges as offset -> size, for exact comparisons.
-using Ranges = std::map<uint64_t, uint64_t>;
-
-}  // namespace
+using namespace sma_test;
 
 TEST_CASE("heap: best fit takes the smallest range that fits, lowest offset first", "[sma][heap]") {
   MemoryHeap h(100 * kK);
@@ -262,10 +180,20 @@ TEST_CASE("sma: max_split_size keeps big blocks whole and limits their reuse", "
   REQUIRE(a.release_all().ok());
 }
 
-TEST_CASE("sma: a block freed on one stream is reused by another only after synchronize()",
-          "[sma][stream]") {
+// cross_stream: sync (and merge: eager), the model before the seed's events.
+SmaConfig sync_eager() {
+  SmaConfig c;
+  c.cross_stream = SmaConfig::CrossStream::kSync;
+  c.merge = SmaConfig::Merge::kEager;
+  return c;
+}
+
+TEST_CASE(
+    "sma: under cross_stream sync a block freed on one stream is reused by another only "
+    "after synchronize()",
+    "[sma][stream]") {
   Sim sim;
-  Sma a(sim.b);
+  Sma a(sim.b, sync_eager());
   const DevPtr p1 = must_malloc(a, 20 * kMiB, kS1);  // a 20 MiB chunk, exactly
   const DevPtr base = a.base();
   must_free(a, p1);
@@ -283,9 +211,12 @@ TEST_CASE("sma: a block freed on one stream is reused by another only after sync
   REQUIRE(a.release_all().ok());
 }
 
-TEST_CASE("sma: neighbours freed on different streams merge at synchronize()", "[sma][stream]") {
+TEST_CASE(
+    "sma: under cross_stream sync and merge eager, neighbours freed on different streams "
+    "merge at synchronize()",
+    "[sma][stream]") {
   Sim sim;
-  Sma a(sim.b);
+  Sma a(sim.b, sync_eager());
   const DevPtr x = must_malloc(a, kMiB, kS1);  // small chunk: x + a ready 1 MiB remainder
   const DevPtr y = must_malloc(a, kMiB, kS2);  // fresh memory is ready: any stream takes it
   CHECK(y == x + kMiB);
@@ -303,6 +234,67 @@ TEST_CASE("sma: neighbours freed on different streams merge at synchronize()", "
   CHECK(must_malloc(a, kMiB, kS3) == x);
   require_invariants(a);
   REQUIRE(a.release_all().ok());
+}
+
+// The seed's stream synchronization (§6.3): a block freed on s1 serves s2 at once, s2 waiting
+// on the event recorded on s1; s1's own reuse waits on nothing. A synchronization clears the
+// events.
+TEST_CASE(
+    "sma: under cross_stream event another stream reuses a block at once, waiting on its "
+    "event",
+    "[sma][stream]") {
+  Sim sim;
+  Sma a(sim.b);
+  REQUIRE(a.config().cross_stream == SmaConfig::CrossStream::kEvent);
+  const DevPtr p1 = must_malloc(a, 20 * kMiB, kS1);
+  must_free(a, p1);
+  CHECK(must_malloc(a, 20 * kMiB, kS1) == p1);
+  CHECK(a.event_waits() == 0);
+  must_free(a, p1);
+  CHECK(must_malloc(a, 20 * kMiB, kS2) == p1);  // no new chunk
+  CHECK(a.event_waits() == 1);
+  CHECK(a.stats().reserved_bytes == 20 * kMiB);
+  must_free(a, p1);
+  REQUIRE(a.synchronize().ok());
+  CHECK(must_malloc(a, 20 * kMiB, kS3) == p1);
+  CHECK(a.event_waits() == 1);  // the synchronization ordered it
+  require_invariants(a);
+  REQUIRE(a.release_all().ok());
+}
+
+// The seed's merging (§4.3): a freed block stays as it is; neighbours merge when the cache goes
+// back to the heap. x and y (6 MiB each) split a 20 MiB chunk (8 MiB left cached); both freed,
+// merge gc caches 6 + 6 + 8 MiB apart, so 15 MiB finds no block and takes a second chunk (16
+// MiB, 36 MiB reserved), where merge eager has one 20 MiB block and splits it (x again, 20 MiB
+// reserved). empty_cache() then merges what is cached and returns it: the heap's used end is
+// z's, 36 MiB (gc: the free first chunk below it stays mapped) or 15 MiB (16 in granules).
+TEST_CASE("sma: merge gc leaves freed neighbours apart until memory goes back to the heap",
+          "[sma][gc]") {
+  for (const auto merge : {SmaConfig::Merge::kGc, SmaConfig::Merge::kEager}) {
+    const bool gc = merge == SmaConfig::Merge::kGc;
+    INFO((gc ? "gc" : "eager"));
+    Sim sim;
+    SmaConfig cfg;
+    cfg.merge = merge;
+    Sma a(sim.b, cfg);
+    const DevPtr x = must_malloc(a, 6 * kMiB, kS1);
+    const DevPtr y = must_malloc(a, 6 * kMiB, kS1);
+    REQUIRE(y == x + 6 * kMiB);
+    must_free(a, x);
+    must_free(a, y);
+    CHECK(a.cached_blocks() == (gc ? 3u : 1u));
+    require_invariants(a);
+    const DevPtr z = must_malloc(a, 15 * kMiB, kS1);
+    CHECK(z == (gc ? x + 20 * kMiB : x));
+    CHECK(a.stats().reserved_bytes == (gc ? 36 : 20) * kMiB);
+    require_invariants(a);
+    REQUIRE(a.empty_cache().ok());
+    CHECK(a.cached_blocks() == 0);
+    CHECK(a.stats().reserved_bytes == (gc ? 36 : 16) * kMiB);  // z's chunk ends at 36 MiB
+    require_invariants(a);
+    must_free(a, z);
+    REQUIRE(a.release_all().ok());
+  }
 }
 
 TEST_CASE("sma: garbage collection releases least recently freed blocks and trims", "[sma][gc]") {
@@ -542,8 +534,8 @@ TEST_CASE("sma: the registry parses its keys and rejects bad values", "[sma][reg
   const AllocatorEntry* info = caching_allocators().find("sma");
   REQUIRE(info != nullptr);
   CHECK(info->keys == std::vector<std::string>{"region", "heap_size", "max_split_size",
-                                               "garbage_collection_threshold",
-                                               "base_addr_aligned"});
+                                               "garbage_collection_threshold", "base_addr_aligned",
+                                               "cross_stream", "merge"});
   const ConfigNode node = ConfigNode::parse(
       "{region: device_malloc, heap_size: 32MiB, max_split_size: 64MiB, "
       "garbage_collection_threshold: 0.5, base_addr_aligned: 4KiB}",
@@ -565,157 +557,6 @@ TEST_CASE("sma: the registry parses its keys and rejects bad values", "[sma][reg
         "{base_addr_aligned: 256}", "{heap_size: 2PiB}"}) {
     INFO(bad);
     CHECK_THROWS_AS(info->parse(ConfigNode::parse(bad, "test")), ConfigError);
-  }
-}
-
-namespace {
-
-// Ranges freed on a stream since the last synchronization (caller's view: [p, p + rounded)).
-// A malloc on another stream must not return any part of one.
-class PendingShadow {
- public:
-  void add(uint64_t start, uint64_t end, uint32_t stream) {
-    erase(start, end);
-    ranges_.emplace(start, Range{end, stream});
-  }
-  // Whether [start, end) overlaps a range pending on a stream other than `stream`.
-  bool conflicts(uint64_t start, uint64_t end, uint32_t stream) const {
-    auto it = ranges_.upper_bound(start);
-    if (it != ranges_.begin()) --it;
-    for (; it != ranges_.end() && it->first < end; ++it)
-      if (it->second.end > start && it->second.stream != stream) return true;
-    return false;
-  }
-  void erase(uint64_t start, uint64_t end) {
-    auto it = ranges_.upper_bound(start);
-    if (it != ranges_.begin()) --it;
-    while (it != ranges_.end() && it->first < end) {
-      const uint64_t s = it->first;
-      const Range r = it->second;
-      if (r.end <= start) {
-        ++it;
-        continue;
-      }
-      it = ranges_.erase(it);
-      if (s < start) ranges_.emplace(s, Range{start, r.stream});
-      if (r.end > end) ranges_.emplace(end, Range{r.end, r.stream});
-    }
-  }
-  void clear() { ranges_.clear(); }
-
- private:
-  struct Range {
-    uint64_t end;
-    uint32_t stream;
-  };
-  std::map<uint64_t, Range> ranges_;
-};
-
-void fuzz(SmaConfig cfg, uint64_t capacity, uint32_t seed) {
-  Sim sim(capacity);
-  Sma a(sim.b, cfg);
-  std::mt19937_64 rng(seed);
-  std::map<DevPtr, uint64_t> live;  // ptr -> requested
-  std::vector<DevPtr> order;        // live pointers, for random frees
-  std::map<DevPtr, uint32_t> stream_of;
-  PendingShadow pending;
-  uint64_t ooms = 0, mallocs = 0;
-  auto size_of = [&]() -> uint64_t {
-    const uint64_t pick = rng() % 100;
-    if (pick < 60) return 1 + rng() % kMiB;
-    if (pick < 90) return kMiB + 1 + rng() % (9 * kMiB);
-    return 10 * kMiB + rng() % (30 * kMiB);
-  };
-  for (int op = 0; op < 100000; ++op) {
-    // Phases of 4000 ops alternately fill the heap (to out of memory) and drain it.
-    const bool filling = (op / 4000) % 2 == 0;
-    const uint64_t pick = rng() % 1000;
-    if (pick < (filling ? 600u : 380u)) {
-      const uint64_t bytes = size_of();
-      const StreamId stream{static_cast<uint32_t>(rng() % 3)};
-      const AllocatorStats before = a.stats();
-      const uint64_t syncs = a.synchronizations();
-      auto r = a.malloc(bytes, stream);
-      if (a.synchronizations() != syncs) pending.clear();
-      if (!r.ok()) {
-        REQUIRE(r.error().code == ErrorCode::kOutOfMemory);
-        AllocatorStats expect = before;
-        ++expect.ooms;
-        REQUIRE(same_stats(a.stats(), expect));
-        ++ooms;
-        continue;
-      }
-      ++mallocs;
-      const DevPtr p = *r;
-      const uint64_t end = p + Sma::round_size(bytes);
-      REQUIRE(p >= a.base());
-      REQUIRE(end <= a.base() + a.heap_size());
-      auto next = live.lower_bound(p);
-      if (next != live.end()) REQUIRE(next->first >= end);
-      if (next != live.begin()) {
-        auto prev = std::prev(next);
-        REQUIRE(prev->first + Sma::round_size(prev->second) <= p);
-      }
-      REQUIRE_FALSE(pending.conflicts(p, end, stream.id));
-      pending.erase(p, end);
-      live.emplace(p, bytes);
-      stream_of[p] = stream.id;
-      order.push_back(p);
-    } else if (pick < 970 && !order.empty()) {
-      const size_t k = rng() % order.size();
-      const DevPtr p = order[k];
-      order[k] = order.back();
-      order.pop_back();
-      REQUIRE(a.free(p).ok());
-      pending.add(p, p + Sma::round_size(live.at(p)), stream_of.at(p));
-      live.erase(p);
-    } else if (pick < 990) {
-      REQUIRE(a.synchronize().ok());
-      pending.clear();
-    } else if (pick < 995) {
-      REQUIRE(a.empty_cache().ok());
-      pending.clear();
-      if (cfg.region == Region::kVmm)
-        REQUIRE(a.stats().reserved_bytes ==
-                (a.heap().used_end() + kG - 1) / kG * kG);  // the tail is unmapped
-    }
-    if (op % 64 == 0) {
-      require_invariants(a);
-      REQUIRE(a.stats().live_blocks == live.size());
-      REQUIRE(sim.b.usage().physical_bytes == a.stats().reserved_bytes);
-    }
-  }
-  require_invariants(a);
-  require_invariants(sim.b);
-  INFO("mallocs " << mallocs << ", ooms " << ooms << ", gc runs " << a.gc_runs());
-  CHECK(mallocs > 10000);
-  CHECK(ooms > 0);
-  REQUIRE(a.release_all().ok());
-  CHECK(a.stats().reserved_bytes == 0);
-  CHECK(a.stats().segment_allocs == a.stats().segment_releases);
-  CHECK(sim.b.usage().physical_bytes == 0);
-  CHECK(sim.b.usage().virtual_reserved == 0);
-  require_invariants(a);
-  require_invariants(sim.b);
-}
-
-}  // namespace
-
-TEST_CASE("sma: fuzzing keeps the invariants and gives everything back", "[sma][fuzz]") {
-  SECTION("vmm, defaults") {
-    fuzz(heap_of(256 * kMiB), 256 * kMiB, 1);
-  }
-  SECTION("vmm, GC, max_split_size, 4 KiB alignment, heap over the device") {
-    SmaConfig cfg = heap_of(384 * kMiB);
-    cfg.garbage_collection_threshold = 0.6;
-    cfg.max_split_size = 32 * kMiB;
-    cfg.base_addr_aligned = 4 * kK;
-    fuzz(cfg, 256 * kMiB, 2);
-  }
-  SECTION("device_malloc, GC") {
-    SmaConfig cfg = heap_of(192 * kMiB, Region::kDeviceMalloc);
-    cfg.garbage_collection_threshold = 0.5;
-    fuzz(cfg, 256 * kMiB, 3);
   }
 }
 

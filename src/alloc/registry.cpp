@@ -92,6 +92,12 @@ SmaConfig parse_sma(const ConfigNode& node) {
     if (c.max_split_size <= Sma::kLargeBuffer)
       v->fail("must be above 20 MiB (PyTorch's max_split_size_mb lower bound)");
   }
+  if (auto v = node.find("cross_stream"))
+    c.cross_stream = v->as_choice({"event", "sync"}) == "event" ? SmaConfig::CrossStream::kEvent
+                                                                : SmaConfig::CrossStream::kSync;
+  if (auto v = node.find("merge"))
+    c.merge =
+        v->as_choice({"gc", "eager"}) == "gc" ? SmaConfig::Merge::kGc : SmaConfig::Merge::kEager;
   if (auto v = node.find("garbage_collection_threshold")) {
     c.garbage_collection_threshold = v->as_double_in(0, 1);
     if (c.garbage_collection_threshold >= 1) v->fail("must be below 1 (0 = off)");
@@ -139,7 +145,7 @@ const Registry<AllocatorEntry>& caching_allocators() {
            "zbccl's SMA: best-fit coalescing heap over one region (VMM or cudaMalloc) under a "
            "block cache with stream-aware reuse",
            {"region", "heap_size", "max_split_size", "garbage_collection_threshold",
-            "base_addr_aligned"},
+            "base_addr_aligned", "cross_stream", "merge"},
            parse_into<Sma>(parse_sma)},
           {"cuda_async",
            "the driver's stream-ordered pool (cudaMallocAsync; PyTorch backend:cudaMallocAsync)",

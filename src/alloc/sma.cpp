@@ -26,132 +26,6 @@ void add_stat(uint64_t& current, uint64_t& peak, uint64_t amount) {
 
 }  // namespace
 
-// ---- MemoryHeap -----------------------------------------------------------------------------
-
-// Seed §4.1: the whole region starts as one free range.
-MemoryHeap::MemoryHeap(uint64_t size) : size_(size) {
-  if (size != 0) add_idle(0, size);
-}
-
-void MemoryHeap::add_idle(uint64_t offset, uint64_t bytes) {
-  address_idle_tree_.emplace(offset, bytes);
-  size_idle_tree_.emplace(bytes, offset);
-}
-
-void MemoryHeap::erase_idle(std::map<uint64_t, uint64_t>::iterator it) {
-  size_idle_tree_.erase({it->second, it->first});
-  address_idle_tree_.erase(it);
-}
-
-// Seed §4.2 step 3: best fit in size_idle_tree_, split, the rest stays in the idle trees.
-std::optional<uint64_t> MemoryHeap::aligned_allocate(uint64_t alignment, uint64_t bytes) {
-  if (bytes == 0 || !std::has_single_bit(alignment)) return std::nullopt;
-  for (auto it = size_idle_tree_.lower_bound({bytes, 0}); it != size_idle_tree_.end(); ++it) {
-    const auto [len, off] = *it;
-    const uint64_t start = round_up(off, alignment);
-    const uint64_t pad = start - off;
-    if (pad > len || len - pad < bytes) continue;  // the padding leaves too little
-    erase_idle(address_idle_tree_.find(off));
-    // Neither piece touches another free range: `off..off+len` was a maximal free range.
-    if (pad != 0) add_idle(off, pad);
-    if (len - pad > bytes) add_idle(start + bytes, len - pad - bytes);
-    address_used_tree_.emplace(start, bytes);
-    used_bytes_ += bytes;
-    return start;
-  }
-  return std::nullopt;
-}
-
-Status MemoryHeap::release(uint64_t offset) {
-  auto it = address_used_tree_.find(offset);
-  if (it == address_used_tree_.end())
-    return make_error(ErrorCode::kInvalidArgument, "heap: no used range starts at this offset");
-  return release(offset, it->second);
-}
-
-// Seed §4.3 step 3: find the neighbours in address_idle_tree_ and merge with the free ones,
-// updating size_idle_tree_ alike.
-Status MemoryHeap::release(uint64_t offset, uint64_t bytes) {
-  auto it = address_used_tree_.upper_bound(offset);
-  if (it == address_used_tree_.begin())
-    return make_error(ErrorCode::kInvalidArgument, "heap: release outside every used range");
-  --it;
-  const uint64_t used_start = it->first;
-  const uint64_t used_end = used_start + it->second;
-  if (bytes == 0 || offset >= used_end || bytes > used_end - offset)
-    return make_error(ErrorCode::kInvalidArgument, "heap: release outside one used range");
-  address_used_tree_.erase(it);
-  if (offset > used_start) address_used_tree_.emplace(used_start, offset - used_start);
-  if (offset + bytes < used_end)
-    address_used_tree_.emplace(offset + bytes, used_end - offset - bytes);
-  used_bytes_ -= bytes;
-
-  uint64_t start = offset;
-  uint64_t len = bytes;
-  auto next = address_idle_tree_.find(offset + bytes);
-  if (next != address_idle_tree_.end()) {
-    len += next->second;
-    erase_idle(next);
-  }
-  auto prev = address_idle_tree_.lower_bound(offset);
-  if (prev != address_idle_tree_.begin()) {
-    --prev;
-    if (prev->first + prev->second == offset) {
-      start = prev->first;
-      len += prev->second;
-      erase_idle(prev);
-    }
-  }
-  add_idle(start, len);
-  return {};
-}
-
-uint64_t MemoryHeap::used_end() const {
-  if (address_used_tree_.empty()) return 0;
-  const auto& [offset, bytes] = *address_used_tree_.rbegin();
-  return offset + bytes;
-}
-
-uint64_t MemoryHeap::largest_idle() const {
-  return size_idle_tree_.empty() ? 0 : size_idle_tree_.rbegin()->first;
-}
-
-bool MemoryHeap::check_invariants(std::string* why) const {
-  auto fail = [&](const std::string& msg) {
-    if (why != nullptr) *why = msg;
-    return false;
-  };
-  if (size_idle_tree_.size() != address_idle_tree_.size())
-    return fail("the idle trees hold different numbers of ranges");
-  // Walk used and idle ranges together in address order: they must tile [0, size).
-  auto u = address_used_tree_.begin();
-  auto i = address_idle_tree_.begin();
-  uint64_t cursor = 0, used = 0;
-  bool last_idle = false;
-  while (u != address_used_tree_.end() || i != address_idle_tree_.end()) {
-    const bool idle =
-        u == address_used_tree_.end() || (i != address_idle_tree_.end() && i->first < u->first);
-    const auto [off, len] = idle ? *i : *u;
-    const std::string at = (idle ? "idle range " : "used range ") + std::to_string(off) + ": ";
-    if (off != cursor)
-      return fail(at + "leaves a gap or overlaps (expected " + std::to_string(cursor) + ")");
-    if (len == 0 || len > size_ - cursor) return fail(at + "empty or past the end");
-    if (idle) {
-      if (last_idle) return fail(at + "touches the previous idle range (not coalesced)");
-      if (size_idle_tree_.count({len, off}) == 0) return fail(at + "missing from size_idle_tree_");
-      ++i;
-    } else {
-      used += len;
-      ++u;
-    }
-    last_idle = idle;
-    cursor += len;
-  }
-  if (cursor != size_) return fail("ranges do not cover the heap");
-  if (used != used_bytes_) return fail("used_bytes counter mismatch");
-  return true;
-}
-
 // ---- Sma: construction, rounding ------------------------------------------------------------
 
 bool Sma::PendingLess::operator()(const Block* a, const Block* b) const {
@@ -348,6 +222,10 @@ Result<Sma::Block*> Sma::new_chunk(Pool& pool, uint64_t bytes) {
 // alloc_found_block(): when splitting, the caller's part keeps the lower address and the rest
 // (the same Block, moved up) stays cached in its state and age.
 Sma::Block* Sma::hand_out(Block* block, uint64_t size, uint64_t requested, StreamId stream) {
+  // kEvent: another stream's reuse waits on the event(s) recorded where the block was freed.
+  if (block->events == Block::Events::kSeveral ||
+      (block->events == Block::Events::kOne && block->stream != stream))
+    ++event_waits_;
   if (should_split(*block, size)) {
     Block* rest = block;
     block = new Block;
@@ -362,6 +240,7 @@ Sma::Block* Sma::hand_out(Block* block, uint64_t size, uint64_t requested, Strea
     rest->size -= size;
     insert_cached(rest);
   }
+  block->events = Block::Events::kNone;
   block->state = State::kLive;
   block->stream = stream;
   block->requested = requested;
@@ -375,10 +254,11 @@ Sma::Block* Sma::hand_out(Block* block, uint64_t size, uint64_t requested, Strea
 // ---- free and the cache ---------------------------------------------------------------------
 
 // Seed §4.3 step 1: the block goes to the FreeList, not the heap, with an event recorded on its
-// stream (here: pending on it). The seed merges neighbours only at GC (§4.3 step 2); this model
-// merges at free like PyTorch's free_block(), so the FreeList never holds two blocks that could
-// be one. A neighbour merges when the result is still reusable by this stream (it is ready or
-// pending on the same stream); one pending on another stream merges at the next synchronize().
+// stream: under kEvent it is ready for any stream (a reuse elsewhere waits on the event), under
+// kSync pending on its stream. Under merge kGc it stays as it is (the seed merges at GC, §4.3
+// step 2); under kEager it merges now like PyTorch's free_block(), with each neighbour whose
+// result is still reusable by this stream (ready, or pending on the same stream); one pending on
+// another stream merges at the next synchronize().
 Status Sma::free(DevPtr p) {
   auto it = live_.find(p);
   if (it == live_.end())
@@ -390,15 +270,19 @@ Status Sma::free(DevPtr p) {
   stats_.requested_bytes -= block->requested;
   --stats_.live_blocks;
   block->requested = 0;
-  block->state = State::kPending;
+  const bool events = config_.cross_stream == SmaConfig::CrossStream::kEvent;
+  block->state = events ? State::kReady : State::kPending;
+  block->events = events ? Block::Events::kOne : Block::Events::kNone;
   block->age = ++age_clock_;
-  if (mergeable(block->prev, block->stream)) absorb(block, block->prev);
-  if (mergeable(block->next, block->stream)) absorb(block, block->next);
+  if (config_.merge == SmaConfig::Merge::kEager) {
+    if (mergeable(block->prev, block->stream)) absorb(block, block->prev);
+    if (mergeable(block->next, block->stream)) absorb(block, block->next);
+  }
   insert_cached(block);
   return {};
 }
 
-bool Sma::mergeable(const Block* neighbour, StreamId stream) {
+bool Sma::mergeable(const Block* neighbour, StreamId stream) const {
   if (neighbour == nullptr || neighbour->state == State::kLive) return false;
   return neighbour->state == State::kReady || neighbour->stream == stream;
 }
@@ -417,6 +301,16 @@ void Sma::absorb(Block* dst, Block* src) {
   }
   dst->size += src->size;
   dst->age = std::max(dst->age, src->age);
+  if (src->events != Block::Events::kNone) {  // a wait on every stream either was freed on
+    const bool same = dst->events == Block::Events::kOne && src->events == Block::Events::kOne &&
+                      dst->stream == src->stream;
+    if (dst->events == Block::Events::kNone) {
+      dst->events = src->events;
+      dst->stream = src->stream;
+    } else if (!same) {
+      dst->events = Block::Events::kSeveral;
+    }
+  }
   delete src;
 }
 
@@ -441,8 +335,9 @@ void Sma::remove_cached(Block* block) {
   cached_bytes_ -= block->size;
 }
 
-// Seed §6.3 (stream synchronization), as a device-wide sync: every pending block becomes ready,
-// then runs of cached neighbours left apart by different streams merge. O(n log n).
+// A device-wide sync: every pending block becomes ready and no cached block carries an event
+// any more; under merge kEager, runs of cached neighbours left apart by different streams merge.
+// O(n log n).
 Status Sma::synchronize() {
   ++synchronizations_;
   for (Pool* pool : {&small_, &large_}) {
@@ -452,6 +347,12 @@ Status Sma::synchronize() {
     }
     pool->pending.clear();
   }
+  for (Block* block : age_) block->events = Block::Events::kNone;
+  if (config_.merge == SmaConfig::Merge::kEager) merge_cached_runs();
+  return {};
+}
+
+void Sma::merge_cached_runs() {
   // The first block of each run of cached neighbours absorbs the rest (it is never absorbed).
   std::vector<Block*> heads;
   for (Block* block : age_)
@@ -462,7 +363,6 @@ Status Sma::synchronize() {
     while (head->next != nullptr && head->next->state != State::kLive) absorb(head, head->next);
     insert_cached(head);
   }
-  return {};
 }
 
 // Seed §4.3 step 2: MemoryHeap::release of a cached block. Its chunk falls apart there: the
@@ -478,8 +378,11 @@ Status Sma::release_to_heap(Block* block) {
 }
 
 // Releases cached blocks, least recently freed first, until the footprint is at most
-// `footprint_goal` or the cache is empty (goal 0: every cached block). Callers synchronize.
+// `footprint_goal` or the cache is empty (goal 0: every cached block). Callers synchronize. Under
+// merge kGc the runs of cached neighbours merge first (seed §4.3 step 2: the GC merges blocks
+// with their prev_ / next_ before MemoryHeap::release), each as recent as its newest part.
 Status Sma::release_cached(uint64_t footprint_goal) {
+  if (config_.merge == SmaConfig::Merge::kGc) merge_cached_runs();
   while (!age_.empty() && (footprint_goal == 0 || footprint() > footprint_goal))
     MEMSIM_TRY(release_to_heap(*age_.begin()));
   return {};
@@ -706,9 +609,12 @@ bool Sma::check_invariants(std::string* why) const {
       if (b->offset != cursor || b->size == 0 || b->size % kMinBlockSize != 0)
         return fail(why, bat + "does not tile the range in 512 B units");
       if (b->pool != it->second->pool) return fail(why, bat + "pool differs within a chunk");
-      if (last != nullptr && last->state != State::kLive && b->state != State::kLive &&
+      if (config_.merge == SmaConfig::Merge::kEager && last != nullptr &&
+          last->state != State::kLive && b->state != State::kLive &&
           (last->state == State::kReady || b->state == State::kReady || last->stream == b->stream))
         return fail(why, bat + "mergeable cached neighbours left apart");
+      if (b->state == State::kPending && b->events != Block::Events::kNone)
+        return fail(why, bat + "pending with an event (events are kEvent's)");
       if (b->size > off + len - cursor) return fail(why, bat + "runs past the range");
       cursor += b->size;
       ++visited;

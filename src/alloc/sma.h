@@ -12,54 +12,9 @@
 #include <vector>
 
 #include "src/alloc/caching_allocator.h"
+#include "src/alloc/sma_heap.h"
 
 namespace memsim {
-
-// MemoryHeap (the seed's zbccl_sma_mm_heap.h): hands out ranges of offsets in [0, size()).
-// - address_idle_tree_ (offset -> size): free ranges by offset, to find the neighbours to
-//   coalesce with on release;
-// - size_idle_tree_ ((size, offset)): the same free ranges by size, for best fit;
-// - address_used_tree_ (offset -> size): ranges handed out, which validates releases.
-// Free ranges are always coalesced (no two touch), and used + free ranges tile [0, size()).
-// Complexity: release O(log n); aligned_allocate O(log n + k), k = free ranges of size in
-// [bytes, bytes + alignment) whose alignment padding leaves too little (k = 0 when every range
-// is a multiple of `alignment`, as Sma's are with its default 512 B alignment).
-class MemoryHeap {
- public:
-  explicit MemoryHeap(uint64_t size = 0);
-
-  // alignedAllocate(alignment, size): best fit, the smallest free range that holds `bytes` at an
-  // `alignment`-aligned offset (lowest offset among equal sizes); the range is split, the
-  // alignment padding in front and the remainder behind staying free. Returns the offset, or
-  // nothing when no range fits (or bytes == 0, or alignment is not a power of two).
-  std::optional<uint64_t> aligned_allocate(uint64_t alignment, uint64_t bytes);
-  // release(address): frees the whole used range that starts at `offset` and coalesces it with
-  // free neighbours. kInvalidArgument (nothing changed) when no used range starts there.
-  Status release(uint64_t offset);
-  // Frees [offset, offset + bytes), which must lie inside one used range; the parts of that range
-  // on either side stay used, as ranges of their own (the seed's changeSize shrinks a range the
-  // same way). kInvalidArgument (nothing changed) otherwise.
-  Status release(uint64_t offset, uint64_t bytes);
-
-  uint64_t size() const { return size_; }
-  uint64_t used_bytes() const { return used_bytes_; }
-  uint64_t idle_bytes() const { return size_ - used_bytes_; }
-  uint64_t used_end() const;  // one past the highest used byte; 0 when nothing is used
-  uint64_t largest_idle() const;
-  const std::map<uint64_t, uint64_t>& idle_ranges() const { return address_idle_tree_; }
-  const std::map<uint64_t, uint64_t>& used_ranges() const { return address_used_tree_; }
-  bool check_invariants(std::string* why) const;
-
- private:
-  void add_idle(uint64_t offset, uint64_t bytes);  // no coalescing: the caller knows it is not due
-  void erase_idle(std::map<uint64_t, uint64_t>::iterator it);
-
-  uint64_t size_ = 0;
-  uint64_t used_bytes_ = 0;
-  std::map<uint64_t, uint64_t> address_idle_tree_;
-  std::set<std::pair<uint64_t, uint64_t>> size_idle_tree_;  // (size, offset)
-  std::map<uint64_t, uint64_t> address_used_tree_;
-};
 
 // Options of SMAConfig (PYTORCH_NPU_ALLOC_CONF) plus where the heap's region comes from.
 struct SmaConfig {
@@ -82,6 +37,17 @@ struct SmaConfig {
   // base_addr_aligned_kb (in bytes, a power of two >= 512): the alignment of every chunk taken
   // from the heap (the alignment argument of alignedAllocate).
   uint64_t base_addr_aligned = 512;
+  // Cross-stream reuse of a cached block (seed §6.3). kEvent (the seed): any stream may reuse it
+  // at once, inserting a wait on the event recorded where it was freed (event_waits() counts
+  // them). kSync: only the stream it was freed on until a device-wide synchronize().
+  enum class CrossStream : uint8_t { kEvent, kSync };
+  CrossStream cross_stream = CrossStream::kEvent;
+  // When freed blocks merge with cached neighbours. kGc (the seed, §4.3 step 2): only when
+  // cached memory goes back to the heap (garbage collection, empty_cache, the out-of-memory
+  // path), so the cache may hold neighbours a larger request could have used together. kEager:
+  // at free, as PyTorch's free_block does.
+  enum class Merge : uint8_t { kGc, kEager };
+  Merge merge = Merge::kGc;
 };
 
 // Models SecondaryMemoryAllocator + DeviceBlockPool + MemoryHeap as one CachingAllocator:
@@ -91,13 +57,18 @@ struct SmaConfig {
 //   to 2 MiB) from the heap by best fit and splits it (PyTorch's should_split rules).
 // - free caches the block on its stream (merged with free neighbours of its chunk); it returns
 //   to the heap only through garbage collection, empty_cache() or the out-of-memory path.
-// Stream-aware reuse: a cached block remembers the stream it was freed on (the seed records an
-// event there). A malloc on that stream may reuse it at once; another stream only after a
-// synchronization point, synchronize(), which orders all streams after every free so far (the
-// seed inserts a wait event on the reusing stream; this model has no events, so the sync is the
-// ordering). empty_cache(), garbage collection and the out-of-memory path synchronize first, as
-// PyTorch's release paths do (cudaFree / synchronize_and_free_events), so memory back in the
-// heap is never in flight on any stream.
+// Stream-aware reuse: a cached block remembers the stream it was freed on, where the seed records
+// an event. With cross_stream kEvent (the seed) any stream may reuse it at once: a stream other
+// than that one waits on the event first (event_waits counts the waits: one per reuse by another
+// stream, or by any stream of a block merged from parts freed on several). With kSync another
+// stream may reuse it only after a synchronization point, synchronize(), which orders all
+// streams after every free so far. empty_cache(), garbage collection and the out-of-memory path
+// synchronize first, as PyTorch's release paths do (cudaFree / synchronize_and_free_events), so
+// memory back in the heap is never in flight on any stream.
+// Merging: with merge kGc (the seed) a freed block stays as it is in the cache, and runs of
+// cached neighbours merge when cached memory goes back to the heap; with kEager it merges with
+// its cached neighbours at free (those it may merge with: under kSync, ready or pending on the
+// same stream; the rest at the next synchronize()).
 // Out of memory: when the heap has no room, every cached block goes back to the heap (where it
 // coalesces) and the chunk is retried, then a chunk of just the request; if that fails too,
 // malloc returns kOutOfMemory and the stats are as before the call (but for `ooms`).
@@ -144,6 +115,7 @@ class Sma final : public CachingAllocator {
   uint64_t cached_blocks() const { return age_.size(); }
   uint64_t synchronizations() const { return synchronizations_; }
   uint64_t gc_runs() const { return gc_runs_; }
+  uint64_t event_waits() const { return event_waits_; }
 
   static uint64_t round_size(uint64_t bytes);        // >= 512, a multiple of 512
   static uint64_t chunk_size_for(uint64_t rounded);  // PyTorch's get_allocation_size
@@ -168,6 +140,9 @@ class Sma final : public CachingAllocator {
     Block* next = nullptr;
     State state = State::kReady;
     uint64_t age = 0;  // cached blocks: when the memory was last freed (the GC's LRU key)
+    // Cached blocks: the events recorded on them since the last synchronization (kEvent):
+    // none, one on `stream`, or several (parts freed on different streams, merged).
+    enum class Events : uint8_t { kNone, kOne, kSeveral } events = Events::kNone;
   };
   struct PendingLess {  // (stream, size, offset)
     using is_transparent = void;
@@ -199,7 +174,8 @@ class Sma final : public CachingAllocator {
   Block* hand_out(Block* block, uint64_t size, uint64_t requested, StreamId stream);
   void insert_cached(Block* block);
   void remove_cached(Block* block);
-  static bool mergeable(const Block* neighbour, StreamId stream);
+  bool mergeable(const Block* neighbour, StreamId stream) const;
+  void merge_cached_runs();  // every run of cached neighbours becomes one block
   void absorb(Block* dst, Block* src);
   Status release_to_heap(Block* block);
   Status release_cached(uint64_t footprint_goal);
@@ -230,6 +206,7 @@ class Sma final : public CachingAllocator {
   uint64_t age_clock_ = 0;
   uint64_t synchronizations_ = 0;
   uint64_t gc_runs_ = 0;
+  uint64_t event_waits_ = 0;
   AllocatorStats stats_;
 };
 
