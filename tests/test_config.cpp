@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "src/drivers/capture_runner.h"
 #include "src/app/shapes_experiment.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
+#include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
 #include "tests/config_test_util.h"
 
@@ -62,11 +62,14 @@ TEST_CASE("the shipped experiment loads with bare gpu/model names", "[config]") 
   std::vector<std::string> variants;
   for (const Variant& v : c.variants) variants.push_back(v.name());
   CHECK(variants == std::vector<std::string>{
-                        "strong/fixed/full/persistent", "weak/fixed/full/persistent",
-                        "strong/dynamic/full/persistent", "weak/dynamic/full/persistent",
-                        "strong/fixed/piecewise/persistent", "weak/fixed/piecewise/persistent",
-                        "strong/dynamic/piecewise/persistent",
-                        "weak/dynamic/piecewise/persistent"});
+                        "strong/fixed/full/persistent", "strong/fixed/full/per_shape",
+                        "weak/fixed/full/persistent", "weak/fixed/full/per_shape",
+                        "strong/dynamic/full/persistent", "strong/dynamic/full/per_shape",
+                        "weak/dynamic/full/persistent", "weak/dynamic/full/per_shape",
+                        "strong/fixed/piecewise/persistent", "strong/fixed/piecewise/per_shape",
+                        "weak/fixed/piecewise/persistent", "weak/fixed/piecewise/per_shape",
+                        "strong/dynamic/piecewise/persistent", "strong/dynamic/piecewise/per_shape",
+                        "weak/dynamic/piecewise/persistent", "weak/dynamic/piecewise/per_shape"});
   CHECK(c.table.name() == "weak/fixed/full/persistent");
   CHECK_FALSE(c.timeseries_all);
   CHECK(labels(c) == std::vector<std::string>{"private_pools", "shared_pool",
@@ -438,7 +441,8 @@ TEST_CASE("a table slice that is not in the sweep", "[config][errors]") {
 TEST_CASE("an empty sweep axis and an empty strategy list", "[config][errors]") {
   TempDir dir;
   SECTION("axis") {
-    const std::string t = replace_once(shapes_yaml(), "  inputs: [persistent]", "  inputs: []");
+    const std::string t =
+        replace_once(shapes_yaml(), "  inputs: [persistent, per_shape]", "  inputs: []");
     expect_error(dir, "axis.yaml", t, line_of(t, "  inputs: []"), "sweep.inputs",
                  "must list at least one value");
   }

@@ -30,7 +30,7 @@ TEST_CASE("--set overrides are applied before validation", "[config][set]") {
   }
   SECTION("a list value parsed as YAML") {
     const ShapesConfig c = load_shapes_config(path, {"sweep.outputs=[weak]", "timeseries=all"});
-    CHECK(c.variants.size() == 4u);
+    CHECK(c.variants.size() == 8u);  // arrival x graphs x inputs
     CHECK(c.timeseries_all);
   }
   SECTION("a byte size") {
