@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "workload/requests.h"
 #include "src/serve/engine.h"
 #include "tests/kv_test_util.h"
+#include "workload/requests.h"
 
 namespace memsim::test {
 namespace {
@@ -352,6 +352,43 @@ TEST_CASE("single_sequence: a truncation does not reject the next request") {
   CHECK(r.truncated == 1);
   CHECK(r.finished == 3);
   CHECK(r.output_tokens == 50 + (432 - 300 + 1) + 50);
+}
+
+// The victim rules, on three running requests: A (arrived first, 100 + 5 outputs), B (300 + 1),
+// C (arrived last, 50 + 20). vLLM takes the last of the running queue (C); SGLang the fewest
+// outputs, then the longest prompt (B); OrinMLLM's eviction the longest sequence (B: 301 tokens)
+// or the oldest (A).
+TEST_CASE("preemption victims: last arrived, fewest decoded, longest, oldest") {
+  KvInit init;
+  init.layers = 2;
+  init.kv_bytes_per_token = 1024;
+  init.budget_bytes = 64ull << 20;
+  init.max_num_seqs = 8;
+  init.max_model_len = 4096;
+  KvRig rig("{impl: paged_block_pool, block_size: 16}", init);
+  GroupWindow groups;
+  const uint32_t prompt[] = {100, 300, 50}, outputs[] = {5, 1, 20};
+  for (uint32_t g = 0; g < 3; ++g) {
+    groups.add();
+    groups[g].spec = request(g, prompt[g], 100);
+    groups[g].outputs = outputs[g];
+  }
+  auto victim = [&](Victim v) {
+    ServeOptions o;
+    o.victim = v;
+    ServeState state(*rig.kv, o, groups);
+    state.running = {0, 1, 2};
+    return state.running[state.pick_victim()];
+  };
+  CHECK(victim(Victim::kLastArrived) == 2);
+  CHECK(victim(Victim::kFewestDecoded) == 1);
+  CHECK(victim(Victim::kLongest) == 1);
+  CHECK(victim(Victim::kOldest) == 0);
+  // Equal lengths: the later arrival goes first.
+  groups[0].outputs = 201;  // 301 tokens, as B
+  CHECK(victim(Victim::kLongest) == 1);
+  groups[2].outputs = 251;
+  CHECK(victim(Victim::kLongest) == 2);
 }
 
 }  // namespace

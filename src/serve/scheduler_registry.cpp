@@ -19,10 +19,13 @@ ServeOptions parse_serve_options(const ConfigNode& node, ServeOptions o) {
   if (auto v = node.find("preemption"))
     o.preemption =
         v->as_choice({"recompute", "swap"}) == "swap" ? Preemption::kSwap : Preemption::kRecompute;
-  if (auto v = node.find("victim"))
-    o.victim = v->as_choice({"last_arrived", "fewest_decoded"}) == "fewest_decoded"
-                   ? Victim::kFewestDecoded
-                   : Victim::kLastArrived;
+  if (auto v = node.find("victim")) {
+    const std::string c = v->as_choice({"last_arrived", "fewest_decoded", "longest", "oldest"});
+    o.victim = c == "fewest_decoded" ? Victim::kFewestDecoded
+               : c == "longest"      ? Victim::kLongest
+               : c == "oldest"       ? Victim::kOldest
+                                     : Victim::kLastArrived;
+  }
   if (auto v = node.find("swap_space")) o.swap_space = v->as_bytes();
   if (auto v = node.find("beam_fork_prob")) o.beam_fork_prob = v->as_double_in(0, 1);
   if (auto v = node.find("async_scheduling")) o.async_scheduling = v->as_bool();

@@ -121,6 +121,20 @@ AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_t
 
 size_t ServeState::pick_victim() const {
   if (options_.victim == Victim::kLastArrived) return running.size() - 1;
+  if (options_.victim == Victim::kLongest || options_.victim == Victim::kOldest) {
+    // Requests arrive in group order: the smallest group index is the oldest.
+    size_t best = 0;
+    for (size_t i = 1; i < running.size(); ++i) {
+      const Group &a = groups_[running[i]], &b = groups_[running[best]];
+      const bool better =
+          options_.victim == Victim::kOldest
+              ? running[i] < running[best]
+              : a.num_tokens() > b.num_tokens() ||
+                    (a.num_tokens() == b.num_tokens() && running[i] > running[best]);
+      if (better) best = i;
+    }
+    return best;
+  }
   size_t best = running.size() - 1;
   for (size_t i = running.size(); i-- > 0;) {
     const Group& a = groups_[running[i]];

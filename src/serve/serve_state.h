@@ -20,6 +20,9 @@ enum class Preemption : uint8_t { kRecompute, kSwap };
 enum class Victim : uint8_t {
   kLastArrived,    // vLLM: the last request of the running queue (FCFS)
   kFewestDecoded,  // SGLang retract_decode: fewest output tokens, then longest prompt
+  // OrinMLLM's sequence eviction (seed §10.4 strategy 2: "the longest / oldest sequence"):
+  kLongest,  // the most tokens (prompt + output), the later arrival on a tie
+  kOldest,   // the earliest arrival still running
 };
 
 enum class AdmitResult : uint8_t { kAdmitted, kNoBudget, kNoMemory };
