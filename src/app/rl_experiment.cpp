@@ -67,11 +67,23 @@ TrainSpec parse_train(const ConfigNode& n, RlConfig& c) {
   return s;
 }
 
+// SGLang's budget rule in a map that may also name vLLM's: one or the other.
+double parse_mem_fraction_static(const ConfigNode& n) {
+  const auto v = n.find("mem_fraction_static");
+  if (!v) return 0;
+  if (n.has("gpu_memory_utilization"))
+    v->fail(
+        "give gpu_memory_utilization (vLLM's budget rule) or mem_fraction_static (SGLang's), "
+        "not both");
+  return v->as_double_in(0.01, 0.99);
+}
+
 void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
-  n.expect_keys(
-      {"gpu_memory_utilization", "max_model_len", "enforce_eager", "kv", "scheduler", "requests"});
+  n.expect_keys({"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager",
+                 "kv", "scheduler", "requests"});
   if (auto v = n.find("gpu_memory_utilization"))
     r.gpu_memory_utilization = v->as_double_in(0.01, 1);
+  r.mem_fraction_static = parse_mem_fraction_static(n);
   if (auto v = n.find("max_model_len"))
     r.serve.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 22));
   if (auto v = n.find("enforce_eager")) r.enforce_eager = v->as_bool();
@@ -103,7 +115,7 @@ void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
 
 RlRunSpec parse_run(const ConfigNode& n) {
   n.expect_keys({"label", "placement", "saver", "tags", "multi_stage", "offload_params",
-                 "offload_optimizer", "gpu_memory_utilization"});
+                 "offload_optimizer", "gpu_memory_utilization", "mem_fraction_static"});
   RlRunSpec r;
   r.label = n["label"].as_string();
   if (auto v = n.find("placement"))
@@ -141,6 +153,7 @@ RlRunSpec parse_run(const ConfigNode& n) {
   if (auto v = n.find("offload_optimizer")) r.offload_optimizer = v->as_bool();
   if (auto v = n.find("gpu_memory_utilization"))
     r.gpu_memory_utilization = v->as_double_in(0.01, 1);
+  r.mem_fraction_static = parse_mem_fraction_static(n);
   return r;
 }
 
@@ -169,13 +182,14 @@ const ConfigKeys& rl_config_keys() {
         "micro_batch_tokens", "bucket_bytes", "prefetch", "reference", "old_log_prob",
         "optimizer_steps"}},
       {"rollout",
-       {"gpu_memory_utilization", "max_model_len", "enforce_eager", "kv", "scheduler", "requests"}},
+       {"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager", "kv",
+        "scheduler", "requests"}},
       {"rollout.kv", keys_at(serving_config_keys(), "kv"), "kv_strategies()"},
       {"rollout.scheduler", keys_at(serving_config_keys(), "scheduler"), "schedulers()"},
       {"weight_sync", {"bucket_bytes"}},
       {"runs[]",
        {"label", "placement", "saver", "tags", "multi_stage", "offload_params", "offload_optimizer",
-        "gpu_memory_utilization"}},
+        "gpu_memory_utilization", "mem_fraction_static"}},
       {"runs[].saver", {}, "memory_savers()"},
   };
   return kKeys;
@@ -264,8 +278,8 @@ constexpr ColumnDoc kRlColumns[] = {
     {"rollout", "simulated seconds of the rollout phase per iteration", 7, "s"},
     {"iter", "simulated seconds per completed iteration", 7, "s"},
     {"max util",
-     "the largest rollout gpu_memory_utilization at which every iteration completes; - when not "
-     "searched",
+     "the largest rollout gpu_memory_utilization (mem_fraction_static under SGLang's rule) at "
+     "which every iteration completes; - when not searched",
      8},
     {"graphs",
      "valid when every replay of the captured decode graph after a resume ran, else BROKEN", -6},

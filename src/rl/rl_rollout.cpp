@@ -31,15 +31,29 @@ std::vector<uint64_t> rollout_weight_tensors(const ModelShape& m) {
 
 namespace {
 
-double utilization(const RlConfig& c, const RlRunSpec& run) {
-  return run.gpu_memory_utilization > 0 ? run.gpu_memory_utilization
-                                        : c.rollout.gpu_memory_utilization;
+// The rollout's budget rule: a run's own setting wins over the rollout's; SGLang's
+// mem_fraction_static (> 0) over vLLM's gpu_memory_utilization.
+struct BudgetRule {
+  bool sglang = false;
+  double fraction = 0;
+};
+
+BudgetRule budget_rule(const RlConfig& c, const RlRunSpec& run) {
+  if (run.mem_fraction_static > 0) return {true, run.mem_fraction_static};
+  if (run.gpu_memory_utilization > 0) return {false, run.gpu_memory_utilization};
+  if (c.rollout.mem_fraction_static > 0) return {true, c.rollout.mem_fraction_static};
+  return {false, c.rollout.gpu_memory_utilization};
 }
 
 }  // namespace
 
+bool rollout_uses_sglang_rule(const RlConfig& c, const RlRunSpec& run) {
+  return budget_rule(c, run).sglang;
+}
+
 std::string rollout_plan_key(const RlConfig& c, const ModelShape& m, const RlRunSpec& run) {
-  return fmt::format("{}/{}", m.name, utilization(c, run));
+  const BudgetRule r = budget_rule(c, run);
+  return fmt::format("{}/{}/{}", m.name, r.sglang ? "sglang" : "vllm", r.fraction);
 }
 
 RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec& run, bool serve) {
@@ -48,7 +62,8 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
   KvBudgetInput in;
   in.model = m;
   in.gpu = c.gpu;
-  in.gpu_memory_utilization = utilization(c, run);
+  const BudgetRule rule = budget_rule(c, run);
+  (rule.sglang ? in.mem_fraction_static : in.gpu_memory_utilization) = rule.fraction;
   in.max_num_batched_tokens = ro.serve.max_num_batched_tokens;
   in.max_num_seqs = ro.serve.max_num_seqs;
   in.enforce_eager = ro.enforce_eager;
@@ -106,9 +121,11 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
 }
 
 double max_rollout_utilization(const RlConfig& c, const ModelShape& m, const RlRunSpec& run) {
+  const bool sglang = budget_rule(c, run).sglang;
   auto fits = [&](int percent) {
     RlRunSpec r = run;
-    r.gpu_memory_utilization = percent / 100.0;
+    if (sglang && percent >= 100) return false;  // SGLang's fraction stays below 1
+    (sglang ? r.mem_fraction_static : r.gpu_memory_utilization) = percent / 100.0;
     const RolloutPlan plan = plan_rollout(c, m, r, false);
     if (!plan.error.empty()) return false;
     const RlRunResult res = run_rl_with_plan(c, m, r, plan);

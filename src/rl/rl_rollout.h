@@ -39,6 +39,9 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
 // The largest utilization in [0.01, 1] (steps of 0.01) at which `run` completes every iteration
 // without running out of memory; 0 when none does.
 double max_rollout_utilization(const RlConfig& c, const ModelShape& m, const RlRunSpec& run);
+// Whether the run's rollout is sized by SGLang's mem_fraction_static (then
+// max_rollout_utilization searches that fraction) rather than vLLM's gpu_memory_utilization.
+bool rollout_uses_sglang_rule(const RlConfig& c, const RlRunSpec& run);
 RlRunResult run_rl_with_plan(const RlConfig& c, const ModelShape& m, const RlRunSpec& run,
                              const RolloutPlan& plan, const RlRunHooks& hooks = {});
 

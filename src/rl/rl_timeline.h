@@ -13,19 +13,22 @@
 
 #include "backends/sim/cost_model.h"
 #include "core/clock.h"
-#include "workload/model_shape.h"
-#include "workload/requests.h"
-#include "workload/train_program.h"
 #include "src/alloc/registry.h"
 #include "src/kv/registry.h"
 #include "src/saver/registry.h"
 #include "src/serve/serve_state.h"
+#include "workload/model_shape.h"
+#include "workload/requests.h"
+#include "workload/train_program.h"
 
 namespace memsim {
 
 // The rollout engine of every run (vLLM / SGLang sized the vLLM way, see kv_budget.h).
 struct RlRolloutSpec {
   double gpu_memory_utilization = 0.85;  // of the whole GPU, as veRL passes it to the engine
+  // > 0: SGLang's budget rule instead (kv_budget.h): the KV pool is this fraction of the GPU's
+  // memory less the rollout's weights, activations and graphs not subtracted.
+  double mem_fraction_static = 0;
   ServeOptions serve;
   std::string scheduler = "continuous_batching";
   std::string kv_impl = "paged_block_pool";
@@ -57,6 +60,7 @@ struct RlRunSpec {
   bool offload_params = true;
   bool offload_optimizer = true;
   double gpu_memory_utilization = 0;  // 0: the rollout's
+  double mem_fraction_static = 0;     // > 0: SGLang's rule at this fraction (0: the rollout's)
 };
 
 struct RlConfig {
