@@ -122,6 +122,27 @@ TEST_CASE("free queue: LRU order, a finished request's blocks return tail first"
   rig.check();
 }
 
+// The OrinMLLM seed's free list, a stack (free_list_.pop_back / push_back): a fresh pool hands
+// out 0, 1, 2, ... (here 1, 2, 3 after the null block), and an allocation takes the most
+// recently freed block: a finished request's blocks return tail first, so the next request gets
+// its first block (1) back first.
+TEST_CASE("free list: lifo hands out the most recently freed block") {
+  KvRig rig("{impl: paged_block_pool, prefix_caching: false, free_list: lifo}", tiny(6));
+  auto& pool = dynamic_cast<PagedBlockPool&>(*rig.kv);
+  const TokenContent a(1, 48), b(2, 16), c(3, 32);
+  REQUIRE(pool.grow(1, a, 48, 0).ok());
+  CHECK(pool.block_table(1) == std::vector<uint32_t>{1, 2, 3});
+  REQUIRE(pool.grow(2, b, 16, 0).ok());
+  CHECK(pool.block_table(2) == std::vector<uint32_t>{4});
+  pool.release(1, a);  // stack: 6 5 | 3 2 1 (top)
+  rig.check();
+  REQUIRE(pool.grow(3, c, 32, 0).ok());
+  CHECK(pool.block_table(3) == std::vector<uint32_t>{1, 2});
+  REQUIRE(pool.grow(4, c, 32, 0).ok());
+  CHECK(pool.block_table(4) == std::vector<uint32_t>{3, 5});
+  rig.check();
+}
+
 TEST_CASE("prefix caching: chained hashes of full blocks, touch on hit, LRU eviction") {
   KvRig rig("{impl: paged_block_pool}", tiny(6));
   auto& pool = dynamic_cast<PagedBlockPool&>(*rig.kv);

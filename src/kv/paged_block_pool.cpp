@@ -41,9 +41,11 @@ Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
   cache_.reset(units);
   head_ = tail_ = kNone;
   queued_ = cached_ = used_ = stored_ = cow_copies_ = evicted_ = 0;
-  for (uint32_t u = 0; u < units; ++u) queue_push_back(u);
+  // LIFO pops from the back: queue the blocks in reverse so that 0, 1, 2, ... come first (the
+  // seed's std::iota over the stack's reverse iterators).
+  for (uint32_t u = 0; u < units; ++u) queue_push_back(config_.lifo_free_list ? units - 1 - u : u);
   if (config_.null_block) {  // vLLM: the null block is the first one popped, never freed
-    queue_pop_front();
+    config_.lifo_free_list ? queue_pop_back() : queue_pop_front();
     blocks_[0].ref = 1;
     ++used_;
   }
@@ -100,8 +102,14 @@ uint32_t PagedBlockPool::queue_pop_front() {
   return b;
 }
 
+uint32_t PagedBlockPool::queue_pop_back() {
+  const uint32_t b = tail_;
+  queue_remove(b);
+  return b;
+}
+
 uint32_t PagedBlockPool::allocate_unit() {
-  const uint32_t u = queue_pop_front();
+  const uint32_t u = config_.lifo_free_list ? queue_pop_back() : queue_pop_front();
   Block& blk = blocks_[u];
   if (holds_cache(blk)) {  // evict the LRU cached block (vLLM _maybe_evict_cached_block)
     if (blk.cached == Cached::kRegistered) cache_.erase(hashes_[u], u);

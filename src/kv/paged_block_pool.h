@@ -25,6 +25,10 @@ struct PagedBlockPoolConfig {
   bool copy_on_write = true;         // fork shares blocks (vLLM V0); false: fork copies every block
   bool null_block = true;            // vLLM V1 reserves block 0 as the null block
   uint64_t num_blocks_override = 0;  // vLLM num_gpu_blocks_override (physical blocks; 0 = budget)
+  // Which free block an allocation takes. false: the least recently freed (vLLM's
+  // FreeKVCacheBlockQueue, popleft). true: the most recently freed (the OrinMLLM seed's free_list_
+  // stack, pop_back), blocks 0, 1, 2, ... first on a fresh pool.
+  bool lifo_free_list = false;
 };
 
 class PagedBlockPool final : public KvCacheManager {
@@ -83,6 +87,7 @@ class PagedBlockPool final : public KvCacheManager {
   void queue_push_back(uint32_t b);
   void queue_remove(uint32_t b);
   uint32_t queue_pop_front();
+  uint32_t queue_pop_back();
   uint32_t allocate_unit();   // pops the LRU head, evicting its cached (or pending) hash
   void add_ref(uint32_t b);   // touch: leaves the free queue on 0 -> 1
   void drop_ref(uint32_t b);  // back to the queue tail on 1 -> 0

@@ -29,6 +29,7 @@ PagedBlockPoolConfig parse_paged_block_pool(const ConfigNode& node) {
   // vLLM reserves a null block; the seed's per-layer pool does not.
   c.null_block = !c.per_layer;
   if (auto v = node.find("null_block")) c.null_block = v->as_bool();
+  if (auto v = node.find("free_list")) c.lifo_free_list = v->as_choice({"lru", "lifo"}) == "lifo";
   if (auto v = node.find("num_blocks_override")) {
     c.num_blocks_override = v->as_uint();
     if (c.num_blocks_override == 0)
@@ -80,7 +81,7 @@ const Registry<KvEntry>& kv_strategies() {
           {"paged_block_pool",
            "fixed-size KV blocks, LRU free queue, prefix hashing, CoW (vLLM)",
            {"block_size", "layout", "prefix_caching", "copy_on_write", "null_block",
-            "num_blocks_override"},
+            "num_blocks_override", "free_list"},
            parse_into<PagedBlockPool>(parse_paged_block_pool)},
           {"radix_token_pool",
            "token-slot pages, radix-tree prefix cache, LRU/LFU leaf eviction (SGLang)",
