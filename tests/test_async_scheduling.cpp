@@ -12,6 +12,7 @@
 #include "src/serve/serving_experiment.h"
 #include "tests/config_test_util.h"
 #include "tests/kv_test_util.h"
+#include "tests/serve_test_util.h"
 #include "workload/step_profile.h"
 
 namespace memsim::test {
@@ -38,24 +39,6 @@ EngineConfig engine(uint32_t blocks, bool async) {
   return e;
 }
 
-// Every step takes 1 ms, all of it on the GPU (a profile has no host share).
-std::shared_ptr<const ProfiledStepTime> one_ms_steps() {
-  StepProfile p;
-  p.gpu = "h200";
-  p.model = "llama-3.1-8b";
-  p.decode = {{1, {1}, {1.0}}};
-  p.prefill = {{1, {0}, {1.0}}};
-  return std::make_shared<ProfiledStepTime>(p);
-}
-
-RequestSpec request(uint64_t id, uint32_t prompt, uint32_t output) {
-  RequestSpec q;
-  q.id = id;
-  q.prompt_tokens = prompt;
-  q.output_tokens = output;
-  return q;
-}
-
 StepShape step(uint64_t tokens, uint64_t computed) {
   StepShape s;
   s.num_seqs = 1;
@@ -79,7 +62,7 @@ StepShape step(uint64_t tokens, uint64_t computed) {
 // ends the request; a fourth schedule finds it holding its last token in flight and plans
 // nothing (no extra step).
 TEST_CASE("async scheduling overlaps the host's share of each step with the GPU's") {
-  const std::vector<RequestSpec> reqs = {request(0, 10, 3)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 10, 3)};
   const EngineConfig sync_e = engine(64, false);
   const StepTimeModel model(sync_e.model, sync_e.gpu);
   const SimTime o = model.host_time();
@@ -115,10 +98,11 @@ TEST_CASE("async scheduling overlaps the host's share of each step with the GPU'
 // 1 free. A's blocks come back when step 2's output is applied, after step 3 was scheduled, so
 // B is admitted in step 4: first token at 4 ms. C's ten tokens take ten steps either way.
 TEST_CASE("async scheduling gives a finished request's blocks back one step later") {
-  const std::vector<RequestSpec> reqs = {request(0, 15, 10), request(1, 31, 2), request(2, 40, 1)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 15, 10), serve_request(1, 31, 2),
+                                         serve_request(2, 40, 1)};
   for (bool async : {false, true}) {
     EngineConfig e = engine(6, async);
-    e.step_profile = one_ms_steps();
+    e.step_profile = flat_step_profile(1.0);
     const ServingResult r = run_serving(e, reqs);
     INFO((async ? "async: " : "sync: ") << r.error);
     REQUIRE(r.error.empty());
@@ -140,10 +124,10 @@ TEST_CASE("async scheduling gives a finished request's blocks back one step late
 // its last token is in flight. When step 1's output comes, B takes it, finished, and leaves the
 // waiting queue without running again (update_from_output's stopped_preempted_reqs).
 TEST_CASE("a request preempted while its last token is in flight finishes from the queue") {
-  const std::vector<RequestSpec> reqs = {request(0, 16, 10), request(1, 15, 1)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 16, 10), serve_request(1, 15, 1)};
   for (bool async : {false, true}) {
     EngineConfig e = engine(3, async);
-    e.step_profile = one_ms_steps();
+    e.step_profile = flat_step_profile(1.0);
     const ServingResult r = run_serving(e, reqs);
     INFO((async ? "async: " : "sync: ") << r.error);
     REQUIRE(r.error.empty());
@@ -163,14 +147,7 @@ TEST_CASE("a request preempted while its last token is in flight finishes from t
 // reference paths (every block hashed as it fills) give the same run. The host's 50 µs a step
 // overlap, so it takes less simulated time than the synchronous run.
 TEST_CASE("async scheduling keeps the engine's invariants over a random workload") {
-  SyntheticRequestsConfig q;
-  q.count = 400;
-  q.seed = 7;
-  q.arrival.rate = 100;
-  q.prompt = {LengthDist::kLognormal, 1, 16, 2000, 400, 1.0};
-  q.output = {LengthDist::kLognormal, 1, 1, 600, 120, 1.0};
-  q.prefix = {4, 200, 0.5};
-  const RequestSet set = generate_request_set(q);
+  const RequestSet set = prefix_workload(400, 7, 100, 120, 600);
   auto run = [&](bool async, bool reference) {
     EngineConfig e = engine(1200, async);
     e.kv_factory = kv_strategies().find(e.kv_impl)->parse(ConfigNode::parse(
@@ -242,7 +219,7 @@ kv: {{impl: paged_block_pool}}
   // The engine refuses what it does not model even when built by hand.
   EngineConfig e = engine(64, true);
   e.serve.preemption = Preemption::kSwap;
-  const ServingResult r = run_serving(e, std::vector<RequestSpec>{request(0, 10, 2)});
+  const ServingResult r = run_serving(e, std::vector<RequestSpec>{serve_request(0, 10, 2)});
   CHECK_THAT(r.error, Catch::Contains("async_scheduling") && Catch::Contains("swapping"));
 }
 

@@ -13,6 +13,7 @@
 #include "src/serve/serving_experiment.h"
 #include "tests/config_test_util.h"
 #include "tests/kv_test_util.h"
+#include "tests/serve_test_util.h"
 #include "workload/pipeline_parallel.h"
 #include "workload/pipeline_time.h"
 #include "workload/step_profile.h"
@@ -121,21 +122,8 @@ EngineConfig pp_engine(uint32_t budget) {
   e.kv_budget_bytes = 1 * kGiB;
   e.serve.max_model_len = 4096;
   e.serve.max_num_batched_tokens = budget;
-  StepProfile p;
-  p.gpu = "h200";
-  p.model = "llama-3.1-8b";
-  p.decode = {{1, {1}, {1.0}}};
-  p.prefill = {{1, {0}, {1.0}}};
-  e.step_profile = std::make_shared<ProfiledStepTime>(p);
+  e.step_profile = flat_step_profile(1.0);
   return e;
-}
-
-RequestSpec request(uint64_t id, uint32_t prompt, uint32_t output) {
-  RequestSpec q;
-  q.id = id;
-  q.prompt_tokens = prompt;
-  q.output_tokens = output;
-  return q;
 }
 
 }  // namespace
@@ -150,7 +138,7 @@ RequestSpec request(uint64_t id, uint32_t prompt, uint32_t output) {
 // after stage 0.
 TEST_CASE("pipeline-parallel serving keeps pp steps in flight, two cohorts alternating") {
   const EngineConfig e = pp_engine(16);
-  const std::vector<RequestSpec> reqs = {request(0, 16, 3), request(1, 16, 3)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 16, 3), serve_request(1, 16, 3)};
   std::vector<SimTime> x;
   SimTime free0 = 0, free1 = 0;
   auto issue = [&](SimTime at, const StepShape& s) {
@@ -183,14 +171,7 @@ TEST_CASE("pipeline-parallel serving keeps pp steps in flight, two cohorts alter
 // invariants hold and every block comes back (checked by the engine), at 2 and 4 stages, and the
 // reference paths (every block hashed as it fills, no fast decode) give the same run.
 TEST_CASE("pipeline-parallel serving keeps the engine's invariants over a random workload") {
-  SyntheticRequestsConfig q;
-  q.count = 300;
-  q.seed = 11;
-  q.arrival.rate = 60;
-  q.prompt = {LengthDist::kLognormal, 1, 16, 2000, 400, 1.0};
-  q.output = {LengthDist::kLognormal, 1, 1, 400, 100, 1.0};
-  q.prefix = {4, 200, 0.5};
-  const RequestSet set = generate_request_set(q);
+  const RequestSet set = prefix_workload(300, 11, 60, 100, 400);
   uint64_t tokens = 0;
   for (size_t i = 0; i < set.requests.size(); ++i) tokens += set.requests.output_tokens(i);
   for (uint32_t pp : {2u, 4u}) {
@@ -223,7 +204,7 @@ TEST_CASE("pipeline-parallel serving keeps the engine's invariants over a random
 TEST_CASE("pipeline-parallel serving: async scheduling and --backend cuda are refused") {
   EngineConfig e = pp_engine(64);
   e.serve.async_scheduling = true;
-  const ServingResult r = run_serving(e, std::vector<RequestSpec>{request(0, 10, 2)});
+  const ServingResult r = run_serving(e, std::vector<RequestSpec>{serve_request(0, 10, 2)});
   CHECK_THAT(r.error,
              Catch::Contains("async_scheduling") && Catch::Contains("pipeline parallelism"));
 

@@ -11,6 +11,7 @@
 
 #include "src/serve/engine.h"
 #include "tests/kv_test_util.h"
+#include "tests/serve_test_util.h"
 #include "workload/requests.h"
 
 namespace memsim::test {
@@ -37,14 +38,6 @@ EngineConfig engine(const std::string& kv_yaml) {
 constexpr const char* kPool27 =
     "{impl: paged_block_pool, block_size: 16, num_blocks_override: 28, prefix_caching: false}";
 
-RequestSpec request(uint64_t id, uint32_t prompt, uint32_t output) {
-  RequestSpec q;
-  q.id = id;
-  q.prompt_tokens = prompt;
-  q.output_tokens = output;
-  return q;
-}
-
 std::string all(const std::vector<std::string>& lines) {
   std::string s;
   for (const std::string& l : lines) s += l + "\n";
@@ -62,7 +55,7 @@ std::string all(const std::vector<std::string>& lines) {
 // all, and it finishes at step 74. static_batch: B's recompute waits for the next batch (after
 // A, step 43), then takes 64 + 64 + 64 + 17 tokens and 30 decode steps: 77.
 TEST_CASE("a request resumed after recompute catches up in chunks under the token budget") {
-  const std::vector<RequestSpec> reqs = {request(0, 200, 40), request(1, 200, 40)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 200, 40), serve_request(1, 200, 40)};
   for (const char* sched : {"continuous_batching", "static_batch"}) {
     EngineConfig e = engine(kPool27);
     e.scheduler = sched;
@@ -135,7 +128,7 @@ TEST_CASE("500 conversation requests at once finish under recompute preemption (
 // The invariant: a step that plans nothing while groups run, with no preemption, fails the run
 // naming the request and why. Four beams step together; a budget of 2 tokens never holds them.
 TEST_CASE("a step that can place nothing fails naming the request and why") {
-  std::vector<RequestSpec> reqs = {request(0, 40, 10)};
+  std::vector<RequestSpec> reqs = {serve_request(0, 40, 10)};
   reqs[0].beam_width = 4;
   EngineConfig e = engine("{impl: paged_block_pool, block_size: 16}");
   e.serve.max_num_batched_tokens = 2;  // the prompt is chunked; the beams cannot be
@@ -157,7 +150,7 @@ TEST_CASE("a step that can place nothing fails naming the request and why") {
 // one with more samples than that never enters a batch. It was rejected as if its KV could never
 // fit; it is a configuration that can never run, and the run fails naming it.
 TEST_CASE("a request with more samples than max_num_seqs fails the run, named") {
-  std::vector<RequestSpec> reqs = {request(0, 40, 10), request(1, 40, 10)};
+  std::vector<RequestSpec> reqs = {serve_request(0, 40, 10), serve_request(1, 40, 10)};
   reqs[1].n = 4;
   EngineConfig e = engine("{impl: paged_block_pool, block_size: 16}");
   e.scheduler = "static_batch";
@@ -174,7 +167,7 @@ TEST_CASE("a request with more samples than max_num_seqs fails the run, named") 
 // beams can never come back under max_num_seqs 2: they were dropped (rejected) as if their KV
 // did not fit once nothing ran; the run now fails naming them.
 TEST_CASE("beams swapped out beyond max_num_seqs fail the run, named") {
-  std::vector<RequestSpec> reqs = {request(0, 100, 200), request(1, 20, 100)};
+  std::vector<RequestSpec> reqs = {serve_request(0, 100, 200), serve_request(1, 20, 100)};
   reqs[1].beam_width = 4;
   EngineConfig e = engine(kPool27);
   e.serve.max_num_seqs = 2;
@@ -194,7 +187,7 @@ TEST_CASE("beams swapped out beyond max_num_seqs fail the run, named") {
 // it was dropped (rejected) though it fits the pool alone. Now it comes back with 64 tokens,
 // then 54, and decodes 10: step 114.
 TEST_CASE("a sequence swapped out mid-prefill comes back in chunks") {
-  const std::vector<RequestSpec> reqs = {request(0, 200, 100), request(1, 300, 10)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 200, 100), serve_request(1, 300, 10)};
   EngineConfig e = engine(kPool27);
   e.serve.preemption = Preemption::kSwap;
   const ServingResult r = run_serving(e, reqs);
@@ -214,7 +207,7 @@ TEST_CASE("a sequence swapped out mid-prefill comes back in chunks") {
 // fits alone and the scheduler had not tried it (a step that preempts swaps nothing in). Now B
 // comes back and finishes; A, which no empty pool holds, is dropped with the reason.
 TEST_CASE("a swapped group is not dropped for another group's lack of KV") {
-  const std::vector<RequestSpec> reqs = {request(0, 400, 100), request(1, 20, 50)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 400, 100), serve_request(1, 20, 50)};
   EngineConfig e = engine(kPool27);
   e.serve.preemption = Preemption::kSwap;
   e.serve.max_num_batched_tokens = 512;
@@ -234,8 +227,8 @@ TEST_CASE("a swapped group is not dropped for another group's lack of KV") {
 // pool is full, preempts itself, and is rejected with the reason once nothing else runs; the
 // requests behind it finish.
 TEST_CASE("a prompt larger than the pool is rejected with the reason; the others finish") {
-  const std::vector<RequestSpec> reqs = {request(0, 500, 10), request(1, 50, 10),
-                                         request(2, 60, 10)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 500, 10), serve_request(1, 50, 10),
+                                         serve_request(2, 60, 10)};
   for (Preemption p : {Preemption::kRecompute, Preemption::kSwap}) {
     EngineConfig e = engine(
         "{impl: paged_block_pool, block_size: 16, num_blocks_override: 28}");  // prefix caching
@@ -259,7 +252,8 @@ TEST_CASE("a prompt larger than the pool is rejected with the reason; the others
 // its prompt limit is min(max_model_len, max_num_batched_tokens)); once nothing runs it is
 // rejected saying so, and the request behind it, held back in FCFS order, then runs.
 TEST_CASE("a prompt over the budget without chunked prefill is rejected with the reason") {
-  const std::vector<RequestSpec> reqs = {request(0, 30, 5), request(1, 100, 5), request(2, 30, 5)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 30, 5), serve_request(1, 100, 5),
+                                         serve_request(2, 30, 5)};
   EngineConfig e = engine("{impl: paged_block_pool, block_size: 16}");
   e.serve.chunked_prefill = false;
   const ServingResult r = run_serving(e, reqs);
@@ -294,7 +288,7 @@ TEST_CASE("admission of a fully cached prompt computes its last block or token")
     GroupWindow groups;
     for (uint32_t g = 0; g < 2; ++g) {
       groups.add();
-      groups[g].spec = request(g, 32, 4);
+      groups[g].spec = serve_request(g, 32, 4);
       Sequence s;
       s.id = g;
       s.content = TokenContent(7, 32);  // the same 32-token prompt (2 blocks)
@@ -321,7 +315,7 @@ TEST_CASE("admission of a fully cached prompt computes its last block or token")
 // the last token, so the second request of a prefix group whose whole prompt but one token is
 // cached is admitted with that one token.
 TEST_CASE("a prefix hit of the whole prompt but one token computes that token") {
-  std::vector<RequestSpec> reqs = {request(0, 33, 4), request(1, 33, 4)};
+  std::vector<RequestSpec> reqs = {serve_request(0, 33, 4), serve_request(1, 33, 4)};
   for (RequestSpec& q : reqs) {
     q.prefix_group = 0;
     q.prefix_tokens = 32;
@@ -340,8 +334,8 @@ TEST_CASE("a prefix hit of the whole prompt but one token computes that token") 
 // the engine took the empty plan for "the waiting head can never fit" and rejected the next
 // request, which was never tried.
 TEST_CASE("single_sequence: a truncation does not reject the next request") {
-  const std::vector<RequestSpec> reqs = {request(0, 100, 50), request(1, 300, 200),
-                                         request(2, 100, 50)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 100, 50), serve_request(1, 300, 200),
+                                         serve_request(2, 100, 50)};
   EngineConfig e = engine(kPool27);
   e.scheduler = "single_sequence";
   e.serve.max_num_seqs = 1;
@@ -370,7 +364,7 @@ TEST_CASE("preemption victims: last arrived, fewest decoded, longest, oldest") {
   const uint32_t prompt[] = {100, 300, 50}, outputs[] = {5, 1, 20};
   for (uint32_t g = 0; g < 3; ++g) {
     groups.add();
-    groups[g].spec = request(g, prompt[g], 100);
+    groups[g].spec = serve_request(g, prompt[g], 100);
     groups[g].outputs = outputs[g];
   }
   auto victim = [&](Victim v) {

@@ -14,6 +14,7 @@
 #include "src/serve/serving_experiment.h"
 #include "tests/config_test_util.h"
 #include "tests/kv_test_util.h"
+#include "tests/serve_test_util.h"
 #include "workload/step_profile.h"
 
 namespace memsim::test {
@@ -62,23 +63,34 @@ EngineConfig engine(uint32_t tokens, double ratio, uint32_t decay_steps, std::ve
   e.serve.sglang.init_new_token_ratio = ratio;
   e.serve.sglang.min_new_token_ratio_factor = 0.2;
   e.serve.sglang.new_token_ratio_decay_steps = decay_steps;
-  StepProfile p;
-  p.gpu = "h200";
-  p.model = "llama-3.1-8b";
-  p.decode = {{1, {1}, {1.0}}};
-  p.prefill = {{1, {0}, {1.0}}};
-  e.step_profile = std::make_shared<ProfiledStepTime>(p);
+  e.step_profile = flat_step_profile(1.0);
   if (log) e.executor = [log] { return std::make_unique<RecordingExecutor>(log); };
   return e;
 }
 
-RequestSpec request(uint64_t id, uint32_t prompt, uint32_t output, SimTime arrival = 0) {
-  RequestSpec q;
-  q.id = id;
-  q.prompt_tokens = prompt;
-  q.output_tokens = output;
-  q.arrival = arrival;
+// A request of 72 prompt tokens whose first 64 are prompt family `group`'s.
+RequestSpec family_request(uint64_t id, int32_t group, uint32_t output, SimTime arrival) {
+  RequestSpec q = serve_request(id, 72, output, arrival);
+  q.prefix_group = group;
+  q.prefix_tokens = 64;
   return q;
+}
+
+// The requests in the order of their prefills under `policy`, one running at a time.
+std::vector<uint64_t> prefill_order(const std::vector<RequestSpec>& reqs,
+                                    SglangOptions::Policy policy) {
+  std::vector<Step> steps;
+  EngineConfig e = engine(4000, 0.7, 600, &steps);
+  e.serve.sglang.policy = policy;
+  e.serve.sglang.max_running_requests = 1;
+  const ServingResult r = run_serving(e, reqs);
+  INFO(r.error);
+  REQUIRE(r.error.empty());
+  std::vector<uint64_t> first;
+  for (const Step& s : steps)
+    for (const auto& [req, tokens] : s)
+      if (tokens > 1) first.push_back(req);
+  return first;
 }
 
 }  // namespace
@@ -94,8 +106,8 @@ RequestSpec request(uint64_t id, uint32_t prompt, uint32_t output, SimTime arriv
 // Without decay (the minimum at the initial ratio) step 3 finds 2,000 - 101 - 149 = 1,750, not
 // more than B's 1,750: the batch is full again and B waits until A has finished (step 300).
 TEST_CASE("sglang: admission against the running requests' reservations, new_token_ratio decays") {
-  const std::vector<RequestSpec> reqs = {request(0, 100, 300), request(1, 10, 2),
-                                         request(2, 100, 1650, 500'000)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 100, 300), serve_request(1, 10, 2),
+                                         serve_request(2, 100, 1650, 500'000)};
   std::vector<Step> steps;
   const ServingResult r = run_serving(engine(2000, 0.5, 4, &steps), reqs);
   INFO(r.error);
@@ -129,7 +141,8 @@ TEST_CASE("sglang: admission against the running requests' reservations, new_tok
 // the ratio is now min(1, (36 + 20) / (60 + 1)). B comes back in step 62: its 56 tokens with its
 // 20-token prompt cached, which samples its 37th token, then 23 decodes to its 60th at step 85.
 TEST_CASE("sglang: retraction takes the fewest outputs, then the longest input, to the back") {
-  const std::vector<RequestSpec> reqs = {request(0, 10, 60), request(1, 20, 60, 500'000)};
+  const std::vector<RequestSpec> reqs = {serve_request(0, 10, 60),
+                                         serve_request(1, 20, 60, 500'000)};
   std::vector<Step> steps;
   const ServingResult r = run_serving(engine(100, 0.01, 600, &steps), reqs);
   INFO(r.error);
@@ -156,27 +169,11 @@ TEST_CASE("sglang: retraction takes the fewest outputs, then the longest input, 
 // X's first (64 cached), then the Y's, each group in queue order; lof the longest output first.
 TEST_CASE("sglang: the waiting queue's order under fcfs, lpm and lof") {
   auto make = [](uint64_t id, int32_t group, uint32_t output) {
-    RequestSpec q = request(id, 72, output);
-    q.prefix_group = group;
-    q.prefix_tokens = 64;
-    return q;
+    return family_request(id, group, output, 0);
   };
   const std::vector<RequestSpec> reqs = {make(0, 0, 2), make(1, 1, 2), make(2, 0, 3), make(3, 1, 4),
                                          make(4, 0, 5)};
-  auto order = [&](SglangOptions::Policy p) {
-    std::vector<Step> steps;
-    EngineConfig e = engine(4000, 0.7, 600, &steps);
-    e.serve.sglang.policy = p;
-    e.serve.sglang.max_running_requests = 1;
-    const ServingResult r = run_serving(e, reqs);
-    INFO(r.error);
-    REQUIRE(r.error.empty());
-    std::vector<uint64_t> first;  // requests in the order of their prefills
-    for (const Step& s : steps)
-      for (const auto& [req, tokens] : s)
-        if (tokens > 1) first.push_back(req);
-    return first;
-  };
+  auto order = [&](SglangOptions::Policy p) { return prefill_order(reqs, p); };
   CHECK(order(SglangOptions::Policy::kFcfs) == std::vector<uint64_t>{0, 1, 2, 3, 4});
   CHECK(order(SglangOptions::Policy::kLpm) == std::vector<uint64_t>{0, 2, 4, 1, 3});
   CHECK(order(SglangOptions::Policy::kLof) == std::vector<uint64_t>{4, 3, 2, 0, 1});
@@ -189,28 +186,12 @@ TEST_CASE("sglang: the waiting queue's order under fcfs, lpm and lof") {
 // goes to the older subtree (SGLang: the root's children in insertion order), X1, then Z3.
 TEST_CASE("sglang: dfs-weight walks the heaviest subtree first") {
   auto make = [](uint64_t id, int32_t group, SimTime at) {
-    RequestSpec q = request(id, 72, 2, at);
-    q.prefix_group = group;
-    q.prefix_tokens = 64;
-    return q;
+    return family_request(id, group, 2, at);
   };
   const std::vector<RequestSpec> reqs = {make(0, 0, 0),          make(1, 1, 0),
                                          make(2, 0, 50'000'000), make(3, 1, 50'000'000),
                                          make(4, 1, 50'000'000), make(5, 1, 50'000'000)};
-  auto order = [&](SglangOptions::Policy p) {
-    std::vector<Step> steps;
-    EngineConfig e = engine(4000, 0.7, 600, &steps);
-    e.serve.sglang.policy = p;
-    e.serve.sglang.max_running_requests = 1;
-    const ServingResult r = run_serving(e, reqs);
-    INFO(r.error);
-    REQUIRE(r.error.empty());
-    std::vector<uint64_t> first;
-    for (const Step& s : steps)
-      for (const auto& [req, tokens] : s)
-        if (tokens > 1) first.push_back(req);
-    return first;
-  };
+  auto order = [&](SglangOptions::Policy p) { return prefill_order(reqs, p); };
   CHECK(order(SglangOptions::Policy::kLpm) == std::vector<uint64_t>{0, 1, 2, 3, 4, 5});
   CHECK(order(SglangOptions::Policy::kDfsWeight) == std::vector<uint64_t>{0, 1, 3, 4, 2, 5});
 }

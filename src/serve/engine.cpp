@@ -316,20 +316,25 @@ void Engine::run_step_time(const StepPlan& plan, SimTime compute) {
     clock_.advance(compute);
     return;
   }
+  const SimTime background = run_background(plan, true);
+  if (background > compute)
+    r_.kv_stall_time += background - compute;
+  else
+    clock_.advance(compute - background);
+}
+
+SimTime Engine::run_background(const StepPlan& plan, bool add_step_tokens) {
   after_step_.clear();
   for (const ScheduledGroup& sg : plan.groups) {
     const Group& G = groups_[sg.group];
-    for (uint32_t i = 0; i < G.live(); ++i)
-      after_step_.push_back({G.seqs[i].id, G.computed + sg.new_tokens});
+    const uint32_t tokens = G.computed + (add_step_tokens ? sg.new_tokens : 0);
+    for (const Sequence& s : G.seqs) after_step_.push_back({s.id, tokens});
   }
   const SimTime t0 = clock_.now();
   kv_->background_step(after_step_);
   const SimTime background = clock_.now() - t0;
   r_.kv_background_time += background;
-  if (background > compute)
-    r_.kv_stall_time += background - compute;
-  else
-    clock_.advance(compute - background);
+  return background;
 }
 
 void Engine::sample() {

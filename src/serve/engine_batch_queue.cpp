@@ -90,15 +90,7 @@ void Engine::submit(const StepPlan& plan, const StepShape& shape) {
   ++r_.steps;
   r_.max_running_seqs = std::max(r_.max_running_seqs, state_->running_seqs);
   if (kv_->has_background()) {  // the strategy's background work, beside the GPU's step
-    after_step_.clear();
-    for (const ScheduledGroup& sg : plan.groups) {
-      const Group& G = groups_[sg.group];
-      for (const Sequence& s : G.seqs) after_step_.push_back({s.id, G.computed});
-    }
-    const SimTime t0 = clock_.now();
-    kv_->background_step(after_step_);
-    const SimTime background = clock_.now() - t0;
-    r_.kv_background_time += background;
+    const SimTime background = run_background(plan, false);  // computed includes the step
     r_.kv_stall_time += std::max<SimTime>(0, background - gpu);
   }
   const InFlightStep& oldest = ring_[in_flight_.head];

@@ -90,6 +90,10 @@ class Engine {
   // Advances the clock over a step of `compute` time; with a strategy that works in the
   // background, its background step runs overlapped with the compute.
   void run_step_time(const StepPlan& plan, SimTime compute);
+  // The KV strategy's background step for the sequences `plan` runs, told each one's tokens
+  // after the step (computed, plus the step's tokens when `add_step_tokens`); returns its time
+  // (counted in kv_background_time).
+  SimTime run_background(const StepPlan& plan, bool add_step_tokens);
   // Runs the executor over the step `plan` (of shape `shape`) describes, before its tokens count
   // as computed.
   Status execute(const StepPlan& plan, const StepShape& shape);

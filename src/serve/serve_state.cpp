@@ -157,7 +157,7 @@ void ServeState::release_seqs(Group& G, uint32_t cached_tokens) {
   }
 }
 
-void ServeState::preempt(uint32_t g) {
+void ServeState::take_out_of_running(uint32_t g) {
   Group& G = groups_[g];
   running.erase(std::find(running.begin(), running.end(), g));
   running_seqs -= G.live();
@@ -169,6 +169,11 @@ void ServeState::preempt(uint32_t g) {
     s.content.set_private_from(TokenContent::kShared);
     if (s.fork_from < 0) kv_.publish(s.id, s.content);
   }
+}
+
+void ServeState::preempt(uint32_t g) {
+  Group& G = groups_[g];
+  take_out_of_running(g);
   // vLLM V0 swaps a multi-sequence group whatever the mode: recomputing would lose its samples.
   if (options_.preemption == Preemption::kSwap || G.live() > 1) {
     uint64_t bytes = 0;
@@ -205,16 +210,8 @@ void ServeState::preempt(uint32_t g) {
 
 void ServeState::retract(uint32_t g) {
   Group& G = groups_[g];
-  running.erase(std::find(running.begin(), running.end(), g));
-  running_seqs -= G.live();
-  ++G.preemptions;
-  ++counters_.preemptions;
+  take_out_of_running(g);
   ++counters_.recomputes;
-  // Its prompt will be looked up again: no longer private content.
-  for (Sequence& s : G.seqs) {
-    s.content.set_private_from(TokenContent::kShared);
-    if (s.fork_from < 0) kv_.publish(s.id, s.content);
-  }
   release_seqs(G, G.spec.prompt_tokens);
   G.computed = 0;
   G.status = GroupStatus::kWaiting;

@@ -234,6 +234,8 @@ class ServeState {
   bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool count_oom = true);
   void run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, SwapEvent e);
   void release_seqs(Group& g, uint32_t cached_tokens = UINT32_MAX);
+  // Preemption's and retraction's first part: g leaves `running`, counted, its content public.
+  void take_out_of_running(uint32_t g);
 
   KvCacheManager& kv_;
   ServeOptions options_;

@@ -215,10 +215,14 @@ bool SglangScheduler::decode_fits(ServeState& state, const std::vector<uint32_t>
   return state.kv().free_token_capacity() >= pages * page;
 }
 
-void SglangScheduler::decode(ServeState& state, StepPlan& plan) {
+void SglangScheduler::collect_batch(const ServeState& state) {
   batch_.clear();
   for (uint32_t g : state.running)
     if (int64_t(g) != chunked_) batch_.push_back(g);
+}
+
+void SglangScheduler::decode(ServeState& state, StepPlan& plan) {
+  collect_batch(state);
   if (batch_.empty()) return;
   if (!decode_fits(state, batch_)) {
     // retract_decode: sorted by (outputs, -input) descending; victims popped from the end.
@@ -241,9 +245,7 @@ void SglangScheduler::decode(ServeState& state, StepPlan& plan) {
     const double steps = state.options().sglang.retract_decode_steps;
     ratio_ = std::min(1.0, (outputs + steps * double(order_.size())) / (max_new + 1));
     batch_full_ = false;
-    batch_.clear();  // those left, in the running queue's order
-    for (uint32_t g : state.running)
-      if (int64_t(g) != chunked_) batch_.push_back(g);
+    collect_batch(state);  // those left, in the running queue's order
   } else {
     ratio_ = std::max(ratio_ - decay_, min_ratio_);
   }

@@ -52,6 +52,7 @@ class SglangScheduler final : public Scheduler {
   bool prefill(ServeState& state, StepPlan& plan);  // false: no prefill batch this step
   bool continue_chunked(ServeState& state, StepPlan& plan, Budget& b);
   void order_waiting(ServeState& state);
+  void collect_batch(const ServeState& state);  // batch_ = the running batch (no chunked req)
   void decode(ServeState& state, StepPlan& plan);
   bool decode_fits(ServeState& state, const std::vector<uint32_t>& batch) const;
   uint32_t reserved_outputs(const Group& G) const;  // min(max_new - outputs, clip)
