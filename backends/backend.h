@@ -26,6 +26,12 @@ struct GraphHandle {
   uint64_t id = 0;
   friend bool operator==(GraphHandle, GraphHandle) = default;
 };
+// How end_capture instantiates a graph.
+struct GraphOptions {
+  // cudaGraphInstantiateFlagAutoFreeOnLaunch: a launch frees the allocations the previous one
+  // left live. Without it a graph with live allocations refuses to launch again.
+  bool auto_free_on_launch = true;
+};
 
 // The primitive classes the cost model prices and the CUDA backend times.
 enum class Primitive : uint8_t {
@@ -49,6 +55,9 @@ enum class Primitive : uint8_t {
   kLaunch,
   kDestroyGraph,
   kGraphMemTrim,
+  kUpload,       // cudaGraphUpload
+  kStreamWait,   // an event recorded on one stream and waited on by another
+  kSynchronize,  // cudaDeviceSynchronize
   kCount,
 };
 const char* to_string(Primitive p);
@@ -78,7 +87,9 @@ struct Usage {
 //   bytes_short set. VA space is bounded too.
 // - Allocations made with malloc_async inside a capture become graph memory nodes: their address
 //   is fixed at capture, physical memory is attached when the graph is launched and may be shared
-//   with other graphs launched into the same stream (driver-managed aliasing).
+//   with other graphs that cannot run at the same time (driver-managed aliasing).
+// - stream_wait orders streams. During a capture a stream that waits on a capturing one joins
+//   its capture (fork) and must be waited on by the capture's origin before end_capture (join).
 // - Every call advances now() by its cost (SimBackend: cost model; CudaBackend: measured).
 // - After any failure, destroying the backend releases every resource it still holds once.
 class Backend {
@@ -113,11 +124,18 @@ class Backend {
   virtual Result<StreamId> create_stream() = 0;
   virtual Status fill(DevPtr p, uint64_t bytes, uint32_t pattern, StreamId stream) = 0;
   virtual Status copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) = 0;
+  // `waiter`'s later work runs after the work enqueued on `on` so far.
+  virtual Status stream_wait(StreamId waiter, StreamId on) = 0;
+  // The host waits for all work on the device. kInvalidState during a capture.
+  virtual Status synchronize() = 0;
 
   // graphs
   virtual Status begin_capture(StreamId stream) = 0;
-  virtual Result<GraphHandle> end_capture(StreamId stream) = 0;  // also instantiates
+  virtual Result<GraphHandle> end_capture(StreamId stream,  // also instantiates
+                                          GraphOptions options = {}) = 0;
   virtual Status launch(GraphHandle g, StreamId stream) = 0;
+  // Maps the graph's memory and uploads it now, for `stream` (cudaGraphUpload); runs nothing.
+  virtual Status upload(GraphHandle g, StreamId stream) = 0;
   virtual Status destroy_graph(GraphHandle g) = 0;
   virtual Status graph_mem_trim() = 0;
   // Work the caller enqueued on `stream` itself while it captures (a model step's kernels and

@@ -62,6 +62,12 @@ const char* to_string(Primitive p) {
       return "destroy_graph";
     case Primitive::kGraphMemTrim:
       return "graph_mem_trim";
+    case Primitive::kUpload:
+      return "upload";
+    case Primitive::kStreamWait:
+      return "stream_wait";
+    case Primitive::kSynchronize:
+      return "synchronize";
     case Primitive::kCount:
       break;
   }

@@ -37,7 +37,8 @@ inline GpuSpec test_gpu() {
       {P::kMallocAsync, {1}}, {P::kFreeAsync, {1}}, {P::kHostMallocPinned, {50, 0, 0, 1024}},
       {P::kHostFreePinned, {30}}, {P::kFill, {2, 0, 0, 1 << 20}}, {P::kCopy, {2, 0, 0, 1 << 20}},
       {P::kBeginCapture, {5}}, {P::kEndCapture, {20}}, {P::kLaunch, {2.5}},
-      {P::kDestroyGraph, {10}}, {P::kGraphMemTrim, {50}}};
+      {P::kDestroyGraph, {10}}, {P::kGraphMemTrim, {50}}, {P::kUpload, {2.5}},
+      {P::kStreamWait, {2}}, {P::kSynchronize, {4}}};
   // clang-format on
   for (const auto& [p, c] : costs) g.cost(p) = c;
   return g;

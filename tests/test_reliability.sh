@@ -259,7 +259,7 @@ open(sys.argv[2], "w").writelines(lines)
 EOF
 run nocost "${SMALL[@]}" --set "gpu=$TMP/h200_nomap.yaml" --out "$TMP/o_nocost"
 expect_rc nocost 2
-expect_in "$TMP/nocost.err" "no cost for 2 of the 20 primitives: map, unmap" \
+expect_in "$TMP/nocost.err" "no cost for 2 of the 23 primitives: map, unmap" \
   "F16a: a GPU file without some costs names them"
 mkdir -p "$TMP/gpucopy"
 cp "$ROOT/configs/gpus/h200.yaml" "$TMP/gpucopy/h200.yaml"

@@ -237,8 +237,9 @@ Result<DevPtr> CudaBackend::malloc_async(uint64_t bytes, StreamId stream) {
       m.run(P::kMallocAsync, "cudaMallocAsync", [&] { return cudaMallocAsync(&p, bytes, cs); });
   if (!s.ok()) return m.undo(s, [&] { return shadow_.free_async(sp, stream); });
   const Kind kind = in_capture ? Kind::kGraph : Kind::kAsync;
-  m.ranges.insert_or_assign(addr(p), Range(sp, bytes, kind, stream.id));
-  if (in_capture) m.captures[stream.id].allocs.push_back(addr(p));
+  const uint32_t key = m.capture_key(stream);
+  m.ranges.insert_or_assign(addr(p), Range(sp, bytes, kind, key));
+  if (in_capture) m.captures[key].allocs.push_back(addr(p));
   return addr(p);
 }
 
@@ -253,10 +254,10 @@ Status CudaBackend::free_async(DevPtr p, StreamId stream) {
   const Status s = m.run(P::kFreeAsync, "cudaFreeAsync", [&] { return cudaFreeAsync(ptr(p), cs); });
   if (!s.ok()) return r.kind == Kind::kAsync ? orphaned(r, s) : s.error();  // still held
   if (in_capture) {
-    if (r.kind == Kind::kGraph && r.graph == 0 && r.capture_stream == stream.id)
+    if (r.kind == Kind::kGraph && r.graph == 0 && r.capture_stream == m.capture_key(stream))
       r.freed_in_graph = true;
     else
-      m.captures[stream.id].frees_of_others.push_back(p);
+      m.captures[m.capture_key(stream)].frees_of_others.push_back(p);
   } else if (r.kind != Kind::kGraph || r.graph_destroyed) {
     m.ranges.erase(it);
   } else {
@@ -341,7 +342,27 @@ Result<uint64_t> CudaBackend::native_stream(StreamId stream) const {
 
 Status CudaBackend::synchronize() {
   MEMSIM_CUDA_ENTER();
-  return check("cudaDeviceSynchronize", cudaDeviceSynchronize());
+  MEMSIM_TRY(shadow_.synchronize());
+  return m.run(P::kSynchronize, "cudaDeviceSynchronize", [&] { return cudaDeviceSynchronize(); });
+}
+
+Status CudaBackend::stream_wait(StreamId waiter, StreamId on) {
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_ASSIGN_OR_RETURN(cudaStream_t wait_cs, m.stream_of(waiter));
+  MEMSIM_ASSIGN_OR_RETURN(cudaStream_t on_cs, m.stream_of(on));
+  MEMSIM_TRY(shadow_.stream_wait(waiter, on));
+  // A fork: the shadow took `waiter` into `on`'s capture; so does the driver.
+  if (auto origin = shadow_.capture_origin(waiter); origin && origin->id != waiter.id)
+    m.capture_member[waiter.id] = origin->id;
+  return m.run(P::kStreamWait, "cudaStreamWaitEvent", [&] {
+    cudaEvent_t ev = nullptr;
+    cudaError_t x = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (x != cudaSuccess) return x;
+    x = cudaEventRecord(ev, on_cs);
+    if (x == cudaSuccess) x = cudaStreamWaitEvent(wait_cs, ev, 0);
+    const cudaError_t d = cudaEventDestroy(ev);  // released once the wait no longer needs it
+    return x != cudaSuccess ? x : d;
+  });
 }
 
 // ---- graphs ---------------------------------------------------------------------------------
@@ -363,19 +384,21 @@ Status CudaBackend::begin_capture(StreamId stream) {
   return {};
 }
 
-Result<GraphHandle> CudaBackend::end_capture(StreamId stream) {
+Result<GraphHandle> CudaBackend::end_capture(StreamId stream, GraphOptions options) {
   MEMSIM_CUDA_ENTER();
   MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
-  MEMSIM_ASSIGN_OR_RETURN(GraphHandle g, shadow_.end_capture(stream));
+  MEMSIM_ASSIGN_OR_RETURN(GraphHandle g, shadow_.end_capture(stream, options));
   GraphRec rec = std::move(m.captures[stream.id]);  // present: the shadow was capturing
   m.captures.erase(stream.id);
+  std::erase_if(m.capture_member, [&](const auto& kv) { return kv.second == stream.id; });
+  const unsigned long long flags =
+      options.auto_free_on_launch ? cudaGraphInstantiateFlagAutoFreeOnLaunch : 0;
   const char* failed = "cudaStreamEndCapture";
   const cudaError_t e = m.timed(P::kEndCapture, [&] {
     cudaError_t x = cudaStreamEndCapture(cs, &rec.graph);
     if (x != cudaSuccess) return x;
     failed = "cudaGraphInstantiateWithFlags";
-    x = cudaGraphInstantiateWithFlags(&rec.exec, rec.graph,
-                                      cudaGraphInstantiateFlagAutoFreeOnLaunch);
+    x = cudaGraphInstantiateWithFlags(&rec.exec, rec.graph, flags);
     if (x != cudaSuccess || !m.sync_for_timing) return x;
     failed = "cudaStreamSynchronize";
     return cudaStreamSynchronize(cs);
@@ -418,6 +441,16 @@ Status CudaBackend::launch(GraphHandle g, StreamId stream) {
     if (r->second.graph_destroyed) m.ranges.erase(r);
   }
   return s;
+}
+
+Status CudaBackend::upload(GraphHandle g, StreamId stream) {
+  MEMSIM_CUDA_ENTER();
+  MEMSIM_ASSIGN_OR_RETURN(cudaStream_t cs, m.stream_of(stream));
+  MEMSIM_TRY(shadow_.upload(g, stream));
+  auto it = m.graphs.find(g.id);
+  if (it == m.graphs.end()) return {};
+  return m.work(P::kUpload, "cudaGraphUpload", cs, false,
+                [&] { return cudaGraphUpload(it->second.exec, cs); });
 }
 
 Status CudaBackend::destroy_graph(GraphHandle g) {

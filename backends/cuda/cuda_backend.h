@@ -91,9 +91,12 @@ class CudaBackend final : public Backend {
   Result<StreamId> create_stream() override;
   Status fill(DevPtr p, uint64_t bytes, uint32_t pattern, StreamId stream) override;
   Status copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) override;
+  Status stream_wait(StreamId waiter, StreamId on) override;
+  Status synchronize() override;  // cudaDeviceSynchronize
   Status begin_capture(StreamId stream) override;
-  Result<GraphHandle> end_capture(StreamId stream) override;
+  Result<GraphHandle> end_capture(StreamId stream, GraphOptions options = {}) override;
   Status launch(GraphHandle g, StreamId stream) override;
+  Status upload(GraphHandle g, StreamId stream) override;
   Status destroy_graph(GraphHandle g) override;
   Status graph_mem_trim() override;
   // The nodes are already in the real graph (the caller enqueued them): the shadow counts them.
@@ -123,7 +126,6 @@ class CudaBackend final : public Backend {
   // writes (fill_word() in kernels/fill.h). Runs VerifyKernel on `stream` and synchronizes it;
   // not allowed while the stream captures. Not a Backend primitive: the shadow is not involved.
   Result<uint64_t> count_mismatches(DevPtr p, uint64_t bytes, uint32_t pattern, StreamId stream);
-  Status synchronize();  // cudaDeviceSynchronize
   // The cudaStream_t behind `stream`, for work enqueued beside the backend's (a model step
   // captured into a strategy's graph); kInvalidArgument for an unknown stream.
   Result<uint64_t> native_stream(StreamId stream) const;

@@ -144,9 +144,10 @@ struct CudaBackend::Impl {
   std::map<DevPtr, Range> ranges;         // real base -> range
   std::map<uint64_t, HandleRec> handles;  // PhysHandle id (the shadow's) -> CU handle
   std::map<uint32_t, cudaStream_t> streams;
-  std::map<uint32_t, GraphRec> captures;  // open captures by stream id (no graph yet)
-  std::map<uint64_t, GraphRec> graphs;    // GraphHandle id (the shadow's)
-  unsigned long long* counter = nullptr;  // VerifyKernel's device counter
+  std::map<uint32_t, GraphRec> captures;        // open captures by stream id (no graph yet)
+  std::map<uint32_t, uint32_t> capture_member;  // stream forked into a capture -> its origin
+  std::map<uint64_t, GraphRec> graphs;          // GraphHandle id (the shadow's)
+  unsigned long long* counter = nullptr;        // VerifyKernel's device counter
   std::array<SimTime, static_cast<size_t>(P::kCount)> measured_ns{};
   std::array<uint64_t, static_cast<size_t>(P::kCount)> measured_calls{};
   std::vector<CudaBackend::CallSample>* call_log = nullptr;
@@ -238,7 +239,14 @@ struct CudaBackend::Impl {
     return it->second;
   }
 
-  bool capturing(StreamId s) const { return captures.count(s.id) != 0; }
+  bool capturing(StreamId s) const {
+    return captures.count(s.id) != 0 || capture_member.count(s.id) != 0;
+  }
+  // The stream id whose capture `s` belongs to (s itself unless forked into another's).
+  uint32_t capture_key(StreamId s) const {
+    auto it = capture_member.find(s.id);
+    return it == capture_member.end() ? s.id : it->second;
+  }
 
   // Whether kernels may touch [p, p+bytes): inside one live range; for reservations, every byte
   // mapped with access set; graph allocations live, or referenced from a capture.

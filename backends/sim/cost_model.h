@@ -127,8 +127,8 @@ struct GpuSpec {
   double capture_per_node_us = 0;
   double instantiate_per_node_us = 0;
   double upload_per_node_us = 0;
-  // Graph memory nodes: mapping physical pages at a graph's first launch, and remapping when a
-  // graph moves to another stream (per granule).
+  // Graph memory nodes: mapping physical pages at a graph's first launch (or upload), and
+  // remapping them when other graphs' live outputs or concurrent graphs hold them (per granule).
   double graph_mem_map_per_granule_us = 0;
   double graph_mem_remap_per_granule_us = 0;
   uint64_t graph_mem_chunk = 0;  // growth unit of the driver's graph-memory arena (0 = granule)
@@ -147,7 +147,8 @@ struct GpuSpec {
   // Microseconds end_capture adds to its cost term for a graph of `nodes` nodes.
   double end_capture_extra_us(uint64_t nodes) const;
   // Microseconds a launch adds to its cost term: nodes uploaded (first launch), graph-memory
-  // granules mapped (first launch, or first after a trim) and remapped (stream changed).
+  // granules mapped (first launch or upload, or first after a trim) and remapped (others hold
+  // the graph's pages).
   double launch_extra_us(uint64_t upload_nodes, uint64_t map_granules,
                          uint64_t remap_granules) const;
 };

@@ -334,6 +334,7 @@ Status SimBackend::device_free(DevPtr p) {
   add_tag(it->second.tag, -static_cast<int64_t>(it->second.accounted));
   (void)va_.free(p);
   plain_.erase(it);
+  graph_mem_.synchronize();  // cudaFree waits for the device: no graph runs any more
   publish();
   return {};
 }
@@ -347,12 +348,8 @@ Result<DevPtr> SimBackend::malloc_async(uint64_t bytes, StreamId stream) {
   MEMSIM_TRY(enter(Primitive::kMallocAsync, 1, pages, !graph_mem_.capturing(stream)));
   if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "malloc_async: 0 bytes");
   if (graph_mem_.capturing(stream)) {
-    // A graph memory node: VA now, physical memory at launch.
-    MEMSIM_ASSIGN_OR_RETURN(DevPtr va, va_.alloc(pages, gpu_.granularity));
-    graph_mem_.add_alloc(stream, va, bytes);
-    virtual_mapped_ += pages;
-    publish();
-    return va;
+    // A graph memory node: an address in the graph's window now, physical memory at launch.
+    return graph_mem_.add_alloc(stream, bytes);
   }
   MEMSIM_TRY(charge_physical(pages, "malloc_async"));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr p, va_.alloc(pages, gpu_.granularity));
@@ -369,10 +366,7 @@ Status SimBackend::free_async(DevPtr p, StreamId stream) {
   if (graph_mem_.capturing(stream)) return graph_mem_.add_free(stream, p);
   if (graph_mem_.is_graph_alloc(p)) {
     MEMSIM_ASSIGN_OR_RETURN(std::optional<DevPtr> release, graph_mem_.free_outside(p));
-    if (release) {
-      virtual_mapped_ -= va_.size_of(*release);
-      (void)va_.free(*release);
-    }
+    if (release) release_graph_window(*release);
     publish();
     return {};
   }
@@ -408,6 +402,7 @@ Status SimBackend::host_free_pinned(DevPtr p) {
                       fmt::format("host_free_pinned: {:#x} is not pinned host memory", p));
   pinned_ -= it->second.accounted;
   (void)host_va_.free(p);
+  graph_mem_.synchronize();  // cudaFreeHost waits for the device too
   plain_.erase(it);
   return {};
 }
@@ -457,18 +452,47 @@ Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream)
   return {};
 }
 
+Status SimBackend::stream_wait(StreamId waiter, StreamId on) {
+  MEMSIM_TRY(enter(Primitive::kStreamWait, 0, 0));
+  return graph_mem_.stream_wait(waiter, on);
+}
+
+Status SimBackend::synchronize() {
+  MEMSIM_TRY(enter(Primitive::kSynchronize, 0, 0));
+  if (graph_mem_.any_capturing())
+    return make_error(ErrorCode::kInvalidState, "synchronize during a stream capture");
+  graph_mem_.synchronize();
+  return {};
+}
+
 // ---- graphs ---------------------------------------------------------------------------------
 
 Status SimBackend::begin_capture(StreamId stream) {
   MEMSIM_TRY(enter(Primitive::kBeginCapture, 0, 0));
-  MEMSIM_TRY(graph_mem_.begin(stream));
+  if (graph_mem_.capturing(stream))
+    return make_error(ErrorCode::kInvalidState,
+                      fmt::format("begin_capture: stream {} is already capturing", stream.id));
+  // The graph's allocations get addresses in a window as large as the device; end_capture
+  // gives back what they did not use.
+  const uint64_t window_bytes = round_up(gpu_.capacity, gpu_.granularity);
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr window, va_.alloc(window_bytes, gpu_.granularity));
+  if (const Status s = graph_mem_.begin(stream, window, window_bytes); !s.ok()) {
+    (void)va_.free(window);
+    return s;
+  }
   capture_ranges_[stream.id].clear();
   return {};
 }
 
+void SimBackend::release_graph_window(DevPtr window) {
+  virtual_mapped_ -= va_.size_of(window);
+  (void)va_.free(window);
+}
+
 void SimBackend::note_captured_range(StreamId stream, DevPtr p, uint64_t bytes) {
   uint64_t off = 0;
-  if (find_reservation(p, bytes, &off) != nullptr) capture_ranges_[stream.id].push_back({p, bytes});
+  if (find_reservation(p, bytes, &off) != nullptr)
+    capture_ranges_[graph_mem_.origin_of(stream).id].push_back({p, bytes});
 }
 
 bool SimBackend::range_mapped(DevPtr va, uint64_t bytes) const {
@@ -494,7 +518,7 @@ Status SimBackend::add_captured_nodes(StreamId stream, uint64_t nodes) {
   return {};
 }
 
-Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
+Result<GraphHandle> SimBackend::end_capture(StreamId stream, GraphOptions options) {
   const uint64_t nodes = graph_mem_.nodes_in_capture(stream);
   MEMSIM_TRY(enter(Primitive::kEndCapture, 0, 0));
   last_call_.nodes = nodes;
@@ -502,7 +526,14 @@ Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
   const auto extra = static_cast<SimTime>(std::llround(gpu_.end_capture_extra_us(nodes) * 1000.0));
   clock_.advance(extra);
   time_[static_cast<size_t>(Primitive::kEndCapture)] += extra;
-  MEMSIM_ASSIGN_OR_RETURN(auto ended, graph_mem_.end(stream));
+  MEMSIM_ASSIGN_OR_RETURN(auto ended, graph_mem_.end(stream, options.auto_free_on_launch));
+  if (ended.extent == 0) {
+    (void)va_.free(ended.window);
+  } else {
+    (void)va_.shrink(ended.window, round_up(ended.extent, gpu_.granularity));
+    virtual_mapped_ += round_up(ended.extent, gpu_.granularity);
+    publish();
+  }
   auto ranges = capture_ranges_.find(stream.id);
   if (ranges != capture_ranges_.end()) {
     if (!ranges->second.empty()) graph_ranges_[ended.graph_id] = std::move(ranges->second);
@@ -513,12 +544,22 @@ Result<GraphHandle> SimBackend::end_capture(StreamId stream) {
 
 Status SimBackend::launch(GraphHandle g, StreamId stream) {
   MEMSIM_TRY(enter(Primitive::kLaunch, 0, 0));
+  return run_graph(g, stream, false);
+}
+
+Status SimBackend::upload(GraphHandle g, StreamId stream) {
+  MEMSIM_TRY(enter(Primitive::kUpload, 0, 0));
+  return run_graph(g, stream, true);
+}
+
+Status SimBackend::run_graph(GraphHandle g, StreamId stream, bool upload_only) {
+  const char* what = upload_only ? "upload" : "launch";
   if (graph_mem_.capturing(stream))
-    return make_error(ErrorCode::kInvalidState, "launch into a capturing stream");
-  MEMSIM_ASSIGN_OR_RETURN(auto plan, graph_mem_.plan_launch(g.id, stream));
+    return make_error(ErrorCode::kInvalidState, fmt::format("{} into a capturing stream", what));
+  MEMSIM_ASSIGN_OR_RETURN(auto plan, graph_mem_.plan_launch(g.id, stream, upload_only));
   // A node that touches VMM memory no longer mapped would fault on the GPU (an illegal address):
   // the graph is no longer valid to replay.
-  if (auto ranges = graph_ranges_.find(g.id); ranges != graph_ranges_.end())
+  if (auto ranges = graph_ranges_.find(g.id); !upload_only && ranges != graph_ranges_.end())
     for (const auto& [va, bytes] : ranges->second)
       if (!range_mapped(va, bytes))
         return make_error(ErrorCode::kInvalidState,
@@ -526,17 +567,17 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
                                       "(an illegal address on the GPU)",
                                       g.id, va, bytes));
   const uint64_t growth = plan.reserved_after - graph_mem_.reserved();
-  if (growth > 0) MEMSIM_TRY(charge_physical(growth, "launch (graph memory)"));
+  if (growth > 0) MEMSIM_TRY(charge_physical(growth, fmt::format("{} (graph memory)", what)));
   const double us = gpu_.launch_extra_us(plan.upload_nodes, plan.map_granules, plan.remap_granules);
   const auto extra = static_cast<SimTime>(std::llround(us * 1000.0));
-  // What this launch was priced on (calls.csv, the in-context fit): nodes uploaded and
-  // graph-memory bytes mapped. Remaps (a graph launched into another stream) are not a feature.
+  // What this call was priced on (calls.csv, the in-context fit): nodes uploaded and
+  // graph-memory bytes mapped. Remaps (others hold the graph's pages) are not a feature.
   last_call_.nodes = plan.upload_nodes;
   last_call_.bytes = plan.map_granules * gpu_.granularity;
   clock_.advance(extra);
-  time_[static_cast<size_t>(Primitive::kLaunch)] += extra;
+  time_[static_cast<size_t>(upload_only ? Primitive::kUpload : Primitive::kLaunch)] += extra;
   const uint64_t before = graph_mem_.reserved();
-  graph_mem_.commit_launch(g.id, stream, plan);
+  for (DevPtr window : graph_mem_.commit_launch(g.id, stream, plan)) release_graph_window(window);
   if (graph_mem_.reserved() != before)
     add_tag("graph_mem", static_cast<int64_t>(graph_mem_.reserved() - before));
   publish();
@@ -545,12 +586,9 @@ Status SimBackend::launch(GraphHandle g, StreamId stream) {
 
 Status SimBackend::destroy_graph(GraphHandle g) {
   MEMSIM_TRY(enter(Primitive::kDestroyGraph, 0, 0));
-  MEMSIM_ASSIGN_OR_RETURN(std::vector<DevPtr> release, graph_mem_.destroy(g.id));
+  MEMSIM_ASSIGN_OR_RETURN(std::optional<DevPtr> release, graph_mem_.destroy(g.id));
   graph_ranges_.erase(g.id);
-  for (DevPtr va : release) {
-    virtual_mapped_ -= va_.size_of(va);
-    (void)va_.free(va);
-  }
+  if (release) release_graph_window(*release);
   publish();
   return {};
 }
@@ -607,7 +645,10 @@ bool SimBackend::check_invariants(std::string* why) const {
   if (phys + plain_dev != physical_) return fail("physical byte counter mismatch");
   if (reserved != virtual_reserved_) return fail("reserved VA counter mismatch");
   uint64_t graph_va = 0;
-  for (DevPtr va : graph_mem_.all_alloc_vas()) graph_va += va_.size_of(va);
+  for (const auto& [window, bytes] : graph_mem_.windows()) {
+    if (va_.size_of(window) != bytes) return fail("graph window VA mismatch");
+    graph_va += bytes;
+  }
   if (mapped + plain_dev + graph_va != virtual_mapped_) return fail("mapped VA counter mismatch");
   if (physical_ + graph_mem_.reserved() + held_elsewhere_ > gpu_.capacity)
     return fail("over capacity");

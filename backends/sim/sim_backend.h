@@ -57,9 +57,12 @@ class SimBackend final : public Backend {
   Result<StreamId> create_stream() override;
   Status fill(DevPtr p, uint64_t bytes, uint32_t pattern, StreamId stream) override;
   Status copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) override;
+  Status stream_wait(StreamId waiter, StreamId on) override;
+  Status synchronize() override;
   Status begin_capture(StreamId stream) override;
-  Result<GraphHandle> end_capture(StreamId stream) override;
+  Result<GraphHandle> end_capture(StreamId stream, GraphOptions options = {}) override;
   Status launch(GraphHandle g, StreamId stream) override;
+  Status upload(GraphHandle g, StreamId stream) override;
   Status destroy_graph(GraphHandle g) override;
   Status graph_mem_trim() override;
   Status add_captured_nodes(StreamId stream, uint64_t nodes) override;
@@ -88,6 +91,12 @@ class SimBackend final : public Backend {
   const GpuSpec& gpu() const { return gpu_; }
   // Nodes of the graph `stream` is capturing so far (0 when it is not capturing).
   uint64_t nodes_in_capture(StreamId stream) const { return graph_mem_.nodes_in_capture(stream); }
+  // The stream whose capture `stream` belongs to (itself unless forked into another's), or
+  // nullopt when it is not capturing.
+  std::optional<StreamId> capture_origin(StreamId stream) const {
+    if (!graph_mem_.capturing(stream)) return std::nullopt;
+    return graph_mem_.origin_of(stream);
+  }
 
   // The last primitive call entered and what its price depends on (for per-call samples of the
   // CUDA backend, which fits the cost model in context): nodes of the graph for end_capture and
@@ -135,6 +144,9 @@ class SimBackend final : public Backend {
   const Reservation* find_reservation(DevPtr va, uint64_t bytes, uint64_t* offset) const;
   void publish();
   void note_captured_range(StreamId stream, DevPtr p, uint64_t bytes);
+  // launch and upload: plan, check, charge and commit (upload_only: cudaGraphUpload).
+  Status run_graph(GraphHandle g, StreamId stream, bool upload_only);
+  void release_graph_window(DevPtr window);
 
   GpuSpec gpu_;
   CallFeatures last_call_;

@@ -34,9 +34,29 @@ Result<uint64_t> VaSpace::alloc(uint64_t bytes, uint64_t align) {
 Result<uint64_t> VaSpace::free(uint64_t addr) {
   auto it = live_.find(addr);
   if (it == live_.end()) return make_error(ErrorCode::kInvalidArgument, "not a reserved range");
-  uint64_t start = addr, size = it->second;
+  const uint64_t size = it->second;
   live_.erase(it);
   in_use_ -= size;
+  add_hole(addr, size);
+  return size;
+}
+
+Status VaSpace::shrink(uint64_t addr, uint64_t bytes) {
+  auto it = live_.find(addr);
+  if (it == live_.end()) return make_error(ErrorCode::kInvalidArgument, "not a reserved range");
+  if (bytes == 0 || bytes > it->second)
+    return make_error(ErrorCode::kInvalidArgument, "shrink to " + std::to_string(bytes) +
+                                                       " bytes of a range of " +
+                                                       std::to_string(it->second));
+  const uint64_t tail = it->second - bytes;
+  if (tail == 0) return {};
+  it->second = bytes;
+  in_use_ -= tail;
+  add_hole(addr + bytes, tail);
+  return {};
+}
+
+void VaSpace::add_hole(uint64_t start, uint64_t size) {
   auto next = holes_.lower_bound(start);
   if (next != holes_.end() && next->first == start + size) {
     size += next->second;
@@ -51,7 +71,6 @@ Result<uint64_t> VaSpace::free(uint64_t addr) {
     }
   }
   holes_.emplace(start, size);
-  return size;
 }
 
 uint64_t VaSpace::size_of(uint64_t addr) const {

@@ -512,7 +512,13 @@ Status Calibrator::graph_memory() {
   MEMSIM_TRY(b_.fill(p, kMiB, 7, s0_));
   MEMSIM_TRY(b_.free_async(p, s0_));
   MEMSIM_ASSIGN_OR_RETURN(GraphHandle g, b_.end_capture(s0_));
-  std::vector<double> trim, first, normal, moved;
+  // A graph whose output outlives it: launched after g, the output takes g's pages, and g's
+  // next launch is remapped.
+  MEMSIM_TRY(b_.begin_capture(s0_));
+  MEMSIM_ASSIGN_OR_RETURN(DevPtr out, b_.malloc_async(kGraphMem, s0_));
+  MEMSIM_TRY(b_.fill(out, kMiB, 7, s0_));
+  MEMSIM_ASSIGN_OR_RETURN(GraphHandle holder, b_.end_capture(s0_));
+  std::vector<double> trim, first, normal, moved, remapped, uploads, waits, syncs;
   std::vector<std::string> reserved;
   const auto note_reserved = [&](const char* when) {
     if (!t_.graph_mem_reserved) return;
@@ -524,31 +530,50 @@ Status Calibrator::graph_memory() {
     MEMSIM_TRY(timed(P::kLaunch, first, [&] { return b_.launch(g, s0_); }));
     if (round == 0) note_reserved("after the first launch");
     MEMSIM_TRY(repeat(P::kLaunch, 3, normal, [&](size_t) { return b_.launch(g, s0_); }));
-    MEMSIM_TRY(repeat(P::kLaunch, 4, moved,
-                      [&](size_t i) { return b_.launch(g, i % 2 == 0 ? s1 : s0_); }));
-    if (round == 0) note_reserved("after launches alternating between two streams");
+    MEMSIM_TRY(repeat(P::kUpload, 3, uploads, [&](size_t) { return b_.upload(g, s0_); }));
+    MEMSIM_TRY(repeat(P::kStreamWait, 3, waits, [&](size_t) { return b_.stream_wait(s1, s0_); }));
+    MEMSIM_TRY(repeat(P::kSynchronize, 3, syncs, [&](size_t) { return b_.synchronize(); }));
+    MEMSIM_TRY(repeat(P::kLaunch, 4, moved, [&](size_t i) -> Status {
+      MEMSIM_TRY(b_.synchronize());  // the other stream is idle: no remap
+      return b_.launch(g, i % 2 == 0 ? s1 : s0_);
+    }));
+    if (round == 0) note_reserved("after launches alternating between two idle streams");
+    MEMSIM_TRY(b_.launch(holder, s0_));
+    MEMSIM_TRY(timed(P::kLaunch, remapped, [&] { return b_.launch(g, s0_); }));
+    if (round == 0) note_reserved("after a launch while another graph's output holds its pages");
+    MEMSIM_TRY(b_.free_async(out, s0_));
+    MEMSIM_TRY(b_.synchronize());
   }
   MEMSIM_TRY(b_.destroy_graph(g));
-  note_reserved("after destroying the graph");
+  MEMSIM_TRY(b_.destroy_graph(holder));
+  note_reserved("after destroying the graphs");
   MEMSIM_TRY(timed(P::kGraphMemTrim, trim, [&] { return b_.graph_mem_trim(); }));
   note_reserved("after graph_mem_trim");
   const double granules = static_cast<double>(kGraphMem / g_);
   spec().graph_mem_map_per_granule_us = std::max(0.0, median(first) - median(normal)) / granules;
-  spec().graph_mem_remap_per_granule_us = std::max(0.0, median(moved) - median(normal)) / granules;
+  spec().graph_mem_remap_per_granule_us =
+      std::max(0.0, median(remapped) - median(normal)) / granules;
   spec().cost(P::kGraphMemTrim) = CostTerm{median(trim), 0, 0, 0};
+  spec().cost(P::kUpload) = CostTerm{median(uploads), 0, 0, 0};
+  spec().cost(P::kStreamWait) = CostTerm{median(waits), 0, 0, 0};
+  spec().cost(P::kSynchronize) = CostTerm{median(syncs), 0, 0, 0};
+  priced(P::kUpload, "of a mapped, uploaded graph", uploads, 0, 0);
+  priced(P::kStreamWait, "event record + wait, idle streams", waits, 0, 0);
+  priced(P::kSynchronize, "idle device", syncs, 0, 0);
   const double plain = price_us(P::kLaunch, 0, 0);  // uploaded at its first launch, before
   const std::string what = yaml_bytes(kGraphMem) + " mem node: ";
   row(P::kLaunch, what + "first launch after trim", first,
       plain + spec().graph_mem_map_per_granule_us * granules);
   row(P::kLaunch, what + "later launches", normal, plain);
-  row(P::kLaunch, what + "launch into other stream", moved,
+  row(P::kLaunch, what + "launch into another idle stream (no remap)", moved, plain);
+  row(P::kLaunch, what + "launch while another graph's output holds its pages (remap)", remapped,
       plain + spec().graph_mem_remap_per_granule_us * granules);
   priced(P::kGraphMemTrim, "after launches (frees the pool)", trim, 0, 0);
   if (!reserved.empty())
-    c_.findings.push_back(fmt::format(
-        "graph memory pool (cudaGraphMemAttrReservedMemCurrent) with one {} graph: {} (the sim "
-        "keeps one backing per stream: 2 x {} after launches into two streams)",
-        yaml_bytes(kGraphMem), fmt::join(reserved, "; "), yaml_bytes(kGraphMem)));
+    c_.findings.push_back(
+        fmt::format("graph memory pool (cudaGraphMemAttrReservedMemCurrent) "
+                    "with {} graphs: {}",
+                    yaml_bytes(kGraphMem), fmt::join(reserved, "; ")));
   return {};
 }
 
