@@ -55,6 +55,7 @@ std::vector<Variant> variants() {
   v.push_back({"paged prefix_caching off", paged + "prefix_caching: false}", 1024, false});
   v.push_back({"paged copy_on_write off", paged + "copy_on_write: false}", 1024, true});
   v.push_back({"paged free_list lifo", paged + "free_list: lifo}", 1024, true});
+  v.push_back({"paged growing lifo", paged + "initial_blocks: 2, free_list: lifo}", 1024, true});
   const std::string radix = "{impl: radix_token_pool, ";
   v.push_back({"radix page_size 16", radix + "page_size: 16}", 1024, true});
   v.push_back({"radix page_size 4 lfu", radix + "page_size: 4, eviction: lfu}", 1024, true});
