@@ -36,6 +36,13 @@ TEST_CASE("seed 16.1 and 17.5: Qwen3-8B pool, prefill 35, decode to 48, 63, 64, 
   CHECK(s.block_bytes == 16 * 1024 * 2 * 2);  // 32 KiB in the key pool + 32 KiB in the value pool
   CHECK(s.pool_bytes == 1152 * kMiB);         // 576 MiB key pool + 576 MiB value pool
   CHECK(s.metadata_bytes == 72 * kKiB);       // block table [36, 512] int32
+  // Two allocations of 576 MiB: the key pool and the value pool [18432, 16, 1024] fp16 (1.3).
+  CHECK(rig.backend.calls_of(Primitive::kDeviceMalloc) == 2);
+  CHECK(rig.backend.usage().physical_bytes == 1152 * kMiB);
+  const KvLayout layout = rig.kv->layout();
+  CHECK(layout.v[0] - layout.k[0] == 576 * kMiB);
+  CHECK(layout.k[1] - layout.k[0] == 16 * 1024 * 2);  // layer 1's block: the next physical one
+  CHECK(layout.block_stride == 36 * 16 * 1024 * 2);   // a table entry steps over 36 of them
 
   const TokenContent chat(7, 8192);
   auto free_after = [&](uint32_t tokens) {
@@ -52,6 +59,26 @@ TEST_CASE("seed 16.1 and 17.5: Qwen3-8B pool, prefill 35, decode to 48, 63, 64, 
   CHECK(rig.kv->stats().free_blocks == 18432);  // clear() returns everything
   REQUIRE(rig.kv->shutdown().ok());
   CHECK(rig.backend.usage().physical_bytes == 0);
+}
+
+// Seed 17.4: the block table of a 50-token chat on Qwen3-8B, one row per layer.
+TEST_CASE("seed 17.4: Qwen3-8B block table rows per layer after 50 tokens") {
+  const ModelShape m = model_from_configs("qwen3-8b");
+  KvRig rig(kSeedPool, seed_init(m));
+  auto& pool = dynamic_cast<PagedBlockPool&>(*rig.kv);
+  REQUIRE(pool.grow(0, TokenContent(7, 50), 50, 0).ok());
+  rig.check();
+  CHECK(pool.layer_table(0, 0) == std::vector<uint32_t>{0, 36, 72, 108});
+  CHECK(pool.layer_table(0, 1) == std::vector<uint32_t>{1, 37, 73, 109});
+  CHECK(pool.layer_table(0, 2) == std::vector<uint32_t>{2, 38, 74, 110});
+  CHECK(pool.layer_table(0, 35) == std::vector<uint32_t>{35, 71, 107, 143});
+  CHECK(pool.stats().free_blocks == 18288);  // "Free blocks remaining: 18288 / 18432"
+  // Row 1 of logical block 2 holds token 32's K in layer 1 at physical block 73 of the key pool.
+  const KvLayout layout = pool.layout();
+  std::vector<int32_t> table;
+  pool.seq_table(0, &table);
+  CHECK(layout.row(table, false, 1, 32) == layout.k[0] + 73ull * 16 * 2048);
+  CHECK(layout.row(table, true, 1, 33) == layout.v[0] + 73ull * 16 * 2048 + 2048);
 }
 
 TEST_CASE("seed 16.3: Qwen3-8B usage by conversation length") {
@@ -166,9 +193,10 @@ TEST_CASE("seed 16.7: Qwen3-8B extra overhead, tables on CPU and GPU plus the fr
   CHECK(shared.kv->stats().free_list_bytes == 9 * 4);
 }
 
-// Seed 10.4 strategy 4 on the seed's Qwen3-8B pool (per-layer blocks of 16, a logical block of
-// 36 layers is 2.25 MiB, the cap 18,432 blocks = 512 logical blocks): 144 blocks (4 logical, 9
-// MiB, mapped as 5 granules of 2 MiB = 10 MiB) at init, 144 more each time the pool runs dry.
+// Seed 10.4 strategy 4 on the seed's Qwen3-8B pools (per-layer blocks of 16, a logical block of
+// 36 layers is 1.125 MiB in the key pool and as much in the value pool, the cap 18,432 blocks =
+// 512 logical blocks): 144 blocks (4 logical, 4.5 MiB a pool, mapped as 3 granules of 2 MiB: 12
+// MiB) at init, 144 more each time the pool runs dry, each pool growing by the same granules.
 TEST_CASE("a growing pool: 144 blocks at init, 144 more when exhausted, up to the cap") {
   const ModelShape m = model_from_configs("qwen3-8b");
   KvRig rig(
@@ -182,7 +210,7 @@ TEST_CASE("a growing pool: 144 blocks at init, 144 more when exhausted, up to th
   KvStats s = stats();
   CHECK(s.total_blocks == 144);
   CHECK(s.max_blocks == 18432);
-  CHECK(s.pool_bytes == 10 * kMiB);
+  CHECK(s.pool_bytes == 12 * kMiB);
   CHECK(rig.kv->free_token_capacity() == 8192);  // the headroom counts: the pool may grow
   const TokenContent chat(7, 8192);
   REQUIRE(rig.kv->grow(0, chat, 64, 0).ok());  // 4 logical blocks: no growth
@@ -190,20 +218,21 @@ TEST_CASE("a growing pool: 144 blocks at init, 144 more when exhausted, up to th
   CHECK(s.used_blocks == 144);
   CHECK(s.free_blocks == 0);
   CHECK(s.pool_growths == 0);
-  REQUIRE(rig.kv->grow(0, chat, 65, 0).ok());  // the 5th: 8 logical blocks, 18 MiB
+  REQUIRE(rig.kv->grow(0, chat, 65, 0).ok());  // the 5th: 8 logical blocks, 9 -> 10 MiB a pool
   s = stats();
   CHECK(s.total_blocks == 288);
-  CHECK(s.pool_bytes == 18 * kMiB);
+  CHECK(s.pool_bytes == 20 * kMiB);
   CHECK(s.pool_growths == 1);
   CHECK(s.used_blocks == 180);
-  REQUIRE(rig.kv->grow(0, chat, 200, 0).ok());  // 13 logical blocks: 12 (28 MiB), then 16
+  REQUIRE(rig.kv->grow(0, chat, 200, 0).ok());  // 13 logical blocks: 12 (2 x 14 MiB), then 16
   s = stats();
   CHECK(s.total_blocks == 576);
   CHECK(s.pool_bytes == 36 * kMiB);
   CHECK(s.pool_growths == 3);
-  CHECK(rig.backend.calls_of(Primitive::kCreatePhysical) == 4);  // init and 3 growths
-  CHECK(rig.backend.calls_of(Primitive::kMap) == 4);
-  CHECK(rig.backend.calls_of(Primitive::kSetAccess) == 4);
+  // Init and 3 growths, in each of the two pools.
+  CHECK(rig.backend.calls_of(Primitive::kCreatePhysical) == 8);
+  CHECK(rig.backend.calls_of(Primitive::kMap) == 8);
+  CHECK(rig.backend.calls_of(Primitive::kSetAccess) == 8);
   REQUIRE(rig.kv->grow(0, chat, 8192, 0).ok());  // 512 logical blocks: 124 growths more
   s = stats();
   CHECK(s.total_blocks == 18432);
@@ -221,9 +250,9 @@ TEST_CASE("a growing pool: 144 blocks at init, 144 more when exhausted, up to th
   CHECK(rig.backend.usage().virtual_reserved == 0);
 }
 
-// The growth takes physical memory from the backend: on a GPU of 20 MiB the pool of 10 MiB grows
-// to 18 MiB, and the next growth (to 28 MiB, 10 MiB more) runs the GPU out of memory 8 MiB
-// short; the sequence keeps what it held.
+// The growth takes physical memory from the backend: on a GPU of 20 MiB the pools of 2 x 6 MiB
+// grow to 2 x 10 MiB, and the next growth (2 x 14 MiB) runs the GPU out of memory at the key
+// pool's 4 MiB; nothing grows, and the sequence keeps what it held.
 TEST_CASE("a growing pool runs the GPU out of memory for real") {
   const ModelShape m = model_from_configs("qwen3-8b");
   SimClock clock;
@@ -235,13 +264,13 @@ TEST_CASE("a growing pool runs the GPU out of memory for real") {
   REQUIRE(kv->init(backend, seed_init(m)).ok());
   const TokenContent chat(7, 8192);
   REQUIRE(kv->grow(0, chat, 128, 0).ok());
-  CHECK(backend.usage().physical_bytes == 18 * kMiB);
+  CHECK(backend.usage().physical_bytes == 20 * kMiB);
   const Status st = kv->grow(0, chat, 129, 0);
   REQUIRE(st.error().code == ErrorCode::kOutOfMemory);
-  CHECK(st.error().bytes_short == 8 * kMiB);
+  CHECK(st.error().bytes_short == 4 * kMiB);
   CHECK(kv->seq_tokens(0) == 128);
   CHECK(kv->stats().total_blocks == 288);
-  CHECK(backend.usage().physical_bytes == 18 * kMiB);
+  CHECK(backend.usage().physical_bytes == 20 * kMiB);
   std::string why;
   CHECK(kv->check_invariants(&why));
   REQUIRE(kv->shutdown().ok());
@@ -434,9 +463,10 @@ TEST_CASE("copy-on-write: fork shares, appending to a shared partial block copie
 // each sequence writes position 2. The first write copies the shared block of every layer (the
 // seed's cow_on_write, K and V: block_size x 1,024 x 2 bytes per layer and pool, 16 / 32 / 64 /
 // 128 KiB at block sizes 8 / 16 / 32 / 64); the second finds its block private. memsim copies
-// a logical block's 36 layer blocks (K and V together) in one Backend::copy; on a GPU whose copy
-// costs 4 us a call plus 64 KiB a microsecond read and written (2 x bytes), that takes
-// 4 + 2 x 36 x 2 x block_size x 2 KiB / 64 KiB = 4 + 4.5 x block_size us.
+// a logical block's 36 layer blocks, adjacent in each pool, in two Backend::copy calls (the key
+// pool's, the value pool's); on a GPU whose copy costs 4 us a call plus 64 KiB a microsecond
+// read and written (2 x bytes), that takes 2 x (4 + 2 x 36 x block_size x 2 KiB / 64 KiB) =
+// 8 + 4.5 x block_size us.
 TEST_CASE("copy-on-write cost per block size, 8 to 64 (seed 6.2.6, 6.3)") {
   const ModelShape m = model_from_configs("qwen3-8b");
   struct Row {
@@ -444,10 +474,10 @@ TEST_CASE("copy-on-write cost per block size, 8 to 64 (seed 6.2.6, 6.3)") {
     uint64_t per_layer_pool_bytes, bytes;
     SimTime ns;
   };
-  const std::vector<Row> rows = {{8, 16 * kKiB, 1152 * kKiB, 40000},
-                                 {16, 32 * kKiB, 2304 * kKiB, 76000},
-                                 {32, 64 * kKiB, 4608 * kKiB, 148000},
-                                 {64, 128 * kKiB, 9216 * kKiB, 292000}};
+  const std::vector<Row> rows = {{8, 16 * kKiB, 1152 * kKiB, 44000},
+                                 {16, 32 * kKiB, 2304 * kKiB, 80000},
+                                 {32, 64 * kKiB, 4608 * kKiB, 152000},
+                                 {64, 128 * kKiB, 9216 * kKiB, 296000}};
   for (const Row& r : rows) {
     INFO(r.block_size);
     SimClock clock;

@@ -49,11 +49,21 @@ Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
                                     "{} blocks the pool may grow to",
                                     config_.initial_blocks, (reserved + 1) * physical_per_unit(),
                                     units * physical_per_unit()));
-    const uint64_t g = backend.granularity();
-    MEMSIM_ASSIGN_OR_RETURN(pool_,
-                            backend.reserve_virtual((units * unit_bytes_ + g - 1) / g * g, g));
-  } else {
-    MEMSIM_ASSIGN_OR_RETURN(pool_, backend.device_malloc(units * unit_bytes_, "kv_cache"));
+  }
+  // The pools: one, or the seed's key pool and value pool (per_layer), each of `units` parts.
+  const uint64_t g = backend.granularity();
+  const uint64_t part = units * part_bytes();
+  pools_.clear();
+  for (uint32_t i = 0; i < pool_count(); ++i) {
+    Result<DevPtr> p = grows() ? backend.reserve_virtual((part + g - 1) / g * g, g)
+                               : backend.device_malloc(part, "kv_cache");
+    if (!p.ok()) {
+      for (const DevPtr q : pools_)
+        (void)(grows() ? backend.free_virtual(q) : backend.device_free(q));
+      pools_.clear();
+      return p.error();
+    }
+    pools_.push_back(*p);
   }
   backend_ = &backend;
   cap_units_ = units;
@@ -63,7 +73,8 @@ Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
   head_ = tail_ = kNone;
   queued_ = cached_ = used_ = stored_ = cow_copies_ = evicted_ = growths_ = mapped_bytes_ = 0;
   if (const Status mapped = map_units(first); !mapped.ok()) {
-    (void)backend.free_virtual(pool_);
+    for (const DevPtr q : pools_) (void)backend.free_virtual(q);
+    pools_.clear();
     backend_ = nullptr;
     return mapped;
   }
@@ -79,21 +90,37 @@ Status PagedBlockPool::map_units(uint64_t units) {
   const uint64_t old = blocks_.size();
   if (grows()) {
     const uint64_t g = backend_->granularity();
-    const uint64_t want = (units * unit_bytes_ + g - 1) / g * g;
+    const uint64_t want = (units * part_bytes() + g - 1) / g * g;
     if (want > mapped_bytes_) {
+      // Every pool grows by the same bytes, all or none.
       const uint64_t bytes = want - mapped_bytes_;
-      MEMSIM_ASSIGN_OR_RETURN(const PhysHandle h, backend_->create_physical(bytes, "kv_cache"));
-      Status st = backend_->map(pool_ + mapped_bytes_, bytes, h, 0);
-      if (st.ok()) {
-        st = backend_->set_access(pool_ + mapped_bytes_, bytes);
-        if (!st.ok()) (void)backend_->unmap(pool_ + mapped_bytes_, bytes);
+      std::vector<PhysHandle> made;
+      Status st;
+      for (const DevPtr base : pools_) {
+        Result<PhysHandle> h = backend_->create_physical(bytes, "kv_cache");
+        if (!h.ok()) {
+          st = h.error();
+          break;
+        }
+        st = backend_->map(base + mapped_bytes_, bytes, *h, 0);
+        if (st.ok()) {
+          st = backend_->set_access(base + mapped_bytes_, bytes);
+          if (!st.ok()) (void)backend_->unmap(base + mapped_bytes_, bytes);
+        }
+        if (!st.ok()) {
+          (void)backend_->release_physical(*h);
+          break;
+        }
+        made.push_back(*h);
       }
       if (!st.ok()) {
-        (void)backend_->release_physical(h);
+        for (size_t i = 0; i < made.size(); ++i) {
+          (void)backend_->unmap(pools_[i] + mapped_bytes_, bytes);
+          (void)backend_->release_physical(made[i]);
+        }
         return st;
       }
-      chunks_.push_back(h);
-      chunk_bytes_.push_back(bytes);
+      chunks_.insert(chunks_.end(), made.begin(), made.end());
       mapped_bytes_ = want;
     }
   }
@@ -128,17 +155,17 @@ Status PagedBlockPool::shutdown() {
     if (s.ok() && !st.ok()) s = std::move(st);
   };
   if (grows()) {
-    if (mapped_bytes_) keep(backend_->unmap(pool_, mapped_bytes_));
+    if (mapped_bytes_)
+      for (const DevPtr base : pools_) keep(backend_->unmap(base, mapped_bytes_));
     for (const PhysHandle h : chunks_) keep(backend_->release_physical(h));
-    keep(backend_->free_virtual(pool_));
+    for (const DevPtr base : pools_) keep(backend_->free_virtual(base));
     chunks_.clear();
-    chunk_bytes_.clear();
     mapped_bytes_ = 0;
   } else {
-    s = backend_->device_free(pool_);
+    for (const DevPtr base : pools_) keep(backend_->device_free(base));
   }
   backend_ = nullptr;
-  pool_ = 0;
+  pools_.clear();
   blocks_.clear();
   hashes_.clear();
   head_ = tail_ = kNone;
@@ -229,8 +256,10 @@ void PagedBlockPool::set_filled(uint32_t b, uint32_t filled) {
 
 Status PagedBlockPool::copy_unit(uint32_t dst, uint32_t src) {
   ++cow_copies_;
-  return backend_->copy(pool_ + dst * unit_bytes_, pool_ + src * unit_bytes_, unit_bytes_,
-                        StreamId{});
+  for (const DevPtr base : pools_)  // per_layer: the key pool's part, then the value pool's
+    MEMSIM_TRY(backend_->copy(base + dst * part_bytes(), base + src * part_bytes(), part_bytes(),
+                              StreamId{}));
+  return {};
 }
 
 void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content, bool publish) {
@@ -444,6 +473,13 @@ uint64_t PagedBlockPool::free_token_capacity() const {
   return (queued_ + cap_units_ - blocks_.size()) * block_size();  // a growing pool's headroom too
 }
 
+std::vector<uint32_t> PagedBlockPool::layer_table(SeqId seq, uint32_t layer) const {
+  std::vector<uint32_t> out = block_table(seq);
+  for (uint32_t& b : out)
+    if (b != kNone) b += config_.per_layer ? layer : 0;
+  return out;
+}
+
 std::vector<uint32_t> PagedBlockPool::block_table(SeqId seq) const {
   const Seq* s = seqs_.find(seq);
   if (!s) return {};
@@ -465,7 +501,7 @@ KvStats PagedBlockPool::stats() const {
   s.free_blocks = (queued_ - cached_) * ppu;
   s.slots_allocated = (used_ - null) * block_size();
   s.tokens_stored = stored_;
-  s.pool_bytes = grows() ? mapped_bytes_ : blocks_.size() * unit_bytes_;
+  s.pool_bytes = grows() ? mapped_bytes_ * pools_.size() : blocks_.size() * unit_bytes_;
   s.pool_growths = growths_;
   s.max_blocks = cap_units_ * ppu;
   // Tables of int32 [max_num_seqs, layers (per_layer) x max blocks per sequence]: one on the
@@ -553,7 +589,25 @@ KvLayout PagedBlockPool::layout() const {
   // A unit is one logical block: every layer's K and V of block_size tokens (per_layer: the
   // unit's `layers` physical blocks, one per layer, in the same order).
   // A growing pool's addresses are reserved for its cap from init on.
-  return block_major_layout(pool_, init_, block_size(), unit_bytes_, cap_units_);
+  const DevPtr k = pools_.empty() ? 0 : pools_[0];
+  if (!config_.per_layer)
+    return block_major_layout(k, init_, block_size(), unit_bytes_, cap_units_);
+  // The seed's pools [physical blocks, block_size, kv_dim]: layer l of a unit is physical block
+  // unit x layers + l, so layer l's rows start l physical blocks in and a table entry (the
+  // unit) steps over a unit's `layers` blocks.
+  KvLayout l;
+  l.paged = true;
+  l.block_tokens = block_size();
+  l.row_bytes = init_.row_bytes();
+  l.block_stride = part_bytes();
+  l.blocks = cap_units_;
+  const DevPtr v = pools_.size() > 1 ? pools_[1] : 0;
+  const uint64_t physical = uint64_t{block_size()} * l.row_bytes;
+  for (uint32_t layer = 0; layer < init_.layers; ++layer) {
+    l.k.push_back(k + layer * physical);
+    l.v.push_back(v + layer * physical);
+  }
+  return l;
 }
 
 void PagedBlockPool::seq_table(SeqId seq, std::vector<int32_t>* out) const {

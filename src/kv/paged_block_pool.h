@@ -17,9 +17,11 @@ namespace memsim {
 
 struct PagedBlockPoolConfig {
   uint32_t block_size = 16;  // tokens per block: 1, 4, 8, 16, 32, 64, 128 or 256
-  // shared: one block holds K and V of every layer for block_size tokens (vLLM). per_layer: a
-  // logical block takes one physical block per layer (the OrinMLLM seed); all layers of a
-  // logical block are allocated, shared and freed together.
+  // shared: one block holds K and V of every layer for block_size tokens (vLLM). per_layer: the
+  // OrinMLLM seed's key pool and value pool, two allocations of [physical blocks, block_size,
+  // kv_dim] shared by all layers, and a block-table row per layer; a logical block takes one
+  // physical block per layer (layer l of unit u: block u x layers + l, the seed's tables on a
+  // fresh pool), all layers allocated, shared, copied and freed together.
   bool per_layer = false;
   bool prefix_caching = true;        // vLLM V1 enable_prefix_caching (default on)
   bool copy_on_write = true;         // fork shares blocks (vLLM V0); false: fork copies every block
@@ -71,6 +73,9 @@ class PagedBlockPool final : public KvCacheManager {
   // block; layer l of logical block b is that id + l; UINT32_MAX for a block release_front
   // freed). For tests and tools.
   std::vector<uint32_t> block_table(SeqId seq) const;
+  // Layer `layer`'s row of the block table (the seed's block_table_cpu_[layer]): per_layer, the
+  // physical block of each logical block in the key (and value) pool; shared, block_table.
+  std::vector<uint32_t> layer_table(SeqId seq, uint32_t layer) const;
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
@@ -120,17 +125,19 @@ class PagedBlockPool final : public KvCacheManager {
   uint32_t units_for(uint32_t tokens) const { return (tokens + block_size() - 1) / block_size(); }
   uint32_t block_size() const { return config_.block_size; }
   uint64_t physical_per_unit() const { return config_.per_layer ? init_.layers : 1; }
+  // per_layer: the seed's key pool and value pool, two allocations; else one pool.
+  uint32_t pool_count() const { return config_.per_layer ? 2 : 1; }
+  uint64_t part_bytes() const { return unit_bytes_ / pool_count(); }  // a unit's bytes per pool
 
   PagedBlockPoolConfig config_;
   KvInit init_;
   Backend* backend_ = nullptr;
-  DevPtr pool_ = 0;
-  uint64_t cap_units_ = 0;             // the most units the pool may hold
-  uint64_t mapped_bytes_ = 0;          // growing pools: physical bytes mapped at pool_
-  std::vector<PhysHandle> chunks_;     // growing pools: one handle per growth
-  std::vector<uint64_t> chunk_bytes_;  // and its bytes
-  uint64_t growths_ = 0;               // growing pools: times the pool grew after init
-  uint64_t unit_bytes_ = 0;  // device bytes of one unit (one block, or one block per layer)
+  std::vector<DevPtr> pools_;       // one pool, or the key and value pools (per_layer)
+  uint64_t cap_units_ = 0;          // the most units the pool may hold
+  uint64_t mapped_bytes_ = 0;       // growing pools: physical bytes mapped in each pool
+  std::vector<PhysHandle> chunks_;  // growing pools: one handle per pool and growth
+  uint64_t growths_ = 0;            // growing pools: times the pool grew after init
+  uint64_t unit_bytes_ = 0;         // device bytes of one unit (one block, or one block per layer)
   std::vector<Block> blocks_;
   std::vector<uint64_t> hashes_;  // chained hash of each kRegistered block
   uint32_t head_ = kNone, tail_ = kNone;
