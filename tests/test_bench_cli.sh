@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The bench executables' command lines: --help prints usage (exit 0), a bad argument is one
 # message (exit 2), a config that cannot be read names the file (exit 2); never an abort.
-# Usage: test_bench_cli.sh MEMSIM_BENCH MEMSIM_KV_BENCH MEMSIM_PROGRAM_DUMP
+# Usage: test_bench_cli.sh MEMSIM_BENCH MEMSIM_KV_BENCH MEMSIM_PROGRAM_DUMP MEMSIM_COW_BENCH
 # (MEMSIM_SOURCE_ROOT: the source tree). Exits 0 when every check passes, 1 otherwise.
 set -u
 
-if [ $# -ne 3 ]; then
-  echo "usage: $0 MEMSIM_BENCH MEMSIM_KV_BENCH MEMSIM_PROGRAM_DUMP" >&2
+if [ $# -ne 4 ]; then
+  echo "usage: $0 MEMSIM_BENCH MEMSIM_KV_BENCH MEMSIM_PROGRAM_DUMP MEMSIM_COW_BENCH" >&2
   exit 1
 fi
 abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 BENCH=$(abs "$1")
 KV_BENCH=$(abs "$2")
 DUMP=$(abs "$3")
+COW_BENCH=$(abs "$4")
 ROOT=${MEMSIM_SOURCE_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/memsim_test_bench_cli.XXXXXX") || exit 1
@@ -46,7 +47,7 @@ expect() {
   fi
 }
 
-for exe in "$BENCH" "$KV_BENCH" "$DUMP"; do
+for exe in "$BENCH" "$KV_BENCH" "$DUMP" "$COW_BENCH"; do
   name=$(basename "$exe")
   run "$name-help" "$exe" --help
   expect "$name-help" 0 out "usage: $name"
@@ -79,6 +80,14 @@ run dump-model "$DUMP" "$TMP/none.yaml" 1
 expect dump-model 2 err "memsim-program-dump: config error: $TMP/none.yaml"
 run dump-ok "$DUMP" "$ROOT/configs/models/llama-3.1-8b.yaml" 1
 expect dump-ok 0 out '"batch":1'
+
+run cow-args "$COW_BENCH" h200 qwen3-8b extra
+expect cow-args 2 err "memsim-cow-bench: at most two arguments: GPU and MODEL"
+run cow-gpu env MEMSIM_ROOT="$ROOT" "$COW_BENCH" nogpu
+expect cow-gpu 2 err "memsim-cow-bench: config error: $ROOT/configs/gpus/nogpu.yaml"
+# Qwen3-8B, block 16: 36 layers x K and V x 16 tokens x 1,024 values x 2 bytes copied.
+run cow-ok env MEMSIM_ROOT="$ROOT" "$COW_BENCH" h200 qwen3-8b
+expect cow-ok 0 out "        16            32 KiB       2304 KiB"
 
 echo "test_bench_cli: $((checks - failures)) of $checks checks passed"
 [ "$failures" -eq 0 ]

@@ -55,6 +55,7 @@ std::vector<Variant> variants() {
   v.push_back({"paged prefix_caching off", paged + "prefix_caching: false}", 1024, false});
   v.push_back({"paged copy_on_write off", paged + "copy_on_write: false}", 1024, true});
   v.push_back({"paged free_list lifo", paged + "free_list: lifo}", 1024, true});
+  v.push_back({"paged growing lifo", paged + "initial_blocks: 2, free_list: lifo}", 1024, true});
   const std::string radix = "{impl: radix_token_pool, ";
   v.push_back({"radix page_size 16", radix + "page_size: 16}", 1024, true});
   v.push_back({"radix page_size 4 lfu", radix + "page_size: 4, eviction: lfu}", 1024, true});
@@ -129,7 +130,7 @@ class Stress {
 
   // Counters for the summary line and the end-of-run expectations.
   uint64_t ooms = 0, grows = 0, deferred = 0, forks = 0, releases = 0, preempts = 0;
-  uint64_t backgrounds = 0;
+  uint64_t backgrounds = 0, front_frees = 0;
   uint64_t prefix_hit_tokens = 0;
 
  private:
@@ -285,6 +286,42 @@ class Stress {
     // Strategies with background work get a background step after a third of the operations
     // (others draw nothing more, so their operation stream is unchanged).
     if (kv().has_background() && chance(33)) background();
+    // Strategies that free a sequence's earliest blocks get that after 4% of the operations.
+    if (kv().frees_front() && !live_.empty() && chance(4)) front_free(pick_live());
+  }
+
+  // Preemption by free_front and the readmission: the sequence's leading blocks go (enough for
+  // a random need, within a random cap), then its grow to the same length takes them back and
+  // the engine recomputes their rows. A restore that finds no memory drops the sequence.
+  void front_free(SeqId id) {
+    op_name_ = "release_front and restore";
+    sync(id);
+    const Seq& s = seqs_.at(id);
+    const KvStats before = kv().stats();
+    const uint64_t bytes = uint64_t{rnd(1, 8)} * before.block_bytes * before.block_tokens;
+    const uint32_t gap = kv().release_front(id, bytes, rnd(0, s.tokens));
+    std::string why;
+    STRESS_CHECK(kv().check_invariants(&why), why);
+    STRESS_CHECK(
+        gap % before.block_tokens == 0 && gap < std::max(s.tokens, 1u) && kv().front_gap(id) == gap,
+        "release_front left a gap of " << gap << " of " << s.tokens << " tokens");
+    if (gap == 0) return;
+    STRESS_CHECK(kv().seq_capacity(id) == 0 && kv().seq_tokens(id) == s.tokens,
+                 "a sequence with a front gap has capacity or lost tokens");
+    const Status st = kv().grow(id, s.content, s.tokens, 0);
+    if (!st.ok()) {
+      STRESS_CHECK(st.error().code == ErrorCode::kOutOfMemory, st.error().message);
+      ++ooms;
+      release(id, true);
+      return;
+    }
+    STRESS_CHECK(kv().front_gap(id) == 0, "the grow left a front gap");
+    if (content_) {
+      const std::string bad = content_->write(kv(), id, s.content, 0, gap);
+      STRESS_CHECK(bad.empty(), bad);
+    }
+    touched_.push_back(id);
+    ++front_frees;
   }
 
   // The engine's background step over the live sequences' computed lengths: it may map or
@@ -551,7 +588,8 @@ TEST_CASE("KV stress: 1M random operations per strategy and variant, checked aft
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf(
           "%-28s %.2f s: %llu grows (%llu OOM), %llu deferred, %llu forks, %llu releases, "
-          "%llu preemptions, %llu prefix-hit tokens, %llu background steps\n",
+          "%llu preemptions, %llu prefix-hit tokens, %llu background steps, %llu front "
+          "frees\n",
           all[i].name.c_str(), secs, static_cast<unsigned long long>(stress.grows),
           static_cast<unsigned long long>(stress.ooms),
           static_cast<unsigned long long>(stress.deferred),
@@ -559,7 +597,8 @@ TEST_CASE("KV stress: 1M random operations per strategy and variant, checked aft
           static_cast<unsigned long long>(stress.releases),
           static_cast<unsigned long long>(stress.preempts),
           static_cast<unsigned long long>(stress.prefix_hit_tokens),
-          static_cast<unsigned long long>(stress.backgrounds));
+          static_cast<unsigned long long>(stress.backgrounds),
+          static_cast<unsigned long long>(stress.front_frees));
       if (all[i].yaml.find("vmm_contiguous") != std::string::npos &&
           all[i].yaml.find("sync") == std::string::npos)
         CHECK(stress.backgrounds > ops / 10);  // async vmm: background steps ran
@@ -567,6 +606,7 @@ TEST_CASE("KV stress: 1M random operations per strategy and variant, checked aft
       CHECK(stress.ooms * 50 > ops);
       if (all[i].expect_hits) CHECK(stress.prefix_hit_tokens > 0);
       if (!all[i].expect_hits) CHECK(stress.prefix_hit_tokens == 0);
+      if (make_kv(all[i].yaml)->frees_front()) CHECK(stress.front_frees > ops / 100);
     }
   }
 }

@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "src/serve/content_executor.h"
 #include "src/serve/engine.h"
+#include "src/serve/scheduler_registry.h"
+#include "src/serve/serving_experiment.h"
 #include "tests/kv_test_util.h"
 #include "tests/serve_test_util.h"
 #include "workload/requests.h"
@@ -73,6 +76,70 @@ TEST_CASE("a request resumed after recompute catches up in chunks under the toke
       CHECK(r.steps == (batching ? 74 : 77));
     }
   }
+}
+
+// The seed's strategy 3 (10.4) in the engine: A (256 + 20 tokens) and B (40 + 24) in 20 blocks
+// of 16, 512 tokens a step, the longest request the victim. After step k (k >= 1) A has computed
+// 255 + k tokens and B 39 + k. Step 1 prefills both (16 + 3 blocks); A's first decode (step 2)
+// takes the last free block. At step 10 B needs its 4th block (for token 49) and A (265 tokens
+// known) gives up its first, tokens 0-15, leaving the step with 264 computed and 9 outputs. B
+// runs alone to its 24th output (step 24), A waiting for one block. Step 25 admits A again: tokens
+// 0-15 recomputed and token 265, 17 tokens; its 11th to 20th outputs take steps 26-35. Computed:
+// A 256 + 8 + 17 + 10 = 291, B 40 + 23 = 63, 354 in all. Preemption by recompute frees all of
+// A, which needs 17 blocks back for its 265 tokens and waits for B's end as well: the same 35
+// steps, but its recompute is 265 tokens: 256 + 8 + 265 + 10 + 63 = 602 tokens computed.
+TEST_CASE("preemption by free_front recomputes only the freed front (seed 10.4, strategy 3)") {
+  const std::vector<RequestSpec> reqs = {serve_request(0, 256, 20), serve_request(1, 40, 24)};
+  EngineConfig e = engine(
+      "{impl: paged_block_pool, block_size: 16, num_blocks_override: 21, prefix_caching: false}");
+  e.serve.max_num_batched_tokens = 512;
+  e.serve.victim = Victim::kLongest;
+  struct Mode {
+    Preemption preemption;
+    uint64_t computed, recomputes, front_frees, front_tokens;
+  };
+  SimTime front_time = 0, recompute_time = 0;
+  for (const Mode& m :
+       {Mode{Preemption::kFreeFront, 354, 0, 1, 16}, Mode{Preemption::kRecompute, 602, 1, 0, 0}}) {
+    e.serve.preemption = m.preemption;
+    for (bool validate : {false, true}) {
+      e.executor = validate ? ExecutorFactory([] { return std::make_unique<ContentExecutor>(); })
+                            : ExecutorFactory();
+      e.validate_sample = 1.0;
+      const ServingResult r = run_serving(e, reqs);
+      INFO((m.preemption == Preemption::kFreeFront ? "free_front" : "recompute")
+           << (validate ? " validated" : "") << ": " << r.error << r.validation.failure);
+      REQUIRE(r.error.empty());
+      CHECK(r.finished == 2);
+      CHECK(r.output_tokens == 44);
+      CHECK(r.steps == 35);
+      CHECK(r.computed_tokens == m.computed);
+      CHECK(r.counters.preemptions == 1);
+      CHECK(r.counters.recomputes == m.recomputes);
+      CHECK(r.counters.front_frees == m.front_frees);
+      CHECK(r.counters.front_freed_tokens == m.front_tokens);
+      CHECK(r.counters.oom_events == 1);
+      if (validate) CHECK(r.validation.checked_steps == 35);
+      (m.preemption == Preemption::kFreeFront ? front_time : recompute_time) = r.sim_time;
+    }
+  }
+  CHECK(front_time < recompute_time);  // 16 tokens of prefill instead of 265
+}
+
+TEST_CASE("preemption: free_front is refused where it is not modelled") {
+  const ConfigNode node =
+      ConfigNode::parse("{impl: static_batch, preemption: free_front}", "t.yaml");
+  CHECK_THROWS_WITH(schedulers().at(node["impl"]).parse(node, ServeOptions{}),
+                    Contains("t.yaml:1") && Contains("static_batch") && Contains("free_front"));
+  // A KV strategy that cannot free a sequence's front blocks, and async scheduling.
+  const std::string experiments = std::string(std::getenv("MEMSIM_SOURCE_ROOT")) + "/experiments/";
+  CHECK_THROWS_WITH(
+      load_serving_config(experiments + "kv_strategies.yaml", {"scheduler.preemption=free_front"}),
+      Contains("scheduler.preemption") && Contains("'radix_token_pool' cannot"));
+  CHECK_THROWS_WITH(
+      load_serving_config(experiments + "kv_preemption.yaml",
+                          {"scheduler.preemption=free_front", "scheduler.async_scheduling=true"}),
+      Contains("scheduler.preemption") && Contains("not with async_scheduling"));
 }
 
 // The first 500 requests of the Azure conversation trace, all arriving at time 0, in 3,000

@@ -44,9 +44,18 @@ struct KvStats {
   uint64_t tokens_stored = 0;    // KV tokens written in used blocks (each shared slot once)
   uint64_t pool_bytes = 0;       // device bytes the pool holds from the backend now
   uint64_t metadata_bytes = 0;   // block tables / req-to-token tables on the device
-  uint64_t cow_copies = 0;       // blocks copied on write (or eagerly at fork)
+  // Host-side bookkeeping the OrinMLLM seed counts as extra overhead (16.7); 0 where a strategy
+  // has none of its own: the host copy of the block tables (block_table_cpu_) and the free list,
+  // one int32 per physical block (free_list_).
+  uint64_t host_table_bytes = 0;
+  uint64_t free_list_bytes = 0;
+  uint64_t cow_copies = 0;  // blocks copied on write (or eagerly at fork)
   uint64_t cow_bytes = 0;
   uint64_t evicted_blocks = 0;  // cached blocks reclaimed for new allocations
+  uint64_t pool_growths = 0;    // a growing pool: times it took more memory after init
+  uint64_t max_blocks = 0;      // a growing pool: the blocks it may grow to (else total_blocks)
+  // Every byte of the pool's metadata: device tables, their host copy and the free list.
+  uint64_t overhead_bytes() const { return metadata_bytes + host_table_bytes + free_list_bytes; }
 };
 
 // Where a strategy keeps K and V, as the attention kernels address them (kernels/
@@ -179,6 +188,24 @@ class KvCacheManager {
   // - tokens per entry of a vLLM-style block table ([max_num_seqs, max_model_len / tokens]),
   //   the input the model's captured graphs read the KV through; 0: the strategy has none.
   virtual uint32_t block_table_tokens() const { return 0; }
+
+  // Freeing a sequence's earliest blocks (the OrinMLLM seed's strategy 3, 10.4: "free the
+  // blocks of positions [0, 511] of a long sequence; the freed tokens are prefilled again").
+  // - frees_front(): whether the strategy can (a trait; default no).
+  // - release_front(seq, bytes, max_tokens) frees the live sequence's leading blocks, from the
+  //   first it still holds, until `bytes` of blocks went back to the free pool (a block another
+  //   sequence shares is dropped but frees nothing) or one more would leave more than
+  //   `max_tokens` tokens missing; never its last block. Returns the tokens now missing at its
+  //   front (front_gap; a multiple of the block size, 0 when nothing could be freed).
+  // - The sequence keeps its length. Its next grow (to any length >= it) first allocates the
+  //   missing blocks again, all-or-nothing with the growth; the caller then recomputes their KV.
+  //   While a gap lasts, seq_capacity is 0, seq_table has -1 for the missing blocks, seq_bytes
+  //   counts the blocks held, and fork of the sequence is kInvalidArgument.
+  virtual bool frees_front() const { return false; }
+  virtual uint32_t release_front(SeqId /*seq*/, uint64_t /*bytes*/, uint32_t /*max_tokens*/) {
+    return 0;
+  }
+  virtual uint32_t front_gap(SeqId /*seq*/) const { return 0; }
 
   // Background work overlapped with compute (see the contract); default none.
   virtual bool has_background() const { return false; }

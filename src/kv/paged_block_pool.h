@@ -16,10 +16,12 @@
 namespace memsim {
 
 struct PagedBlockPoolConfig {
-  uint32_t block_size = 16;  // tokens per block: 1, 8, 16, 32, 64, 128 or 256 (vLLM's choices)
-  // shared: one block holds K and V of every layer for block_size tokens (vLLM). per_layer: a
-  // logical block takes one physical block per layer (the OrinMLLM seed); all layers of a
-  // logical block are allocated, shared and freed together.
+  uint32_t block_size = 16;  // tokens per block: 1, 4, 8, 16, 32, 64, 128 or 256
+  // shared: one block holds K and V of every layer for block_size tokens (vLLM). per_layer: the
+  // OrinMLLM seed's key pool and value pool, two allocations of [physical blocks, block_size,
+  // kv_dim] shared by all layers, and a block-table row per layer; a logical block takes one
+  // physical block per layer (layer l of unit u: block u x layers + l, the seed's tables on a
+  // fresh pool), all layers allocated, shared, copied and freed together.
   bool per_layer = false;
   bool prefix_caching = true;        // vLLM V1 enable_prefix_caching (default on)
   bool copy_on_write = true;         // fork shares blocks (vLLM V0); false: fork copies every block
@@ -29,6 +31,15 @@ struct PagedBlockPoolConfig {
   // FreeKVCacheBlockQueue, popleft). true: the most recently freed (the OrinMLLM seed's free_list_
   // stack, pop_back), blocks 0, 1, 2, ... first on a fresh pool.
   bool lifo_free_list = false;
+  // A pool that grows (the OrinMLLM seed's strategy 4, 10.4 and 12.6: start small, add blocks
+  // when the free list runs dry). 0: every block is allocated at init (one device_malloc). Else
+  // init reserves virtual addresses for the cap (num_blocks_override, or what the budget holds)
+  // and maps `initial_blocks` physical blocks; an allocation that finds too few free blocks
+  // maps `grow_blocks` more at a time (create_physical + map + set_access, granule-rounded)
+  // until it fits or the cap is reached. The pool never shrinks. Physical blocks (a multiple of
+  // the layers with `per_layer`).
+  uint64_t initial_blocks = 0;
+  uint64_t grow_blocks = 0;
 };
 
 class PagedBlockPool final : public KvCacheManager {
@@ -50,14 +61,21 @@ class PagedBlockPool final : public KvCacheManager {
   uint64_t free_token_capacity() const override;
   bool caches_prefixes() const override { return config_.prefix_caching; }
   uint32_t block_table_tokens() const override { return config_.block_size; }
+  bool frees_front() const override { return true; }
+  uint32_t release_front(SeqId seq, uint64_t bytes, uint32_t max_tokens) override;
+  uint32_t front_gap(SeqId seq) const override;
   KvLayout layout() const override;
   void seq_table(SeqId seq, std::vector<int32_t>* out) const override;
   KvStats stats() const override;
   bool check_invariants(std::string* why) const override;
 
   // Physical block ids of a sequence's logical blocks (per_layer: the id of its first layer's
-  // block; layer l of logical block b is that id + l). For tests and tools.
+  // block; layer l of logical block b is that id + l; UINT32_MAX for a block release_front
+  // freed). For tests and tools.
   std::vector<uint32_t> block_table(SeqId seq) const;
+  // Layer `layer`'s row of the block table (the seed's block_table_cpu_[layer]): per_layer, the
+  // physical block of each logical block in the key (and value) pool; shared, block_table.
+  std::vector<uint32_t> layer_table(SeqId seq, uint32_t layer) const;
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
@@ -81,6 +99,7 @@ class PagedBlockPool final : public KvCacheManager {
     uint32_t hashed = 0;     // leading full blocks already hashed (registered or duplicate)
     uint32_t marked = 0;     // leading full blocks hashed or pending (>= hashed)
     uint64_t last_hash = 0;  // chained hash of block hashed-1
+    uint32_t gap = 0;        // leading logical blocks freed by release_front (kNone in blocks)
   };
 
   // Free queue (LRU): allocation pops the head, freed blocks append at the tail.
@@ -97,15 +116,28 @@ class PagedBlockPool final : public KvCacheManager {
   void cache_full_blocks(Seq& s, const TokenContent& content, bool publish = false);
   static bool holds_cache(const Block& b) { return b.cached != Cached::kNo; }
   Status copy_unit(uint32_t dst, uint32_t src);
+  // Growing pools: maps physical memory for units [blocks_.size(), units) and queues them free.
+  Status map_units(uint64_t units);
+  // Makes `need` units free, growing the pool by grow_blocks at a time; kOutOfMemory (nothing
+  // grown) when even the cap would not hold them, or the backend's when it has no memory left.
+  Status make_room(uint64_t need);
+  bool grows() const { return config_.initial_blocks != 0; }
   uint32_t units_for(uint32_t tokens) const { return (tokens + block_size() - 1) / block_size(); }
   uint32_t block_size() const { return config_.block_size; }
   uint64_t physical_per_unit() const { return config_.per_layer ? init_.layers : 1; }
+  // per_layer: the seed's key pool and value pool, two allocations; else one pool.
+  uint32_t pool_count() const { return config_.per_layer ? 2 : 1; }
+  uint64_t part_bytes() const { return unit_bytes_ / pool_count(); }  // a unit's bytes per pool
 
   PagedBlockPoolConfig config_;
   KvInit init_;
   Backend* backend_ = nullptr;
-  DevPtr pool_ = 0;
-  uint64_t unit_bytes_ = 0;  // device bytes of one unit (one block, or one block per layer)
+  std::vector<DevPtr> pools_;       // one pool, or the key and value pools (per_layer)
+  uint64_t cap_units_ = 0;          // the most units the pool may hold
+  uint64_t mapped_bytes_ = 0;       // growing pools: physical bytes mapped in each pool
+  std::vector<PhysHandle> chunks_;  // growing pools: one handle per pool and growth
+  uint64_t growths_ = 0;            // growing pools: times the pool grew after init
+  uint64_t unit_bytes_ = 0;         // device bytes of one unit (one block, or one block per layer)
   std::vector<Block> blocks_;
   std::vector<uint64_t> hashes_;  // chained hash of each kRegistered block
   uint32_t head_ = kNone, tail_ = kNone;

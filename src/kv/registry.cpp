@@ -12,14 +12,15 @@
 namespace memsim {
 namespace {
 
-constexpr uint32_t kBlockSizes[] = {1, 8, 16, 32, 64, 128, 256};
+// vLLM's choices and 4, which the OrinMLLM seed weighs (6.1.3: 4 to 128).
+constexpr uint32_t kBlockSizes[] = {1, 4, 8, 16, 32, 64, 128, 256};
 
 PagedBlockPoolConfig parse_paged_block_pool(const ConfigNode& node) {
   PagedBlockPoolConfig c;
   if (auto v = node.find("block_size")) {
     const uint64_t b = v->as_uint();
     if (std::find(std::begin(kBlockSizes), std::end(kBlockSizes), b) == std::end(kBlockSizes))
-      v->fail(fmt::format("block size {} is not one of vLLM's 1, 8, 16, 32, 64, 128, 256", b));
+      v->fail(fmt::format("block size {} is not one of 1, 4, 8, 16, 32, 64, 128, 256", b));
     c.block_size = static_cast<uint32_t>(b);
   }
   if (auto v = node.find("layout"))
@@ -35,6 +36,17 @@ PagedBlockPoolConfig parse_paged_block_pool(const ConfigNode& node) {
     if (c.num_blocks_override == 0)
       v->fail("must be positive (omit it to size the pool from the budget)");
   }
+  if (auto v = node.find("initial_blocks")) {
+    c.initial_blocks = v->as_uint();
+    if (c.initial_blocks == 0) v->fail("must be positive (omit it to allocate the whole pool)");
+  }
+  if (auto v = node.find("grow_blocks")) {
+    if (!c.initial_blocks)
+      v->fail("grow_blocks needs initial_blocks (a pool that starts whole never grows)");
+    c.grow_blocks = v->as_uint();
+    if (c.grow_blocks == 0) v->fail("must be positive");
+  }
+  if (c.initial_blocks && !c.grow_blocks) c.grow_blocks = c.initial_blocks;
   return c;
 }
 
@@ -81,7 +93,7 @@ const Registry<KvEntry>& kv_strategies() {
           {"paged_block_pool",
            "fixed-size KV blocks, LRU free queue, prefix hashing, CoW (vLLM)",
            {"block_size", "layout", "prefix_caching", "copy_on_write", "null_block",
-            "num_blocks_override", "free_list"},
+            "num_blocks_override", "free_list", "initial_blocks", "grow_blocks"},
            parse_into<PagedBlockPool>(parse_paged_block_pool)},
           {"radix_token_pool",
            "token-slot pages, radix-tree prefix cache, LRU/LFU leaf eviction (SGLang)",

@@ -3,6 +3,7 @@
 #include "src/serve/continuous_batching.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace memsim {
 
@@ -46,8 +47,10 @@ void ContinuousBatching::schedule(ServeState& state, StepPlan& plan) {
       G.status = GroupStatus::kRunning;
       state.running.push_back(g);
       state.running_seqs += G.live();
-      plan.groups.push_back({g, chunk});
-      budget -= chunk;
+      // A group back from preemption by free_front recomputes its front in this step too.
+      const uint32_t recompute = std::exchange(G.front_freed, 0);
+      plan.groups.push_back({g, chunk, recompute});
+      budget -= chunk + recompute;
     }
   }
 }

@@ -52,6 +52,7 @@ ServingResult merge_replicas(const std::vector<ServingResult>& reps, LatencySamp
     m.sim_time = std::max(m.sim_time, r.sim_time);
     m.wall_seconds += r.wall_seconds;
     m.output_tokens += r.output_tokens;
+    m.computed_tokens += r.computed_tokens;
     m.max_running_seqs = std::max(m.max_running_seqs, r.max_running_seqs);
     running += r.mean_running_seqs * double(r.sim_time);
     waste += r.waste_pct * double(r.sim_time);  // each replica's share of its own slots
@@ -72,6 +73,10 @@ ServingResult merge_replicas(const std::vector<ServingResult>& reps, LatencySamp
     s.tokens_stored += r.kv.tokens_stored;
     s.pool_bytes += r.kv.pool_bytes;
     s.metadata_bytes += r.kv.metadata_bytes;
+    s.host_table_bytes += r.kv.host_table_bytes;
+    s.free_list_bytes += r.kv.free_list_bytes;
+    s.pool_growths += r.kv.pool_growths;
+    s.max_blocks += r.kv.max_blocks;
     s.cow_copies += r.kv.cow_copies;
     s.cow_bytes += r.kv.cow_bytes;
     s.evicted_blocks += r.kv.evicted_blocks;
@@ -88,6 +93,8 @@ ServingResult merge_replicas(const std::vector<ServingResult>& reps, LatencySamp
     n.prefix_hit_tokens += r.counters.prefix_hit_tokens;
     n.rejected += r.counters.rejected;
     n.restarts += r.counters.restarts;
+    n.front_frees += r.counters.front_frees;
+    n.front_freed_tokens += r.counters.front_freed_tokens;
   }
   // Waste is a percentage of each replica's own slots: the replicas' time-weighted mean, as an
   // integral over the merged run's time (set_rate_figures divides by it).

@@ -79,6 +79,11 @@ StepShape Engine::shape_of(const StepPlan& plan) {
   for (const ScheduledGroup& sg : plan.groups) {
     const Group& G = groups_[sg.group];
     const double n = sg.new_tokens, before = G.computed, live = G.live();
+    // A front recomputed after free_front: a prefill of tokens [0, r) of one sequence.
+    const double r = sg.recompute;
+    s.new_tokens += sg.recompute;
+    s.kv_read_tokens += sg.recompute;
+    s.attn_pairs += r * (r + 1) / 2;
     s.num_seqs += G.live();
     s.new_tokens += uint64_t{sg.new_tokens} * G.live();
     s.kv_read_tokens += uint64_t{G.computed + sg.new_tokens} * G.live();
@@ -275,6 +280,8 @@ Status Engine::execute(const StepPlan& plan, const StepShape& shape) {
   work_.seqs.clear();
   for (const ScheduledGroup& sg : plan.groups) {
     const Group& G = groups_[sg.group];
+    if (sg.recompute)  // its front first: the executor writes tokens [0, recompute) again
+      work_.seqs.push_back({G.spec.id, 0, G.seqs[0].id, &G.seqs[0].content, 0, sg.recompute});
     for (uint32_t i = 0; i < G.live(); ++i) {
       const Sequence& s = G.seqs[i];
       work_.seqs.push_back({G.spec.id, i, s.id, &s.content, G.computed, sg.new_tokens});
@@ -457,6 +464,7 @@ uint64_t Engine::fast_decode(SimTime stop_at) {
   }
   if (k == 0) return 0;
   r_.steps += k;
+  r_.computed_tokens += k * seqs;
   r_.max_running_seqs = std::max(r_.max_running_seqs, st.running_seqs);
   bool any_finished = false;
   for (uint32_t g : st.running) {
@@ -652,6 +660,7 @@ void Engine::loop_step() {
   }
   idle_retry_ = false;
   const StepShape shape = shape_of(plan);
+  r_.computed_tokens += shape.new_tokens;
   if (depth_ > 1) {  // steps in flight (src/serve/engine_batch_queue.cpp)
     submit(plan, shape);
     note_counts();

@@ -106,6 +106,9 @@ struct ServingResult {
   SimTime sim_time = 0;  // first arrival to last completion
   double wall_seconds = 0;
   uint64_t output_tokens = 0;
+  // Tokens the steps computed: prefill chunks, decodes, recomputes after preemption (whole
+  // requests, or the fronts free_front released).
+  uint64_t computed_tokens = 0;
   double output_tokens_per_s = 0, requests_per_s = 0;
   Percentiles ttft_ms, tpot_ms, e2e_ms;
   uint32_t max_running_seqs = 0;

@@ -49,6 +49,10 @@ bool Engine::set_batch_queue() {
     why = "the GPU executor runs each step to its end before the next is scheduled";
   else if (c_.serve.preemption == Preemption::kSwap)
     why = "vLLM V1, whose scheduler this is, has no preemption by swapping";
+  else if (c_.serve.preemption == Preemption::kFreeFront)
+    why =
+        "preemption by free_front (the OrinMLLM seed's strategy 3) is modelled for steps run one "
+        "at a time";
   else if (feed_open_ ? any_parallel_ : requests_.any_parallel())
     why =
         "requests with n > 1 or beams step their sequences together (vLLM V0), and vLLM V1's "

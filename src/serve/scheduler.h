@@ -13,6 +13,9 @@ namespace memsim {
 struct ScheduledGroup {
   uint32_t group = 0;
   uint32_t new_tokens = 0;  // tokens computed per sequence of the group this step
+  // Tokens [0, recompute) computed again first (prefill work): the front whose KV preemption by
+  // free_front released (Group::front_freed). Counted in the step's token budget.
+  uint32_t recompute = 0;
 };
 
 struct StepPlan {

@@ -16,9 +16,12 @@ ServeOptions parse_serve_options(const ConfigNode& node, ServeOptions o) {
   if (auto v = node.find("max_num_batched_tokens"))
     o.max_num_batched_tokens = static_cast<uint32_t>(v->as_uint_in(1, 1u << 24));
   if (auto v = node.find("chunked_prefill")) o.chunked_prefill = v->as_bool();
-  if (auto v = node.find("preemption"))
-    o.preemption =
-        v->as_choice({"recompute", "swap"}) == "swap" ? Preemption::kSwap : Preemption::kRecompute;
+  if (auto v = node.find("preemption")) {
+    const std::string c = v->as_choice({"recompute", "swap", "free_front"});
+    o.preemption = c == "swap"         ? Preemption::kSwap
+                   : c == "free_front" ? Preemption::kFreeFront
+                                       : Preemption::kRecompute;
+  }
   if (auto v = node.find("victim")) {
     const std::string c = v->as_choice({"last_arrived", "fewest_decoded", "longest", "oldest"});
     o.victim = c == "fewest_decoded" ? Victim::kFewestDecoded
@@ -29,6 +32,17 @@ ServeOptions parse_serve_options(const ConfigNode& node, ServeOptions o) {
   if (auto v = node.find("swap_space")) o.swap_space = v->as_bytes();
   if (auto v = node.find("beam_fork_prob")) o.beam_fork_prob = v->as_double_in(0, 1);
   if (auto v = node.find("async_scheduling")) o.async_scheduling = v->as_bool();
+  return o;
+}
+
+// A batch runs to its end: a request preempted by free_front would come back only in the next
+// batch, which starts every request over, so that mode is refused.
+ServeOptions parse_static_batch(const ConfigNode& node, ServeOptions o) {
+  o = parse_serve_options(node, o);
+  if (o.preemption == Preemption::kFreeFront)
+    node["preemption"].fail(
+        "static_batch restarts a preempted request in the next batch; free_front (its earliest "
+        "blocks recomputed, the rest kept) needs continuous_batching");
   return o;
 }
 
@@ -86,8 +100,8 @@ const Registry<SchedulerEntry>& schedulers() {
       "scheduler",
       {
           {"continuous_batching",
-           "vLLM V1: token budget, max_num_seqs, chunked prefill, preemption by recompute or "
-           "swap, async scheduling",
+           "vLLM V1: token budget, max_num_seqs, chunked prefill, preemption by recompute, swap "
+           "or free_front, async scheduling",
            {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "preemption", "victim",
             "swap_space", "beam_fork_prob", "async_scheduling"},
            parse_serve_options,
@@ -96,7 +110,7 @@ const Registry<SchedulerEntry>& schedulers() {
            "a batch is formed, run to completion, then the next (FasterTransformer / pre-Orca)",
            {"max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "preemption", "victim",
             "swap_space", "beam_fork_prob"},
-           parse_serve_options,
+           parse_static_batch,
            [] { return std::make_unique<StaticBatch>(); }},
           {"sglang",
            "SGLang: prefill batches by its PrefillAdder (new_token_ratio), decode steps, "

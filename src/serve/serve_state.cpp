@@ -51,6 +51,7 @@ bool ServeState::grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool co
   if (!st.ok()) {
     if (st.error().code != ErrorCode::kOutOfMemory) kv_bug("a grow", st.error());
     if (count_oom) ++counters_.oom_events;
+    last_short_ = st.error().bytes_short;
     return false;
   }
   s.kv_tokens = s.synced = tokens;
@@ -68,6 +69,7 @@ bool ServeState::grow_group(uint32_t g, uint32_t tokens) {
     if (!st.ok()) {
       if (st.error().code != ErrorCode::kOutOfMemory) kv_bug("a fork", st.error());
       ++counters_.oom_events;
+      last_short_ = st.error().bytes_short;
       return false;
     }
     s.kv_tokens = s.synced = parent.synced;
@@ -92,6 +94,7 @@ uint32_t ServeState::step_tokens(const Group& g, uint32_t budget) const {
 
 AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_tokens) {
   Group& G = groups_[g];
+  if (G.front_freed) return admit_front_freed(g, token_budget, new_tokens);
   Sequence& s = G.seqs[0];
   const uint32_t known = G.num_tokens();
   const uint32_t prefix = kv_.lookup_prefix(s.content.slice(0, known));
@@ -107,9 +110,11 @@ AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_t
   // computes at least one token; only a budget of 0 leaves nothing to admit.
   if (chunk == 0) return AdmitResult::kNoBudget;
   // A request waiting for memory is not an out-of-memory event (it is retried every step).
-  if (!grow_seq(s, prefix + chunk, prefix, false)) {
-    refusal = {Refusal::Kind::kMemory, g, prefix + chunk, 1, token_budget};
-    return AdmitResult::kNoMemory;
+  while (!grow_seq(s, prefix + chunk, prefix, false)) {
+    if (!reclaim_waiting(g)) {
+      refusal = {Refusal::Kind::kMemory, g, prefix + chunk, 1, token_budget};
+      return AdmitResult::kNoMemory;
+    }
   }
   G.computed = prefix;
   G.prefix_hit = prefix;
@@ -117,6 +122,66 @@ AdmitResult ServeState::admit(uint32_t g, uint32_t token_budget, uint32_t* new_t
   counters_.prefix_hit_tokens += prefix;
   *new_tokens = chunk;
   return AdmitResult::kAdmitted;
+}
+
+AdmitResult ServeState::admit_front_freed(uint32_t g, uint32_t token_budget, uint32_t* new_tokens) {
+  Group& G = groups_[g];
+  Sequence& s = G.seqs[0];
+  // The step recomputes the freed front (prefill of tokens [0, front_freed)), then goes on
+  // from where the group stopped, within what the budget leaves.
+  const uint32_t rest = G.schedulable_tokens() - G.computed;
+  const uint32_t chunk =
+      token_budget > G.front_freed ? std::min(rest, token_budget - G.front_freed) : 0;
+  if (chunk == 0 || (chunk < rest && !options_.chunked_prefill)) {
+    refusal = {Refusal::Kind::kBudget, g, G.front_freed + rest, 1, token_budget};
+    return AdmitResult::kNoBudget;
+  }
+  // Straight to the KV manager: the sequence may already hold room for the new tokens (grown
+  // for the step it was preempted from), but not its front.
+  const uint32_t target = std::max(G.computed + chunk, s.synced);
+  for (Status st = kv_.grow(s.id, s.content, target, 0); !st.ok();
+       st = kv_.grow(s.id, s.content, target, 0)) {
+    if (st.error().code != ErrorCode::kOutOfMemory) kv_bug("a grow", st.error());
+    if (!reclaim_waiting(g)) {
+      refusal = {Refusal::Kind::kMemory, g, target, 1, token_budget};
+      return AdmitResult::kNoMemory;
+    }
+  }
+  s.kv_tokens = s.synced = target;
+  s.capacity = kv_.seq_capacity(s.id);
+  *new_tokens = chunk;
+  return AdmitResult::kAdmitted;
+}
+
+bool ServeState::reclaim_waiting(uint32_t g) {
+  if (!running.empty()) return false;  // running requests will free memory as they finish
+  for (auto it = waiting.rbegin(); it != waiting.rend(); ++it) {
+    Group& W = groups_[*it];
+    if (*it == g || W.front_freed == 0) continue;
+    release_seqs(W);
+    W.computed = W.front_freed = 0;
+    ++counters_.recomputes;
+    return true;
+  }
+  return false;
+}
+
+bool ServeState::free_front(uint32_t g) {
+  Group& G = groups_[g];
+  if (G.live() != 1 || G.seqs[0].fork_from >= 0 || !kv_.frees_front()) return false;
+  Sequence& s = G.seqs[0];
+  sync(s);
+  const uint32_t most = std::min(options_.max_num_batched_tokens - 1, G.computed);
+  const uint32_t gap = kv_.release_front(s.id, std::max<uint64_t>(last_short_, 1), most);
+  if (gap == 0) return false;
+  take_out_of_running(g);
+  G.front_freed = gap;
+  s.capacity = 0;  // its next grow restores the front
+  ++counters_.front_frees;
+  counters_.front_freed_tokens += gap;
+  G.status = GroupStatus::kWaiting;
+  waiting.push_front(g);
+  return true;
 }
 
 size_t ServeState::pick_victim() const {
@@ -172,6 +237,7 @@ void ServeState::take_out_of_running(uint32_t g) {
 }
 
 void ServeState::preempt(uint32_t g) {
+  if (options_.preemption == Preemption::kFreeFront && free_front(g)) return;
   Group& G = groups_[g];
   take_out_of_running(g);
   // vLLM V0 swaps a multi-sequence group whatever the mode: recomputing would lose its samples.

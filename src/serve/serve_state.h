@@ -15,7 +15,11 @@
 
 namespace memsim {
 
-enum class Preemption : uint8_t { kRecompute, kSwap };
+// What a preempted request gives up: all its KV (recomputed when it is admitted again), all of
+// it to host memory (swapped back), or only its earliest blocks (the OrinMLLM seed's strategy 3,
+// 10.4: enough of them for the allocation that failed; recomputed as prefill work in the step
+// that admits it again, its later blocks kept on the GPU).
+enum class Preemption : uint8_t { kRecompute, kSwap, kFreeFront };
 // Which running request gives its KV back when memory runs out.
 enum class Victim : uint8_t {
   kLastArrived,    // vLLM: the last request of the running queue (FCFS)
@@ -52,6 +56,9 @@ struct Group {
   // `computed` counts the in-flight tokens, and these stand for the tokens not yet sampled.
   uint32_t placeholders = 0;
   uint32_t prefix_hit = 0;  // tokens served from the prefix cache at the last admission
+  // Leading tokens whose KV preemption by free_front released: the step that admits the group
+  // again recomputes them (ScheduledGroup::recompute) before its own tokens.
+  uint32_t front_freed = 0;
   uint32_t preemptions = 0;
   uint64_t swapped_bytes = 0;  // device bytes held in the host swap space (when swapped)
   bool truncated = false;      // generation cut short by KV exhaustion (single_sequence)
@@ -153,6 +160,10 @@ struct ServeCounters {
   uint64_t prefix_hit_tokens = 0;
   uint64_t rejected = 0;  // requests whose KV can never fit the pool
   uint64_t restarts = 0;  // multi-sequence groups restarted from scratch (no swap space)
+  // Preemption by free_front: requests that gave up their earliest blocks, and the tokens of KV
+  // those held, all recomputed as prefill work when the requests were admitted again.
+  uint64_t front_frees = 0;
+  uint64_t front_freed_tokens = 0;
 };
 
 // The scheduler's view of the run. KV growth goes through grow_group(), which keeps the KV
@@ -208,7 +219,12 @@ class ServeState {
   // sequences (samples, beams) steps them together unsplit (vLLM V0 _get_num_new_tokens: more
   // than one sequence means a decode, never chunked): 0 when that exceeds the budget.
   uint32_t step_tokens(const Group& g, uint32_t budget) const;
-  // Preempts running group g (removing it from `running`): recompute or swap per the options.
+  // Preempts running group g (removing it from `running`): recompute, swap or free_front per
+  // the options. free_front releases the group's earliest blocks, enough for the allocation
+  // that failed last (at most max_num_batched_tokens - 1 tokens and only tokens computed, so
+  // their recompute and one more token fit a step), and queues it first among the waiting; a
+  // group of several sequences, or one whose blocks could not free anything, is preempted by
+  // recompute instead.
   void preempt(uint32_t g);
   // SGLang's retraction of running group g (ScheduleBatch.retract_decode): its KV is released
   // with only its prompt's tokens cached (release_req: cache_finished_req without inserting
@@ -232,6 +248,13 @@ class ServeState {
 
  private:
   bool grow_seq(Sequence& s, uint32_t tokens, uint32_t prefix, bool count_oom = true);
+  bool free_front(uint32_t g);
+  // A request preempted by free_front keeps the rest of its KV while it waits. When nothing runs
+  // and waiting group g cannot get its KV, the last such request in the queue besides g gives
+  // up the rest too (it becomes a preemption by recompute); false when none holds any.
+  bool reclaim_waiting(uint32_t g);
+  // admit() for a group whose front free_front released: the restored blocks and a chunk.
+  AdmitResult admit_front_freed(uint32_t g, uint32_t token_budget, uint32_t* new_tokens);
   void run_swap_hook(const Sequence& s, SeqId source, uint32_t tokens, SwapEvent e);
   void release_seqs(Group& g, uint32_t cached_tokens = UINT32_MAX);
   // Preemption's and retraction's first part: g leaves `running`, counted, its content public.
@@ -242,6 +265,7 @@ class ServeState {
   GroupWindow& groups_;
   ServeCounters counters_;
   std::mt19937_64 rng_;
+  uint64_t last_short_ = 0;  // bytes the last failed KV allocation was short
 };
 
 }  // namespace memsim

@@ -157,6 +157,12 @@ SchedulerChoice parse_scheduler(const ConfigNode& node, SchedulerChoice base) {
           .fail(
               "async_scheduling models vLLM V1's AsyncScheduler, and vLLM V1 has no "
               "preemption by swapping (use recompute)");
+    if (base.options.preemption == Preemption::kFreeFront)
+      node.find("preemption")
+          .value_or(at)
+          .fail(
+              "preemption: free_front (the OrinMLLM seed's strategy 3) is modelled for steps "
+              "run one at a time, not with async_scheduling (use recompute)");
   }
   return base;
 }
@@ -168,6 +174,19 @@ ConfigNode async_scheduling_key(const ConfigNode& root, std::optional<ConfigNode
         if (auto a = s->find("async_scheduling")) return *a;
   return run.value_or(root);
 }
+
+namespace {
+
+// The `preemption:` a run's scheduler got (its own, else the top level's).
+ConfigNode preemption_key(const ConfigNode& root, std::optional<ConfigNode> run) {
+  for (const std::optional<ConfigNode>& n : {run, std::optional<ConfigNode>(root)})
+    if (n)
+      if (auto s = n->find("scheduler"))
+        if (auto p = s->find("preemption")) return *p;
+  return run.value_or(root);
+}
+
+}  // namespace
 
 bool is_serving_config(const ConfigNode& root) {
   return root.is_map() && (root.has("requests") || root.has("runs"));
@@ -375,6 +394,11 @@ ServingConfig load_serving_config(const ConfigNode& root) {
               "async scheduling with requests of n > 1 or beams is not modelled: memsim "
               "steps a request's sequences together (vLLM V0), and vLLM V1's front-end runs "
               "each sample as its own request");
+    if (s.options.preemption == Preemption::kFreeFront && !k->factory()->frees_front())
+      preemption_key(root, node)
+          .fail(fmt::format("preemption: free_front releases a request's earliest KV blocks, and "
+                            "the KV strategy '{}' cannot (paged_block_pool can)",
+                            k->impl));
     run.kv_impl = k->impl;
     run.kv_params = k->params;
     run.kv_factory = k->factory;
