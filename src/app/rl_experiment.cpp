@@ -113,8 +113,25 @@ void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
                          longest, r.serve.max_model_len));
 }
 
+// The seed's baseline: {weights_to: host} or {weights_to: disk, disk_gbps: G}.
+RlTeardown parse_teardown(const ConfigNode& n) {
+  if (!n.is_map()) n.fail("a map {weights_to: host} or {weights_to: disk, disk_gbps: G}");
+  n.expect_keys({"weights_to", "disk_gbps"});
+  RlTeardown t;
+  if (n["weights_to"].as_choice({"host", "disk"}) == "disk")
+    t.weights_to = RlTeardown::WeightsTo::kDisk;
+  if (auto v = n.find("disk_gbps")) {
+    if (t.weights_to != RlTeardown::WeightsTo::kDisk)
+      v->fail("disk_gbps applies to weights_to: disk");
+    t.disk_bytes_per_s = v->as_double_in(0.01, 1e4) * kGB;
+  } else if (t.weights_to == RlTeardown::WeightsTo::kDisk) {
+    n.fail("weights_to: disk needs disk_gbps (the disk's write and read bandwidth, GB/s)");
+  }
+  return t;
+}
+
 RlRunSpec parse_run(const ConfigNode& n) {
-  n.expect_keys({"label", "placement", "saver", "tags", "multi_stage", "offload_params",
+  n.expect_keys({"label", "placement", "saver", "teardown", "tags", "multi_stage", "offload_params",
                  "offload_optimizer", "gpu_memory_utilization", "mem_fraction_static"});
   RlRunSpec r;
   r.label = n["label"].as_string();
@@ -138,6 +155,13 @@ RlRunSpec parse_run(const ConfigNode& n) {
       r.saver_tags.push_back(t.as_choice({"weights", "kv_cache", "cuda_graph"}));
     if (r.saver_tags.empty()) v->fail("needs at least one tag");
   }
+  if (auto v = n.find("teardown")) {
+    if (!r.saver.empty())
+      v->fail("teardown is the baseline without a saver; give a saver or teardown, not both");
+    if (r.placement == RlPlacement::kSeparate)
+      v->fail("placement: separate keeps each engine on its own GPUs; nothing to tear down");
+    r.teardown = parse_teardown(*v);
+  }
   const bool saver = !r.saver.empty();
   r.multi_stage = saver;
   if (auto v = n.find("multi_stage")) {
@@ -148,7 +172,7 @@ RlRunSpec parse_run(const ConfigNode& n) {
          std::find(r.saver_tags.begin(), r.saver_tags.end(), "weights") == r.saver_tags.end()))
       v->fail("multi-stage resume needs the weights and at least one other tag in the saver");
   }
-  r.offload_params = r.offload_optimizer = saver;
+  r.offload_params = r.offload_optimizer = saver || r.teardown.has_value();
   if (auto v = n.find("offload_params")) r.offload_params = v->as_bool();
   if (auto v = n.find("offload_optimizer")) r.offload_optimizer = v->as_bool();
   if (auto v = n.find("gpu_memory_utilization"))
@@ -188,9 +212,10 @@ const ConfigKeys& rl_config_keys() {
       {"rollout.scheduler", keys_at(serving_config_keys(), "scheduler"), "schedulers()"},
       {"weight_sync", {"bucket_bytes"}},
       {"runs[]",
-       {"label", "placement", "saver", "tags", "multi_stage", "offload_params", "offload_optimizer",
-        "gpu_memory_utilization", "mem_fraction_static"}},
+       {"label", "placement", "saver", "teardown", "tags", "multi_stage", "offload_params",
+        "offload_optimizer", "gpu_memory_utilization", "mem_fraction_static"}},
       {"runs[].saver", {}, "memory_savers()"},
+      {"runs[].teardown", {"weights_to", "disk_gbps"}},
   };
   return kKeys;
 }
@@ -254,7 +279,10 @@ namespace {
 // of one GPU, max over iterations (separate_gpus runs: either of the rank's 2 GPUs).
 constexpr ColumnDoc kRlColumns[] = {
     {"run", "the run's label (in every column, - marks a figure that does not exist for it)", -22},
-    {"saver", "none, tagged_regions or sleep_mode", -14},
+    {"saver",
+     "none, tagged_regions, sleep_mode, or teardown:host / teardown:disk (the seed's baseline: "
+     "the engine freed after each rollout and rebuilt, weights through host memory)",
+     -14},
     {"KV", "the rollout engine's KV budget", 6, "GiB"},
     {"weights",
      "device memory held for the engine's weights (a saver rounds each tensor up to 2 MiB; the "
@@ -272,9 +300,17 @@ constexpr ColumnDoc kRlColumns[] = {
      7, "GiB"},
     {"resumed", "what the resume stages take back (the saver's tags only)", 7, "GiB"},
     {"pinned", "peak pinned host memory", 8, "host GiB"},
-    {"pause", "simulated ms per iteration of the saver's pause (the release phase)", 8, "ms"},
-    {"wake1", "resume stage 1 per iteration: the weights (all at once: everything)", 7, "ms"},
-    {"wake2", "resume stage 2 per iteration: the rest", 7, "ms"},
+    {"pause",
+     "simulated ms per iteration of the saver's pause (the release phase; teardown: freeing the "
+     "engine)",
+     8, "ms"},
+    {"wake1",
+     "resume stage 1 per iteration: the weights (all at once: everything; teardown: the weights "
+     "read back over PCIe, from disk first)",
+     7, "ms"},
+    {"wake2",
+     "resume stage 2 per iteration: the rest (teardown: KV cache allocated, graphs captured again)",
+     7, "ms"},
     {"rollout", "simulated seconds of the rollout phase per iteration", 7, "s"},
     {"iter", "simulated seconds per completed iteration", 7, "s"},
     {"max util",
@@ -423,13 +459,16 @@ void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
           "\"iteration_s\": {:.6f}, \"pause_ms\": {:.4f}, \"resume_weights_ms\": {:.4f}, "
           "\"resume_rest_ms\": {:.4f}, \"pause_freed_bytes\": {}, \"resume_weights_bytes\": {}, "
           "\"resume_rest_bytes\": {}, \"offload_ms\": {:.4f}, \"reload_ms\": {:.4f}, "
+          "\"weights_out_ms\": {:.4f}, \"recapture_ms\": {:.4f}, \"weights_out_bytes\": {}, "
+          "\"weights_in_bytes\": {}, "
           "\"preemptions\": {}, \"rollout_tokens_per_s\": {:.2f}, \"max_utilization\": {:.2f}, "
           "\"graph_launches\": {}, "
           "\"graphs_valid\": {}, \"graph_error\": \"{}\", \"pause_split_ms\": {}, "
           "\"resume_split_ms\": {}}}{}\n",
           r.rollout_s, r.train_s, r.sync_s, r.iteration_s, r.pause_ms, r.resume_weights_ms,
           r.resume_rest_ms, r.pause_freed_bytes, r.resume_weights_bytes, r.resume_rest_bytes,
-          r.offload_ms, r.reload_ms, r.preemptions, r.rollout_tokens_per_s, r.max_utilization,
+          r.offload_ms, r.reload_ms, r.weights_out_ms, r.recapture_ms, r.weights_out_bytes,
+          r.weights_in_bytes, r.preemptions, r.rollout_tokens_per_s, r.max_utilization,
           r.graph_launches, r.graphs_valid ? "true" : "false", json_escape(r.graph_error),
           json_map(r.pause_split_ms), json_map(r.resume_split_ms),
           i + 1 < res.runs.size() ? "," : "");

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "core/metrics.h"
 #include "src/serve/engine.h"
 
 namespace memsim {
@@ -45,6 +46,25 @@ BudgetRule budget_rule(const RlConfig& c, const RlRunSpec& run) {
   return {false, c.rollout.gpu_memory_utilization};
 }
 
+// The capture model's time for the engine's captures (RolloutPlan::recapture_time): the same
+// run the budget's graph-memory term comes from, on a device holding the weights.
+Result<SimTime> recapture_time(const KvBudgetInput& in, const KvBudget& b) {
+  if (in.enforce_eager) return SimTime{0};
+  MEMSIM_ASSIGN_OR_RETURN(const CaptureRunConfig rc, kv_budget_capture_config(in));
+  const GraphEntry* info = graph_strategies().find(in.graph_strategy);
+  if (info == nullptr)
+    return make_error(ErrorCode::kInvalidArgument, graph_strategies().unknown(in.graph_strategy));
+  GpuSpec gpu = in.gpu;
+  gpu.capacity = b.capacity - std::min(b.capacity, b.weights + b.comm.total());
+  SimClock clock;
+  MetricsRecorder metrics(clock);
+  const CaptureRunResult r = run_captures_on_sim(rc, gpu, info->defaults(), clock, metrics);
+  if (!r.ok)
+    return make_error(r.out_of_memory ? ErrorCode::kOutOfMemory : ErrorCode::kInvalidState,
+                      "graph recapture: " + r.failure, r.bytes_short);
+  return r.capture_time;
+}
+
 }  // namespace
 
 bool rollout_uses_sglang_rule(const RlConfig& c, const RlRunSpec& run) {
@@ -53,7 +73,8 @@ bool rollout_uses_sglang_rule(const RlConfig& c, const RlRunSpec& run) {
 
 std::string rollout_plan_key(const RlConfig& c, const ModelShape& m, const RlRunSpec& run) {
   const BudgetRule r = budget_rule(c, run);
-  return fmt::format("{}/{}/{}", m.name, r.sglang ? "sglang" : "vllm", r.fraction);
+  return fmt::format("{}/{}/{}{}", m.name, r.sglang ? "sglang" : "vllm", r.fraction,
+                     run.teardown ? "/recapture" : "");
 }
 
 RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec& run, bool serve) {
@@ -75,6 +96,14 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
     return p;
   }
   p.budget = *b;
+  if (run.teardown) {
+    Result<SimTime> t = recapture_time(in, p.budget);
+    if (!t.ok()) {
+      p.error = "rollout engine: " + t.error().message;
+      return p;
+    }
+    p.recapture_time = *t;
+  }
   p.weight_tensors = rollout_weight_tensors(m);
   const uint64_t per_token_layer = p.budget.kv_bytes_per_token / m.layers;
   p.kv_layer_bytes = p.budget.kv_blocks * ro.kv_block_size * per_token_layer;

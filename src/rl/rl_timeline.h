@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,21 @@ struct RlRolloutSpec {
 
 enum class RlPlacement : uint8_t { kColocated, kSeparate };
 
+// The seed's baseline in place of a saver ("offload weights to CPU after training"): after each
+// rollout the engine frees everything it holds (weights, KV cache, graph pool; its caching
+// allocator emptied); after training the trainer's gathered weights are copied to pinned host
+// memory over PCIe (kDisk: then written to disk at disk_bytes_per_s); before the next rollout
+// the engine is rebuilt: weights read back (from disk, then) over PCIe into fresh tensors, the
+// KV cache allocated, and the CUDA graphs captured again, at the capture model's time for the
+// engine's capture sizes (RolloutPlan::recapture_time). The pinned host copy is allocated once,
+// at init, and kept (disk too: it is the staging buffer).
+struct RlTeardown {
+  enum class WeightsTo : uint8_t { kHost, kDisk };
+  WeightsTo weights_to = WeightsTo::kHost;
+  double disk_bytes_per_s = 0;  // kDisk: write and read bandwidth
+};
+const char* to_string(RlTeardown::WeightsTo w);
+
 struct RlRunSpec {
   std::string label;
   RlPlacement placement = RlPlacement::kColocated;
@@ -59,8 +75,9 @@ struct RlRunSpec {
   // memory between updates (veRL fsdp_config.param_offload / optimizer_offload).
   bool offload_params = true;
   bool offload_optimizer = true;
-  double gpu_memory_utilization = 0;  // 0: the rollout's
-  double mem_fraction_static = 0;     // > 0: SGLang's rule at this fraction (0: the rollout's)
+  double gpu_memory_utilization = 0;   // 0: the rollout's
+  double mem_fraction_static = 0;      // > 0: SGLang's rule at this fraction (0: the rollout's)
+  std::optional<RlTeardown> teardown;  // the seed's baseline (no saver); co-located only
 };
 
 struct RlConfig {
@@ -150,6 +167,13 @@ struct RlRunResult {
   double pause_ms = 0;                               // release of the rollout memory (saver pause)
   double resume_weights_ms = 0, resume_rest_ms = 0;  // stage 1 and 2 (all-at-once: stage 1)
   double offload_ms = 0, reload_ms = 0;              // trainer state to and from host
+  // The teardown baseline (RlRunSpec::teardown), per iteration: pause_ms is the engine's
+  // teardown (frees and empty_cache), resume_weights_ms its weights read back (disk, then
+  // PCIe), resume_rest_ms the KV cache allocated and the graphs captured again (recapture_ms of
+  // it the capture model's time); weights_out_ms the copy to host (and the disk write) after
+  // training, inside the sync. Bytes over PCIe each way (both the engine's weight bytes).
+  double weights_out_ms = 0, recapture_ms = 0;
+  uint64_t weights_out_bytes = 0, weights_in_bytes = 0;
   // Device bytes each pause gives back (the release phase: the saver's pause and the engine's
   // empty_cache, bytes before minus after) and each resume stage takes again; means over the
   // calls made (pauses, resumes_weights, resumes_rest: 0 when none ran).
