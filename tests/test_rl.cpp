@@ -2,9 +2,7 @@
 // free what they allocate) and of the RL co-location timeline (exact differences between
 // resume orders and sleep levels, bytes each pause frees and each resume takes back, OOM
 // outcomes, graph validity, accounting, determinism) and of its outputs' agreement.
-#include <fmt/format.h>
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -20,25 +18,14 @@
 #include "src/config/loaders.h"
 #include "src/rl/rl_rollout.h"
 #include "src/serve/serving_experiment.h"
+#include "tests/rl_test_util.h"
 #include "tests/temp_dir.h"
 #include "workload/train_program.h"
 
 using namespace memsim;
+using namespace memsim::test;
 
 namespace {
-
-std::string root() {
-  const char* r = std::getenv("MEMSIM_SOURCE_ROOT");
-  return r != nullptr ? r : ".";
-}
-
-ModelShape model(const std::string& name) {
-  return load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + name + ".yaml"));
-}
-
-GpuSpec h200() {
-  return load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/h200.yaml"));
-}
 
 uint64_t ceil_div(uint64_t a, uint64_t b) {
   return (a + b - 1) / b;
@@ -74,46 +61,6 @@ struct Replay {
     }
   }
 };
-
-RlConfig small_config(const std::string& model_name) {
-  RlConfig c;
-  c.gpu = h200();
-  c.models = {model(model_name)};
-  c.iterations = 2;
-  c.train.dp = 8;
-  c.train.micro_batch_tokens = 4096;
-  c.rollout.gpu_memory_utilization = 0.85;
-  c.rollout.serve.max_model_len = 4096;
-  c.rollout.kv_factory =
-      parse_kv(ConfigNode::parse("{impl: paged_block_pool, block_size: 16}", "test")).factory;
-  c.rollout.requests.count = 8;
-  c.rollout.requests.n = 4;
-  c.rollout.requests.arrival.process = ArrivalProcess::kBurst;
-  c.rollout.requests.prompt = {LengthDist::kFixed, 512};
-  c.rollout.requests.output = {LengthDist::kFixed, 256};
-  c.allocator = caching_allocators()
-                    .find("torch_caching")
-                    ->parse(ConfigNode::parse("{impl: torch_caching}", "test"));
-  c.max_utilization = false;
-  return c;
-}
-
-RlRunSpec saver_run(const std::string& label, const char* impl, const char* yaml,
-                    bool multi_stage) {
-  RlRunSpec r;
-  r.label = label;
-  r.saver = impl;
-  r.saver_factory = memory_savers().find(impl)->parse(ConfigNode::parse(yaml, "test"));
-  r.saver_tags = r.saver == "sleep_mode"
-                     ? std::vector<std::string>{"weights", "kv_cache"}
-                     : std::vector<std::string>{"weights", "kv_cache", "cuda_graph"};
-  r.multi_stage = multi_stage;
-  return r;
-}
-
-uint64_t round_up(uint64_t v, uint64_t m) {
-  return (v + m - 1) / m * m;
-}
 
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -585,142 +532,4 @@ TEST_CASE("RL rollout: SGLang's mem_fraction_static sizes the KV cache") {
   CHECK(at09.budget.kv_bytes ==
         static_cast<uint64_t>(0.9 * static_cast<double>(c.gpu.capacity)) - m.weight_bytes());
   CHECK(rollout_uses_sglang_rule(c, run));
-}
-
-namespace {
-
-RlRunSpec teardown_run(const std::string& label, RlTeardown::WeightsTo to, double disk_gbps = 0) {
-  RlRunSpec r;
-  r.label = label;
-  r.teardown = RlTeardown{to, disk_gbps * 1e9};
-  r.offload_params = r.offload_optimizer = true;
-  r.multi_stage = false;
-  return r;
-}
-
-// What the sim charges for a copy of `bytes` over PCIe, in ns.
-uint64_t pcie_ns(const GpuSpec& g, uint64_t bytes) {
-  return static_cast<uint64_t>(static_cast<double>(bytes) * 1e9 / g.compute.pcie_bytes_per_s);
-}
-
-}  // namespace
-
-// The seed's baseline ("offload weights to CPU after training"): the engine frees everything
-// after the rollout; after training the gathered weights are copied to pinned host memory piece
-// by piece (each bucket of the trainer into the engine's tensors, in order), read back tensor by
-// tensor before the next rollout, and the graphs captured again at the capture model's time.
-TEST_CASE("RL timeline: the teardown baseline moves the weights over PCIe and captures again") {
-  const RlConfig c = small_config("qwen2.5-7b");
-  const ModelShape& m = c.models[0];
-  const RlRunSpec host = teardown_run("host", RlTeardown::WeightsTo::kHost);
-  const RolloutPlan plan = plan_rollout(c, m, host);
-  REQUIRE(plan.error.empty());
-  const RlRunResult td = run_rl_with_plan(c, m, host, plan);
-  const RlRunResult multi = run_rl_one(c, m, saver_run("multi", "tagged_regions", "{}", true));
-  REQUIRE(td.error.empty());
-  REQUIRE(td.oom.empty());
-  CHECK(td.saver == "teardown:host");
-  CHECK(td.iterations_done == 2);
-  CHECK(td.graphs_valid);  // the graph captured again reads the new tensors
-  CHECK(td.graph_launches == 2);
-  // Bytes each way: the engine's weights, whole.
-  const std::vector<uint64_t> tensors = rollout_weight_tensors(m);
-  uint64_t weights = 0, in_ns = 0;
-  for (uint64_t b : tensors) {
-    weights += b;
-    in_ns += pcie_ns(c.gpu, b);  // one copy per tensor back
-  }
-  CHECK(weights == m.weight_bytes());
-  CHECK(td.weights_out_bytes == weights);
-  CHECK(td.weights_in_bytes == weights);
-  // Out: the trainer's buckets cut at the engine's tensor boundaries, each piece over PCIe.
-  TrainProgramBuilder builder(m, c.train, c.reference);
-  uint64_t out_ns = 0, offset = 0;
-  size_t tensor = 0;
-  for (const TrainOp& op : builder.weight_sync(c.sync_bucket_bytes)) {
-    if (op.kind != TrainOp::Kind::kDeliver) continue;
-    for (uint64_t left = op.bytes; left > 0 && tensor < tensors.size();) {
-      const uint64_t n = std::min(left, tensors[tensor] - offset);
-      out_ns += pcie_ns(c.gpu, n);
-      left -= n;
-      offset += n;
-      if (offset == tensors[tensor]) ++tensor, offset = 0;
-    }
-  }
-  CHECK(tensor == tensors.size());
-  CHECK(td.weights_out_ms == Approx(static_cast<double>(out_ns) / 1e6).epsilon(1e-12));
-  CHECK(td.resume_split_ms.at("copy") == Approx(static_cast<double>(in_ns) / 1e6).epsilon(1e-12));
-  // For the 7B's 15.23 GB at the H200 file's 55 GB/s: 0.28 s each way.
-  CHECK(in_ns / 1000000 == 276);
-  // The graphs captured again: the capture model's time, charged every iteration.
-  CHECK(plan.recapture_time > 0);
-  CHECK(td.recapture_ms == Approx(static_cast<double>(plan.recapture_time) / 1e6).epsilon(1e-12));
-  CHECK(td.resume_split_ms.at("recapture") == td.recapture_ms);
-  // Every simulated ms of the teardown and the rebuild is in their split by primitive.
-  double pause = 0, resume = 0;
-  for (const auto& [k, ms] : td.pause_split_ms) pause += ms;
-  for (const auto& [k, ms] : td.resume_split_ms) resume += ms;
-  CHECK(pause == Approx(td.pause_ms).epsilon(1e-9));
-  CHECK(resume == Approx(td.resume_weights_ms + td.resume_rest_ms).epsilon(1e-9));
-  // Memory: while training the engine holds nothing, as under the saver; during the weight
-  // update it still holds nothing (the saver's run holds its weights, each tensor rounded up to
-  // the granularity); the host holds the weights' bytes beyond the trainer's state.
-  CHECK(td.phase_peak.at("train") == multi.phase_peak.at("train"));
-  CHECK(multi.phase_peak.at("sync") - td.phase_peak.at("sync") == multi.weights_reserved_bytes);
-  CHECK(td.peak_pinned - multi.peak_pinned == weights);
-  // Each teardown gives back everything the engine held, each rebuild takes it again but for
-  // the rollout's activations (their segment, cached since the rollout, comes back with it).
-  CHECK(td.pause_freed_bytes - td.resume_weights_bytes - td.resume_rest_bytes ==
-        round_up(plan.budget.activation_peak, 2ull << 20));
-  CHECK(td.pause_freed_bytes >= td.weights_reserved_bytes + td.kv_reserved_bytes);
-}
-
-TEST_CASE("RL timeline: the teardown baseline through disk adds the disk's time each way") {
-  const RlConfig c = small_config("qwen2.5-7b");
-  const ModelShape& m = c.models[0];
-  const RlRunResult host = run_rl_one(c, m, teardown_run("host", RlTeardown::WeightsTo::kHost));
-  const RlRunResult disk =
-      run_rl_one(c, m, teardown_run("disk", RlTeardown::WeightsTo::kDisk, 2.0));
-  REQUIRE(host.error.empty());
-  REQUIRE(disk.error.empty());
-  CHECK(disk.saver == "teardown:disk");
-  // 15.23 GB at 2 GB/s, written after training and read before the rollout (to the ns).
-  const double disk_ms = static_cast<double>(m.weight_bytes()) / 2e9 * 1e3;
-  CHECK(disk.weights_out_ms - host.weights_out_ms == Approx(disk_ms).margin(1e-6));
-  CHECK(disk.resume_weights_ms - host.resume_weights_ms == Approx(disk_ms).margin(1e-6));
-  CHECK(disk.resume_split_ms.at("disk_read") == Approx(disk_ms).margin(1e-6));
-  CHECK(disk.iteration_s - host.iteration_s == Approx(2 * disk_ms / 1e3).margin(1e-8));
-  CHECK(disk.peak == host.peak);
-}
-
-TEST_CASE("RL config: teardown is a typed run key with clear errors") {
-  const std::string path = root() + "/experiments/rl_colocation.yaml";
-  const RlConfig c = load_rl_config(path, {});
-  const RlRunSpec* host = nullptr;
-  for (const RlRunSpec& r : c.runs)
-    if (r.label == "teardown_host") host = &r;
-  REQUIRE(host != nullptr);
-  REQUIRE(host->teardown.has_value());
-  CHECK(host->teardown->weights_to == RlTeardown::WeightsTo::kHost);
-  CHECK(host->saver.empty());
-  CHECK(host->offload_params);
-  CHECK(host->offload_optimizer);
-  size_t idx = 0;
-  while (c.runs[idx].label != "teardown_host") ++idx;
-  const auto error = [&](const std::vector<std::string>& o) {
-    try {
-      (void)load_rl_config(path, o);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  const std::string run = fmt::format("runs.{}.", idx);
-  const std::string bad = error({run + "teardown.weights_to=hots"});
-  CHECK(bad.find("weights_to") != std::string::npos);
-  CHECK(bad.find("did you mean 'host'") != std::string::npos);
-  CHECK(error({run + "teardown.weights_to=disk"}).find("needs disk_gbps") != std::string::npos);
-  CHECK(error({run + "teardown.disk_gbps=3"}).find("applies to weights_to: disk") !=
-        std::string::npos);
-  CHECK(error({run + "saver.impl=tagged_regions"}).find("not both") != std::string::npos);
 }

@@ -28,7 +28,8 @@ COLS = 4  # panels a row
 GROUPS = [
     ("rollout weights", ["rollout.weights"], "#0072B2"),
     ("rollout KV cache", ["rollout.kv_cache"], "#56B4E9"),
-    ("rollout graphs + activations", ["rollout.cuda_graph", "rollout.activations"], "#B9DDF1"),
+    ("rollout graphs + activations + NCCL",
+     ["rollout.cuda_graph", "rollout.activations", "rollout.comm"], "#B9DDF1"),
     ("train params + grads", ["train.params", "train.grads"], "#D55E00"),
     ("train optimizer state", ["train.optimizer"], "#E69F00"),
     ("train activations + logits", ["train.activations", "train.logits"], "#009E73"),

@@ -80,13 +80,15 @@ double parse_mem_fraction_static(const ConfigNode& n) {
 
 void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
   n.expect_keys({"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager",
-                 "kv", "scheduler", "requests"});
+                 "tensor_parallel", "kv", "scheduler", "requests"});
   if (auto v = n.find("gpu_memory_utilization"))
     r.gpu_memory_utilization = v->as_double_in(0.01, 1);
   r.mem_fraction_static = parse_mem_fraction_static(n);
   if (auto v = n.find("max_model_len"))
     r.serve.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 22));
   if (auto v = n.find("enforce_eager")) r.enforce_eager = v->as_bool();
+  if (auto v = n.find("tensor_parallel"))
+    r.tensor_parallel = static_cast<uint32_t>(v->as_uint_in(1, 64));
   if (auto v = n.find("kv")) {
     const KvChoice k = parse_kv(*v);
     r.kv_impl = k.impl;
@@ -206,8 +208,8 @@ const ConfigKeys& rl_config_keys() {
         "micro_batch_tokens", "bucket_bytes", "prefetch", "reference", "old_log_prob",
         "optimizer_steps"}},
       {"rollout",
-       {"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager", "kv",
-        "scheduler", "requests"}},
+       {"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager",
+        "tensor_parallel", "kv", "scheduler", "requests"}},
       {"rollout.kv", keys_at(serving_config_keys(), "kv"), "kv_strategies()"},
       {"rollout.scheduler", keys_at(serving_config_keys(), "scheduler"), "schedulers()"},
       {"weight_sync", {"bucket_bytes"}},
@@ -410,10 +412,16 @@ std::span<const ColumnDoc> rl_columns() {
 std::string format_rl_table(const RlConfig& c, const RlResults& res, bool explain) {
   std::string out = fmt::format(
       "RL co-location on {} ({:.0f} GiB), {} iterations; trainer dp={} tp={} {} ({} params), "
-      "rollout gpu_memory_utilization {:.2f}\n",
+      "rollout {} {:.2f}{}\n",
       c.gpu.name, static_cast<double>(c.gpu.capacity) / (1ull << 30), c.iterations, c.train.dp,
       c.train.tp, to_string(c.train.sharding),
-      c.train.param_dtype == DType::kFP32 ? "fp32" : "bf16", c.rollout.gpu_memory_utilization);
+      c.train.param_dtype == DType::kFP32 ? "fp32" : "bf16",
+      c.rollout.mem_fraction_static > 0 ? "mem_fraction_static" : "gpu_memory_utilization",
+      c.rollout.mem_fraction_static > 0 ? c.rollout.mem_fraction_static
+                                        : c.rollout.gpu_memory_utilization,
+      c.rollout.tensor_parallel > 1
+          ? fmt::format(", tensor_parallel {} (figures: one rank)", c.rollout.tensor_parallel)
+          : "");
   std::string model;
   for (const RlRunResult& r : res.runs) {
     if (r.model != model) {
@@ -439,16 +447,17 @@ void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
           "    {{\"label\": \"{}\", \"model\": \"{}\", \"placement\": \"{}\", \"saver\": \"{}\", "
           "\"outcome\": \"{}\", \"oom\": \"{}\", \"oom_bytes_short\": {}, \"error\": \"{}\", "
           "\"iterations_done\": {}, \"gpus_per_rank\": {}, \"kv_bytes\": {}, \"kv_tokens\": {}, "
-          "\"weights_bytes\": {}, \"graph_bytes\": {}, \"weights_reserved_bytes\": {}, "
+          "\"weights_bytes\": {}, \"graph_bytes\": {}, \"rollout_tp\": {}, "
+          "\"rollout_comm_bytes\": {}, \"weights_reserved_bytes\": {}, "
           "\"kv_reserved_bytes\": {}, \"graph_reserved_bytes\": {}, \"peak_bytes\": {}, "
           "\"peak_train_gpu_bytes\": {}, \"peak_rollout_gpu_bytes\": {}, "
           "\"peak_pinned_host_bytes\": {}, \"phase_peak_bytes\": {{",
           json_escape(r.label), json_escape(r.model), r.placement, r.saver,
           !r.error.empty() ? "error" : (!r.oom.empty() ? "oom" : "ok"), json_escape(r.oom),
           r.oom_bytes_short, json_escape(r.error), r.iterations_done, r.gpus, r.kv_bytes,
-          r.kv_tokens, r.weights_bytes, r.graph_bytes, r.weights_reserved_bytes,
-          r.kv_reserved_bytes, r.graph_reserved_bytes, r.peak, r.peak_train_gpu, r.peak_rollout_gpu,
-          r.peak_pinned);
+          r.kv_tokens, r.weights_bytes, r.graph_bytes, r.rollout_tp, r.rollout_comm_bytes,
+          r.weights_reserved_bytes, r.kv_reserved_bytes, r.graph_reserved_bytes, r.peak,
+          r.peak_train_gpu, r.peak_rollout_gpu, r.peak_pinned);
       bool first = true;
       for (const auto& [name, b] : r.phase_peak) {
         f << fmt::format("{}\"{}\": {}", first ? "" : ", ", name, b);

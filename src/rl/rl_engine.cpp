@@ -43,6 +43,15 @@ void Timeline::init_rollout_engine() {
   // Weights as vLLM's fused parameters, the KV cache one tensor per layer, the graph pool.
   // What each holds on the device is read back from the gauges (see weights_reserved_bytes).
   const auto held = [&](RlTag t) { return rollout_gpu().bytes[static_cast<size_t>(t)]; };
+  // Under TP, distributed init comes first: NCCL's communicator and first collective, the custom
+  // all-reduce's buffers (kv_budget.h), held outside any saver until the end.
+  if (const uint64_t comm = plan_.budget.comm.total(); comm > 0) {
+    Result<DevPtr> p = rollout_gpu().backend->device_malloc(comm, "rollout.comm");
+    if (!p.ok()) fail(p.error(), "rollout engine: NCCL and custom all-reduce memory");
+    comm_ = *p;
+    add(rollout_index(), RlTag::kRolloutComm, static_cast<int64_t>(comm), false);
+    sample(rollout_index());
+  }
   for (uint64_t bytes : plan_.weight_tensors)
     weights_.push_back({engine_alloc(bytes, "weights"), bytes});
   refresh_saver_gauges();

@@ -5,6 +5,7 @@
 
 #include "core/metrics.h"
 #include "src/serve/engine.h"
+#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
@@ -73,8 +74,8 @@ bool rollout_uses_sglang_rule(const RlConfig& c, const RlRunSpec& run) {
 
 std::string rollout_plan_key(const RlConfig& c, const ModelShape& m, const RlRunSpec& run) {
   const BudgetRule r = budget_rule(c, run);
-  return fmt::format("{}/{}/{}{}", m.name, r.sglang ? "sglang" : "vllm", r.fraction,
-                     run.teardown ? "/recapture" : "");
+  return fmt::format("{}/{}/{}/tp{}{}", m.name, r.sglang ? "sglang" : "vllm", r.fraction,
+                     c.rollout.tensor_parallel, run.teardown ? "/recapture" : "");
 }
 
 RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec& run, bool serve) {
@@ -90,6 +91,7 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
   in.enforce_eager = ro.enforce_eager;
   in.max_model_len = ro.serve.max_model_len;
   in.kv_block_size = ro.kv_block_size;
+  in.parallel.tensor = ro.tensor_parallel;
   Result<KvBudget> b = compute_kv_budget(in);
   if (!b.ok()) {
     p.error = "rollout engine: " + b.error().message;
@@ -104,7 +106,20 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
     }
     p.recapture_time = *t;
   }
-  p.weight_tensors = rollout_weight_tensors(m);
+  // One rank's model under TP (vLLM's and SGLang's sharding); the whole model at TP 1.
+  ModelShape rank = m;
+  std::shared_ptr<const CollectiveTime> collectives;
+  if (ro.tensor_parallel > 1) {
+    rank = shard_tensor_parallel(m, ro.tensor_parallel)->rank;  // checked by the budget
+    Result<CollectiveTime> ct =
+        CollectiveTime::make(c.gpu, ro.tensor_parallel, in.comm.custom_all_reduce);
+    if (!ct.ok()) {
+      p.error = "rollout engine: " + ct.error().message;
+      return p;
+    }
+    collectives = std::make_shared<const CollectiveTime>(std::move(ct).value());
+  }
+  p.weight_tensors = rollout_weight_tensors(rank);
   const uint64_t per_token_layer = p.budget.kv_bytes_per_token / m.layers;
   p.kv_layer_bytes = p.budget.kv_blocks * ro.kv_block_size * per_token_layer;
   if (p.kv_layer_bytes == 0) {
@@ -128,7 +143,8 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
     }
     EngineConfig e;
     e.label = run.label;
-    e.model = m;
+    e.model = rank;
+    e.collectives = collectives;
     e.gpu = c.gpu;
     e.scheduler = ro.scheduler;
     e.serve = ro.serve;

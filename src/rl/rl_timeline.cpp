@@ -26,6 +26,8 @@ const char* to_string(RlTag t) {
       return "rollout.cuda_graph";
     case RlTag::kRolloutActivations:
       return "rollout.activations";
+    case RlTag::kRolloutComm:
+      return "rollout.comm";
     case RlTag::kParams:
       return "train.params";
     case RlTag::kGrads:
@@ -111,6 +113,8 @@ RlRunResult Timeline::run() {
   r_.kv_tokens = plan_.budget.kv_tokens;
   r_.weights_bytes = plan_.budget.weights;
   r_.graph_bytes = plan_.budget.graph_memory;
+  r_.rollout_tp = plan_.budget.tensor_parallel;
+  r_.rollout_comm_bytes = plan_.budget.comm.total();
   try {
     setup_devices();
     init();
@@ -456,6 +460,7 @@ void Timeline::teardown() {
   if (saver_) check(saver_->release_all(), "teardown");
   for (const auto& [slot, h] : host_) check(train_gpu().backend->host_free_pinned(h), "teardown");
   for (DevPtr h : weights_host_) check(rollout_gpu().backend->host_free_pinned(h), "teardown");
+  if (comm_) check(rollout_gpu().backend->device_free(comm_), "teardown");
   for (Device& d : devices_) {
     const Usage u = d.backend->usage();
     if (u.physical_bytes != 0 || u.pinned_host_bytes != 0)

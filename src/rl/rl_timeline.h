@@ -36,6 +36,13 @@ struct RlRolloutSpec {
   KvFactory kv_factory;
   uint32_t kv_block_size = 16;
   bool enforce_eager = false;
+  // Tensor parallelism of the rollout engine (SGLang tp_size / veRL
+  // rollout.tensor_model_parallel_size): each GPU holds one rank's shard of the weights and KV
+  // heads (workload/tensor_parallel.h), its budget is one rank's (kv_budget.h, NCCL and the
+  // custom all-reduce held from init, resident through training), and the serving run is one
+  // rank's with the collectives in its step time. The engine spans this many GPUs, so
+  // `requests` is then the engine's share (of tensor_parallel GPUs).
+  uint32_t tensor_parallel = 1;
   // One GPU's share of an iteration's prompts (arrive together) with n = samples per prompt;
   // iteration i draws with seed + i.
   SyntheticRequestsConfig requests;
@@ -109,6 +116,7 @@ enum class RlTag : uint8_t {
   kKvCache,
   kCudaGraph,
   kRolloutActivations,
+  kRolloutComm,  // the rollout engine's NCCL and custom all-reduce buffers (TP > 1)
   kParams,
   kGrads,
   kOptimizer,
@@ -151,6 +159,8 @@ struct RlRunResult {
   uint32_t iterations_done = 0;
   // The engine's plan: KV budget, the parameters' bytes (ModelShape::weight_bytes), graph pool.
   uint64_t kv_bytes = 0, kv_tokens = 0, weights_bytes = 0, graph_bytes = 0;
+  uint32_t rollout_tp = 1;          // the rollout engine's tensor parallelism (figures: one rank)
+  uint64_t rollout_comm_bytes = 0;  // its NCCL / custom all-reduce memory per rank
   // What the device holds for them once allocated, as timeseries.csv's rollout.weights,
   // rollout.kv_cache and rollout.cuda_graph show it: through a saver, each tensor is its own
   // physical allocation rounded up to the granularity (2 MiB); through the engine's caching

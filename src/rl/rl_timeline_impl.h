@@ -121,6 +121,7 @@ class Timeline {
   std::unique_ptr<MemorySaver> saver_;
   std::vector<std::pair<DevPtr, uint64_t>> weights_, kv_;
   std::pair<DevPtr, uint64_t> graph_pool_{0, 0};
+  DevPtr comm_ = 0;  // the rollout engine's NCCL / custom all-reduce memory (TP > 1)
   StreamId stream_;
   GraphHandle graph_;
   std::unordered_map<uint64_t, Live> live_;
