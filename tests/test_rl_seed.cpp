@@ -261,3 +261,23 @@ TEST_CASE("RL timeline: Qwen-32B on H100s at TP 4, all-at-once OOMs in the updat
   CHECK(max_rollout_utilization(c, c.models[0], all) == 0.74);
   CHECK(max_rollout_utilization(c, c.models[0], multi) == 0.97);
 }
+
+TEST_CASE("RL config: rollout.tensor_parallel must shard the model and have collective times") {
+  const std::string path = root() + "/experiments/rl_qwen32b_h100.yaml";
+  const RlConfig c = load_rl_config(path, {});
+  CHECK(c.rollout.tensor_parallel == 4);
+  const auto error = [&](const std::string& o) {
+    try {
+      (void)load_rl_config(path, {o});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // Qwen2.5-32B's 40 query heads do not split 3 ways.
+  const std::string three = error("rollout.tensor_parallel=3");
+  CHECK(three.find("tensor_parallel") != std::string::npos);
+  CHECK(three.find("heads (40) do not divide by tensor_parallel_size 3") != std::string::npos);
+  CHECK(error("rollout.tensor_parallel=8") == "no error");
+  CHECK(error("rollout.tensor_parallel=0").find("out of range") != std::string::npos);
+}

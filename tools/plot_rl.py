@@ -2,7 +2,7 @@
 """Plots the RL co-location experiment (experiments/rl_colocation.yaml): for each model, a block of
 small stacked-area panels, one per run and GPU role (a co-located run's one GPU; a separate-GPUs
 run's rollout GPU and train GPU), of device memory over simulated time in GiB. The tags are
-stacked in eight groups (rollout weights, KV cache, graphs + activations; trainer parameters +
+stacked in eight groups (rollout weights, KV cache, graphs + activations + NCCL; trainer parameters +
 gradients, optimizer state, activations + logits, communication + reference; the caching
 allocators' cached bytes; timeseries.csv keeps every tag), with the GPU's capacity (labelled),
 the start of each rollout and weight sync, and a cross where a run ran out of memory. Four panels

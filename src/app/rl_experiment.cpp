@@ -13,6 +13,8 @@
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
 #include "src/serve/serving_experiment.h"
+#include "workload/collectives.h"
+#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
@@ -130,6 +132,18 @@ RlTeardown parse_teardown(const ConfigNode& n) {
     n.fail("weights_to: disk needs disk_gbps (the disk's write and read bandwidth, GB/s)");
   }
   return t;
+}
+
+// The rollout's TP size must shard every model and have collective times in the GPU file.
+void check_rollout_tp(const ConfigNode& rollout, const RlConfig& c) {
+  const uint32_t tp = c.rollout.tensor_parallel;
+  if (tp <= 1) return;
+  const ConfigNode key = rollout["tensor_parallel"];
+  for (const ModelShape& m : c.models)
+    if (Result<TensorParallelShard> s = shard_tensor_parallel(m, tp); !s.ok())
+      key.fail(s.error().message);
+  if (Result<CollectiveTime> t = CollectiveTime::make(c.gpu, tp, true); !t.ok())
+    key.fail(fmt::format("{}: {}", c.gpu.name, t.error().message));
 }
 
 RlRunSpec parse_run(const ConfigNode& n) {
@@ -254,6 +268,7 @@ RlConfig load_rl_config(const ConfigNode& root) {
   }
   c.train = parse_train(root["train"], c);
   parse_rollout(root["rollout"], c.rollout);
+  check_rollout_tp(root["rollout"], c);
   if (auto v = root.find("seed")) c.rollout.requests.seed = v->as_uint();
   if (auto v = root.find("weight_sync")) {
     v->expect_keys({"bucket_bytes"});
