@@ -2,7 +2,7 @@
 """Plots the RL co-location experiment (experiments/rl_colocation.yaml): for each model, a block of
 small stacked-area panels, one per run and GPU role (a co-located run's one GPU; a separate-GPUs
 run's rollout GPU and train GPU), of device memory over simulated time in GiB. The tags are
-stacked in eight groups (rollout weights, KV cache, graphs + activations; trainer parameters +
+stacked in eight groups (rollout weights, KV cache, graphs + activations + NCCL; trainer parameters +
 gradients, optimizer state, activations + logits, communication + reference; the caching
 allocators' cached bytes; timeseries.csv keeps every tag), with the GPU's capacity (labelled),
 the start of each rollout and weight sync, and a cross where a run ran out of memory. Four panels
@@ -28,7 +28,8 @@ COLS = 4  # panels a row
 GROUPS = [
     ("rollout weights", ["rollout.weights"], "#0072B2"),
     ("rollout KV cache", ["rollout.kv_cache"], "#56B4E9"),
-    ("rollout graphs + activations", ["rollout.cuda_graph", "rollout.activations"], "#B9DDF1"),
+    ("rollout graphs + activations + NCCL",
+     ["rollout.cuda_graph", "rollout.activations", "rollout.comm"], "#B9DDF1"),
     ("train params + grads", ["train.params", "train.grads"], "#D55E00"),
     ("train optimizer state", ["train.optimizer"], "#E69F00"),
     ("train activations + logits", ["train.activations", "train.logits"], "#009E73"),

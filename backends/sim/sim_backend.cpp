@@ -388,6 +388,7 @@ Result<DevPtr> SimBackend::host_malloc_pinned(uint64_t bytes) {
   if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "host_malloc_pinned: 0 bytes");
   MEMSIM_ASSIGN_OR_RETURN(DevPtr p, host_va_.alloc(round_up(bytes, 4096), 4096));
   plain_.emplace(p, PlainAlloc{bytes, "pinned_host", PlainKind::kPinned});
+  pinned_ranges_.emplace(p, bytes);
   pinned_ += bytes;
   return p;
 }
@@ -404,6 +405,7 @@ Status SimBackend::host_free_pinned(DevPtr p) {
   (void)host_va_.free(p);
   graph_mem_.synchronize();  // cudaFreeHost waits for the device too
   plain_.erase(it);
+  pinned_ranges_.erase(p);
   return {};
 }
 
@@ -426,11 +428,13 @@ Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId
 
 Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) {
   const bool captured = graph_mem_.capturing(stream);
-  // A copy to or from (the start of) a pinned host allocation crosses PCIe: priced at
+  // A copy to or from (anywhere inside) a pinned host allocation crosses PCIe: priced at
   // compute.pcie_gbps, not at the device copy rate (bytes read + written at HBM speed).
   auto is_host = [&](DevPtr p) {
-    auto it = plain_.find(p);
-    return it != plain_.end() && it->second.kind == PlainKind::kPinned;
+    auto it = pinned_ranges_.upper_bound(p);
+    if (it == pinned_ranges_.begin()) return false;
+    --it;
+    return p < it->first + it->second;
   };
   const bool pcie = (is_host(dst) || is_host(src)) && gpu_.compute.pcie_bytes_per_s > 0;
   MEMSIM_TRY(enter(Primitive::kCopy, 0, 2 * bytes, !captured && !pcie));

@@ -160,6 +160,7 @@ class SimBackend final : public Backend {
   std::unordered_map<uint64_t, HandleRec> handles_;
   std::map<DevPtr, Reservation> reservations_;
   std::unordered_map<DevPtr, PlainAlloc> plain_;
+  std::map<DevPtr, uint64_t> pinned_ranges_;  // pinned host allocations: start -> bytes
   struct TagGauge {
     uint64_t bytes = 0;
     MetricsRecorder::SeriesId series = 0;

@@ -51,8 +51,9 @@ int run_rl_on_cuda(const RlConfig& c, OutputDir& dir, std::ostream& out, std::os
       auto skip = [&](const std::string& why) {
         out << fmt::format("{:<14} {:<20} skipped: {}\n", m.name, run.label, why);
       };
-      if (run.placement == RlPlacement::kSeparate) {
-        skip("separate GPUs need two devices");
+      if (run.placement == RlPlacement::kSeparate || c.rollout.tensor_parallel > 1) {
+        skip(c.rollout.tensor_parallel > 1 ? "a TP rollout needs its ranks' GPUs and NCCL"
+                                           : "separate GPUs need two devices");
         continue;
       }
       const RolloutPlan plan = plan_rollout(c, m, run);

@@ -13,6 +13,8 @@
 #include "src/config/loaders.h"
 #include "src/config/requests_loader.h"
 #include "src/serve/serving_experiment.h"
+#include "workload/collectives.h"
+#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
@@ -80,13 +82,15 @@ double parse_mem_fraction_static(const ConfigNode& n) {
 
 void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
   n.expect_keys({"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager",
-                 "kv", "scheduler", "requests"});
+                 "tensor_parallel", "kv", "scheduler", "requests"});
   if (auto v = n.find("gpu_memory_utilization"))
     r.gpu_memory_utilization = v->as_double_in(0.01, 1);
   r.mem_fraction_static = parse_mem_fraction_static(n);
   if (auto v = n.find("max_model_len"))
     r.serve.max_model_len = static_cast<uint32_t>(v->as_uint_in(16, 1u << 22));
   if (auto v = n.find("enforce_eager")) r.enforce_eager = v->as_bool();
+  if (auto v = n.find("tensor_parallel"))
+    r.tensor_parallel = static_cast<uint32_t>(v->as_uint_in(1, 64));
   if (auto v = n.find("kv")) {
     const KvChoice k = parse_kv(*v);
     r.kv_impl = k.impl;
@@ -113,8 +117,37 @@ void parse_rollout(const ConfigNode& n, RlRolloutSpec& r) {
                          longest, r.serve.max_model_len));
 }
 
+// The seed's baseline: {weights_to: host} or {weights_to: disk, disk_gbps: G}.
+RlTeardown parse_teardown(const ConfigNode& n) {
+  if (!n.is_map()) n.fail("a map {weights_to: host} or {weights_to: disk, disk_gbps: G}");
+  n.expect_keys({"weights_to", "disk_gbps"});
+  RlTeardown t;
+  if (n["weights_to"].as_choice({"host", "disk"}) == "disk")
+    t.weights_to = RlTeardown::WeightsTo::kDisk;
+  if (auto v = n.find("disk_gbps")) {
+    if (t.weights_to != RlTeardown::WeightsTo::kDisk)
+      v->fail("disk_gbps applies to weights_to: disk");
+    t.disk_bytes_per_s = v->as_double_in(0.01, 1e4) * kGB;
+  } else if (t.weights_to == RlTeardown::WeightsTo::kDisk) {
+    n.fail("weights_to: disk needs disk_gbps (the disk's write and read bandwidth, GB/s)");
+  }
+  return t;
+}
+
+// The rollout's TP size must shard every model and have collective times in the GPU file.
+void check_rollout_tp(const ConfigNode& rollout, const RlConfig& c) {
+  const uint32_t tp = c.rollout.tensor_parallel;
+  if (tp <= 1) return;
+  const ConfigNode key = rollout["tensor_parallel"];
+  for (const ModelShape& m : c.models)
+    if (Result<TensorParallelShard> s = shard_tensor_parallel(m, tp); !s.ok())
+      key.fail(s.error().message);
+  if (Result<CollectiveTime> t = CollectiveTime::make(c.gpu, tp, true); !t.ok())
+    key.fail(fmt::format("{}: {}", c.gpu.name, t.error().message));
+}
+
 RlRunSpec parse_run(const ConfigNode& n) {
-  n.expect_keys({"label", "placement", "saver", "tags", "multi_stage", "offload_params",
+  n.expect_keys({"label", "placement", "saver", "teardown", "tags", "multi_stage", "offload_params",
                  "offload_optimizer", "gpu_memory_utilization", "mem_fraction_static"});
   RlRunSpec r;
   r.label = n["label"].as_string();
@@ -138,6 +171,13 @@ RlRunSpec parse_run(const ConfigNode& n) {
       r.saver_tags.push_back(t.as_choice({"weights", "kv_cache", "cuda_graph"}));
     if (r.saver_tags.empty()) v->fail("needs at least one tag");
   }
+  if (auto v = n.find("teardown")) {
+    if (!r.saver.empty())
+      v->fail("teardown is the baseline without a saver; give a saver or teardown, not both");
+    if (r.placement == RlPlacement::kSeparate)
+      v->fail("placement: separate keeps each engine on its own GPUs; nothing to tear down");
+    r.teardown = parse_teardown(*v);
+  }
   const bool saver = !r.saver.empty();
   r.multi_stage = saver;
   if (auto v = n.find("multi_stage")) {
@@ -148,7 +188,7 @@ RlRunSpec parse_run(const ConfigNode& n) {
          std::find(r.saver_tags.begin(), r.saver_tags.end(), "weights") == r.saver_tags.end()))
       v->fail("multi-stage resume needs the weights and at least one other tag in the saver");
   }
-  r.offload_params = r.offload_optimizer = saver;
+  r.offload_params = r.offload_optimizer = saver || r.teardown.has_value();
   if (auto v = n.find("offload_params")) r.offload_params = v->as_bool();
   if (auto v = n.find("offload_optimizer")) r.offload_optimizer = v->as_bool();
   if (auto v = n.find("gpu_memory_utilization"))
@@ -182,15 +222,16 @@ const ConfigKeys& rl_config_keys() {
         "micro_batch_tokens", "bucket_bytes", "prefetch", "reference", "old_log_prob",
         "optimizer_steps"}},
       {"rollout",
-       {"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager", "kv",
-        "scheduler", "requests"}},
+       {"gpu_memory_utilization", "mem_fraction_static", "max_model_len", "enforce_eager",
+        "tensor_parallel", "kv", "scheduler", "requests"}},
       {"rollout.kv", keys_at(serving_config_keys(), "kv"), "kv_strategies()"},
       {"rollout.scheduler", keys_at(serving_config_keys(), "scheduler"), "schedulers()"},
       {"weight_sync", {"bucket_bytes"}},
       {"runs[]",
-       {"label", "placement", "saver", "tags", "multi_stage", "offload_params", "offload_optimizer",
-        "gpu_memory_utilization", "mem_fraction_static"}},
+       {"label", "placement", "saver", "teardown", "tags", "multi_stage", "offload_params",
+        "offload_optimizer", "gpu_memory_utilization", "mem_fraction_static"}},
       {"runs[].saver", {}, "memory_savers()"},
+      {"runs[].teardown", {"weights_to", "disk_gbps"}},
   };
   return kKeys;
 }
@@ -227,6 +268,7 @@ RlConfig load_rl_config(const ConfigNode& root) {
   }
   c.train = parse_train(root["train"], c);
   parse_rollout(root["rollout"], c.rollout);
+  check_rollout_tp(root["rollout"], c);
   if (auto v = root.find("seed")) c.rollout.requests.seed = v->as_uint();
   if (auto v = root.find("weight_sync")) {
     v->expect_keys({"bucket_bytes"});
@@ -254,7 +296,10 @@ namespace {
 // of one GPU, max over iterations (separate_gpus runs: either of the rank's 2 GPUs).
 constexpr ColumnDoc kRlColumns[] = {
     {"run", "the run's label (in every column, - marks a figure that does not exist for it)", -22},
-    {"saver", "none, tagged_regions or sleep_mode", -14},
+    {"saver",
+     "none, tagged_regions, sleep_mode, or teardown:host / teardown:disk (the seed's baseline: "
+     "the engine freed after each rollout and rebuilt, weights through host memory)",
+     -14},
     {"KV", "the rollout engine's KV budget", 6, "GiB"},
     {"weights",
      "device memory held for the engine's weights (a saver rounds each tensor up to 2 MiB; the "
@@ -272,9 +317,17 @@ constexpr ColumnDoc kRlColumns[] = {
      7, "GiB"},
     {"resumed", "what the resume stages take back (the saver's tags only)", 7, "GiB"},
     {"pinned", "peak pinned host memory", 8, "host GiB"},
-    {"pause", "simulated ms per iteration of the saver's pause (the release phase)", 8, "ms"},
-    {"wake1", "resume stage 1 per iteration: the weights (all at once: everything)", 7, "ms"},
-    {"wake2", "resume stage 2 per iteration: the rest", 7, "ms"},
+    {"pause",
+     "simulated ms per iteration of the saver's pause (the release phase; teardown: freeing the "
+     "engine)",
+     8, "ms"},
+    {"wake1",
+     "resume stage 1 per iteration: the weights (all at once: everything; teardown: the weights "
+     "read back over PCIe, from disk first)",
+     7, "ms"},
+    {"wake2",
+     "resume stage 2 per iteration: the rest (teardown: KV cache allocated, graphs captured again)",
+     7, "ms"},
     {"rollout", "simulated seconds of the rollout phase per iteration", 7, "s"},
     {"iter", "simulated seconds per completed iteration", 7, "s"},
     {"max util",
@@ -374,10 +427,16 @@ std::span<const ColumnDoc> rl_columns() {
 std::string format_rl_table(const RlConfig& c, const RlResults& res, bool explain) {
   std::string out = fmt::format(
       "RL co-location on {} ({:.0f} GiB), {} iterations; trainer dp={} tp={} {} ({} params), "
-      "rollout gpu_memory_utilization {:.2f}\n",
+      "rollout {} {:.2f}{}\n",
       c.gpu.name, static_cast<double>(c.gpu.capacity) / (1ull << 30), c.iterations, c.train.dp,
       c.train.tp, to_string(c.train.sharding),
-      c.train.param_dtype == DType::kFP32 ? "fp32" : "bf16", c.rollout.gpu_memory_utilization);
+      c.train.param_dtype == DType::kFP32 ? "fp32" : "bf16",
+      c.rollout.mem_fraction_static > 0 ? "mem_fraction_static" : "gpu_memory_utilization",
+      c.rollout.mem_fraction_static > 0 ? c.rollout.mem_fraction_static
+                                        : c.rollout.gpu_memory_utilization,
+      c.rollout.tensor_parallel > 1
+          ? fmt::format(", tensor_parallel {} (figures: one rank)", c.rollout.tensor_parallel)
+          : "");
   std::string model;
   for (const RlRunResult& r : res.runs) {
     if (r.model != model) {
@@ -403,16 +462,17 @@ void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
           "    {{\"label\": \"{}\", \"model\": \"{}\", \"placement\": \"{}\", \"saver\": \"{}\", "
           "\"outcome\": \"{}\", \"oom\": \"{}\", \"oom_bytes_short\": {}, \"error\": \"{}\", "
           "\"iterations_done\": {}, \"gpus_per_rank\": {}, \"kv_bytes\": {}, \"kv_tokens\": {}, "
-          "\"weights_bytes\": {}, \"graph_bytes\": {}, \"weights_reserved_bytes\": {}, "
+          "\"weights_bytes\": {}, \"graph_bytes\": {}, \"rollout_tp\": {}, "
+          "\"rollout_comm_bytes\": {}, \"weights_reserved_bytes\": {}, "
           "\"kv_reserved_bytes\": {}, \"graph_reserved_bytes\": {}, \"peak_bytes\": {}, "
           "\"peak_train_gpu_bytes\": {}, \"peak_rollout_gpu_bytes\": {}, "
           "\"peak_pinned_host_bytes\": {}, \"phase_peak_bytes\": {{",
           json_escape(r.label), json_escape(r.model), r.placement, r.saver,
           !r.error.empty() ? "error" : (!r.oom.empty() ? "oom" : "ok"), json_escape(r.oom),
           r.oom_bytes_short, json_escape(r.error), r.iterations_done, r.gpus, r.kv_bytes,
-          r.kv_tokens, r.weights_bytes, r.graph_bytes, r.weights_reserved_bytes,
-          r.kv_reserved_bytes, r.graph_reserved_bytes, r.peak, r.peak_train_gpu, r.peak_rollout_gpu,
-          r.peak_pinned);
+          r.kv_tokens, r.weights_bytes, r.graph_bytes, r.rollout_tp, r.rollout_comm_bytes,
+          r.weights_reserved_bytes, r.kv_reserved_bytes, r.graph_reserved_bytes, r.peak,
+          r.peak_train_gpu, r.peak_rollout_gpu, r.peak_pinned);
       bool first = true;
       for (const auto& [name, b] : r.phase_peak) {
         f << fmt::format("{}\"{}\": {}", first ? "" : ", ", name, b);
@@ -423,13 +483,16 @@ void write_rl_outputs(const RlConfig& c, const RlResults& res, OutputDir& dir) {
           "\"iteration_s\": {:.6f}, \"pause_ms\": {:.4f}, \"resume_weights_ms\": {:.4f}, "
           "\"resume_rest_ms\": {:.4f}, \"pause_freed_bytes\": {}, \"resume_weights_bytes\": {}, "
           "\"resume_rest_bytes\": {}, \"offload_ms\": {:.4f}, \"reload_ms\": {:.4f}, "
+          "\"weights_out_ms\": {:.4f}, \"recapture_ms\": {:.4f}, \"weights_out_bytes\": {}, "
+          "\"weights_in_bytes\": {}, "
           "\"preemptions\": {}, \"rollout_tokens_per_s\": {:.2f}, \"max_utilization\": {:.2f}, "
           "\"graph_launches\": {}, "
           "\"graphs_valid\": {}, \"graph_error\": \"{}\", \"pause_split_ms\": {}, "
           "\"resume_split_ms\": {}}}{}\n",
           r.rollout_s, r.train_s, r.sync_s, r.iteration_s, r.pause_ms, r.resume_weights_ms,
           r.resume_rest_ms, r.pause_freed_bytes, r.resume_weights_bytes, r.resume_rest_bytes,
-          r.offload_ms, r.reload_ms, r.preemptions, r.rollout_tokens_per_s, r.max_utilization,
+          r.offload_ms, r.reload_ms, r.weights_out_ms, r.recapture_ms, r.weights_out_bytes,
+          r.weights_in_bytes, r.preemptions, r.rollout_tokens_per_s, r.max_utilization,
           r.graph_launches, r.graphs_valid ? "true" : "false", json_escape(r.graph_error),
           json_map(r.pause_split_ms), json_map(r.resume_split_ms),
           i + 1 < res.runs.size() ? "," : "");

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "core/metrics.h"
 #include "src/serve/engine.h"
+#include "workload/tensor_parallel.h"
 
 namespace memsim {
 
@@ -45,6 +47,25 @@ BudgetRule budget_rule(const RlConfig& c, const RlRunSpec& run) {
   return {false, c.rollout.gpu_memory_utilization};
 }
 
+// The capture model's time for the engine's captures (RolloutPlan::recapture_time): the same
+// run the budget's graph-memory term comes from, on a device holding the weights.
+Result<SimTime> recapture_time(const KvBudgetInput& in, const KvBudget& b) {
+  if (in.enforce_eager) return SimTime{0};
+  MEMSIM_ASSIGN_OR_RETURN(const CaptureRunConfig rc, kv_budget_capture_config(in));
+  const GraphEntry* info = graph_strategies().find(in.graph_strategy);
+  if (info == nullptr)
+    return make_error(ErrorCode::kInvalidArgument, graph_strategies().unknown(in.graph_strategy));
+  GpuSpec gpu = in.gpu;
+  gpu.capacity = b.capacity - std::min(b.capacity, b.weights + b.comm.total());
+  SimClock clock;
+  MetricsRecorder metrics(clock);
+  const CaptureRunResult r = run_captures_on_sim(rc, gpu, info->defaults(), clock, metrics);
+  if (!r.ok)
+    return make_error(r.out_of_memory ? ErrorCode::kOutOfMemory : ErrorCode::kInvalidState,
+                      "graph recapture: " + r.failure, r.bytes_short);
+  return r.capture_time;
+}
+
 }  // namespace
 
 bool rollout_uses_sglang_rule(const RlConfig& c, const RlRunSpec& run) {
@@ -53,7 +74,8 @@ bool rollout_uses_sglang_rule(const RlConfig& c, const RlRunSpec& run) {
 
 std::string rollout_plan_key(const RlConfig& c, const ModelShape& m, const RlRunSpec& run) {
   const BudgetRule r = budget_rule(c, run);
-  return fmt::format("{}/{}/{}", m.name, r.sglang ? "sglang" : "vllm", r.fraction);
+  return fmt::format("{}/{}/{}/tp{}{}", m.name, r.sglang ? "sglang" : "vllm", r.fraction,
+                     c.rollout.tensor_parallel, run.teardown ? "/recapture" : "");
 }
 
 RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec& run, bool serve) {
@@ -69,13 +91,35 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
   in.enforce_eager = ro.enforce_eager;
   in.max_model_len = ro.serve.max_model_len;
   in.kv_block_size = ro.kv_block_size;
+  in.parallel.tensor = ro.tensor_parallel;
   Result<KvBudget> b = compute_kv_budget(in);
   if (!b.ok()) {
     p.error = "rollout engine: " + b.error().message;
     return p;
   }
   p.budget = *b;
-  p.weight_tensors = rollout_weight_tensors(m);
+  if (run.teardown) {
+    Result<SimTime> t = recapture_time(in, p.budget);
+    if (!t.ok()) {
+      p.error = "rollout engine: " + t.error().message;
+      return p;
+    }
+    p.recapture_time = *t;
+  }
+  // One rank's model under TP (vLLM's and SGLang's sharding); the whole model at TP 1.
+  ModelShape rank = m;
+  std::shared_ptr<const CollectiveTime> collectives;
+  if (ro.tensor_parallel > 1) {
+    rank = shard_tensor_parallel(m, ro.tensor_parallel)->rank;  // checked by the budget
+    Result<CollectiveTime> ct =
+        CollectiveTime::make(c.gpu, ro.tensor_parallel, in.comm.custom_all_reduce);
+    if (!ct.ok()) {
+      p.error = "rollout engine: " + ct.error().message;
+      return p;
+    }
+    collectives = std::make_shared<const CollectiveTime>(std::move(ct).value());
+  }
+  p.weight_tensors = rollout_weight_tensors(rank);
   const uint64_t per_token_layer = p.budget.kv_bytes_per_token / m.layers;
   p.kv_layer_bytes = p.budget.kv_blocks * ro.kv_block_size * per_token_layer;
   if (p.kv_layer_bytes == 0) {
@@ -99,7 +143,8 @@ RolloutPlan plan_rollout(const RlConfig& c, const ModelShape& m, const RlRunSpec
     }
     EngineConfig e;
     e.label = run.label;
-    e.model = m;
+    e.model = rank;
+    e.collectives = collectives;
     e.gpu = c.gpu;
     e.scheduler = ro.scheduler;
     e.serve = ro.serve;

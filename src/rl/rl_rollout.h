@@ -26,6 +26,10 @@ struct RolloutPlan {
   std::vector<uint64_t> weight_tensors;
   uint64_t kv_layer_bytes = 0;  // the KV cache: one tensor per layer (whole blocks)
   uint64_t mean_sequence_tokens = 0;
+  // The teardown baseline: the capture model's time to capture the engine's graphs again (the
+  // budget's capture sizes and graph strategy on the sim backend, the pool's allocations
+  // included); 0 for other runs and when eager.
+  SimTime recapture_time = 0;
   std::vector<RolloutIteration> iterations;
 };
 

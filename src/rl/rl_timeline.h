@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,12 +36,34 @@ struct RlRolloutSpec {
   KvFactory kv_factory;
   uint32_t kv_block_size = 16;
   bool enforce_eager = false;
+  // Tensor parallelism of the rollout engine (SGLang tp_size / veRL
+  // rollout.tensor_model_parallel_size): each GPU holds one rank's shard of the weights and KV
+  // heads (workload/tensor_parallel.h), its budget is one rank's (kv_budget.h, NCCL and the
+  // custom all-reduce held from init, resident through training), and the serving run is one
+  // rank's with the collectives in its step time. The engine spans this many GPUs, so
+  // `requests` is then the engine's share (of tensor_parallel GPUs).
+  uint32_t tensor_parallel = 1;
   // One GPU's share of an iteration's prompts (arrive together) with n = samples per prompt;
   // iteration i draws with seed + i.
   SyntheticRequestsConfig requests;
 };
 
 enum class RlPlacement : uint8_t { kColocated, kSeparate };
+
+// The seed's baseline in place of a saver ("offload weights to CPU after training"): after each
+// rollout the engine frees everything it holds (weights, KV cache, graph pool; its caching
+// allocator emptied); after training the trainer's gathered weights are copied to pinned host
+// memory over PCIe (kDisk: then written to disk at disk_bytes_per_s); before the next rollout
+// the engine is rebuilt: weights read back (from disk, then) over PCIe into fresh tensors, the
+// KV cache allocated, and the CUDA graphs captured again, at the capture model's time for the
+// engine's capture sizes (RolloutPlan::recapture_time). The pinned host copy is allocated once,
+// at init, and kept (disk too: it is the staging buffer).
+struct RlTeardown {
+  enum class WeightsTo : uint8_t { kHost, kDisk };
+  WeightsTo weights_to = WeightsTo::kHost;
+  double disk_bytes_per_s = 0;  // kDisk: write and read bandwidth
+};
+const char* to_string(RlTeardown::WeightsTo w);
 
 struct RlRunSpec {
   std::string label;
@@ -59,8 +82,9 @@ struct RlRunSpec {
   // memory between updates (veRL fsdp_config.param_offload / optimizer_offload).
   bool offload_params = true;
   bool offload_optimizer = true;
-  double gpu_memory_utilization = 0;  // 0: the rollout's
-  double mem_fraction_static = 0;     // > 0: SGLang's rule at this fraction (0: the rollout's)
+  double gpu_memory_utilization = 0;   // 0: the rollout's
+  double mem_fraction_static = 0;      // > 0: SGLang's rule at this fraction (0: the rollout's)
+  std::optional<RlTeardown> teardown;  // the seed's baseline (no saver); co-located only
 };
 
 struct RlConfig {
@@ -92,6 +116,7 @@ enum class RlTag : uint8_t {
   kKvCache,
   kCudaGraph,
   kRolloutActivations,
+  kRolloutComm,  // the rollout engine's NCCL and custom all-reduce buffers (TP > 1)
   kParams,
   kGrads,
   kOptimizer,
@@ -134,6 +159,8 @@ struct RlRunResult {
   uint32_t iterations_done = 0;
   // The engine's plan: KV budget, the parameters' bytes (ModelShape::weight_bytes), graph pool.
   uint64_t kv_bytes = 0, kv_tokens = 0, weights_bytes = 0, graph_bytes = 0;
+  uint32_t rollout_tp = 1;          // the rollout engine's tensor parallelism (figures: one rank)
+  uint64_t rollout_comm_bytes = 0;  // its NCCL / custom all-reduce memory per rank
   // What the device holds for them once allocated, as timeseries.csv's rollout.weights,
   // rollout.kv_cache and rollout.cuda_graph show it: through a saver, each tensor is its own
   // physical allocation rounded up to the granularity (2 MiB); through the engine's caching
@@ -150,6 +177,13 @@ struct RlRunResult {
   double pause_ms = 0;                               // release of the rollout memory (saver pause)
   double resume_weights_ms = 0, resume_rest_ms = 0;  // stage 1 and 2 (all-at-once: stage 1)
   double offload_ms = 0, reload_ms = 0;              // trainer state to and from host
+  // The teardown baseline (RlRunSpec::teardown), per iteration: pause_ms is the engine's
+  // teardown (frees and empty_cache), resume_weights_ms its weights read back (disk, then
+  // PCIe), resume_rest_ms the KV cache allocated and the graphs captured again (recapture_ms of
+  // it the capture model's time); weights_out_ms the copy to host (and the disk write) after
+  // training, inside the sync. Bytes over PCIe each way (both the engine's weight bytes).
+  double weights_out_ms = 0, recapture_ms = 0;
+  uint64_t weights_out_bytes = 0, weights_in_bytes = 0;
   // Device bytes each pause gives back (the release phase: the saver's pause and the engine's
   // empty_cache, bytes before minus after) and each resume stage takes again; means over the
   // calls made (pauses, resumes_weights, resumes_rest: 0 when none ran).
