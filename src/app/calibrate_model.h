@@ -2,6 +2,7 @@
 // grid on the GPU and writes the (gpu, model) step-time profile the serving engine reads.
 #pragma once
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 
