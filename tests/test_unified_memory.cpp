@@ -175,3 +175,33 @@ TEST_CASE("gpu file: unified_memory keys are validated", "[unified][config]") {
   CHECK_THROWS_WITH(load("unified_memory: {first_touch_pages: 4KiB}"),
                     Catch::Contains("first_touch_page"));
 }
+
+// Seed 8.3: Qwen3-8B FP16 on Orin, weights ~16 GB + KV pools ~1.15 GB + block table ~72 KB +
+// buffers ~50 MB + ~1 GB for the system, ~18.3 GB: "needs a 32 GB Orin". memsim's figures (the
+// buffers left out): 8,190,735,360 parameters x 2 B, the two pools and the table written, the
+// OS's 1 GiB and a 4 KiB pinned staging page, 18.66 GB: more than a 16 GB module holds, less
+// than a 32 GB one.
+TEST_CASE("seed 8.3: Qwen3-8B FP16 needs more than 16 GB of Orin and fits 32 GB", "[unified]") {
+  const ModelShape m =
+      load_model_shape(ConfigNode::load_file(root() + "/configs/models/qwen3-8b.yaml"));
+  CHECK(m.weight_bytes() == 8190735360ull * 2);
+  SimClock clock;
+  SimBackend b(orin(), clock);
+  const StreamId s = *b.create_stream();
+  const DevPtr host = *b.host_malloc_pinned(4096);  // the loader's staging buffer, reused
+  const DevPtr weights = *b.device_malloc(m.weight_bytes(), "weights");
+  CHECK(b.usage().physical_bytes == 0);
+  // Loading copies every weight byte in: each page is touched once.
+  for (uint64_t off = 0; off < m.weight_bytes(); off += 1ull << 30)
+    REQUIRE(b.copy(weights + off, host, std::min<uint64_t>(1ull << 30, m.weight_bytes() - off), s)
+                .ok());
+  const uint64_t pool = pool_bytes(36, 1024);
+  for (int i = 0; i < 2; ++i) REQUIRE(b.fill(*b.device_malloc(pool, "kv_cache"), pool, 0, s).ok());
+  REQUIRE(b.fill(*b.device_malloc(72 * kKiB, "block_table"), 72 * kKiB, 0, s).ok());
+  const uint64_t used = b.usage().physical_bytes + orin().unified.host_reserved + 4096;
+  // The weights end half-way into a 4 KiB page, which is touched whole: 16,381,472,768 B.
+  CHECK(b.usage().physical_bytes == 16381472768ull + 1152 * kMiB + 72 * kKiB);
+  CHECK(used == 18663251968ull);
+  CHECK(used > 16'000'000'000ull);
+  CHECK(used < 32'000'000'000ull);
+}
