@@ -73,6 +73,9 @@ struct Usage {
   uint64_t graph_mem_reserved = 0;  // physical memory the driver holds for graph memory nodes
   uint64_t graph_mem_used = 0;      // of that, bytes backing live graph allocations
   uint64_t pinned_host_bytes = 0;
+  // Unified memory only: bytes device_malloc reserved whose pages nothing has written yet (they
+  // hold no physical memory until first touched); 0 on a discrete GPU.
+  uint64_t untouched_bytes = 0;
   std::map<std::string, uint64_t, std::less<>> per_tag;  // physical bytes per tag
 };
 

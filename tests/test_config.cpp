@@ -169,8 +169,18 @@ TEST_CASE("an unknown key far from every valid one lists the valid keys", "[conf
   expect_error(dir, "far.yaml", t, line_of(t, "zzz:"), "zzz",
                "unknown key 'zzz' (valid keys: experiment, gpu, model, max_num_seqs, "
                "capture_sizes, gemm_workspace, max_model_len, kv_block_size, seed, dynamic, "
-               "sweep, table, timeseries, strategies, graph_body, program, export_snapshots, "
-               "validation_rounds, grid)");
+               "sweep, table, timeseries, strategies, graph_body, input_set, program, "
+               "export_snapshots, validation_rounds, grid)");
+}
+
+TEST_CASE("input_set: xllm is refused with the executor's graph body", "[config][errors]") {
+  TempDir dir;
+  const std::string t = replace_once(
+      replace_once(shapes_yaml(), "\ninput_set: xllm", "\ngraph_body: executor\ninput_set: xllm"),
+      "graphs: [full, piecewise]", "graphs: full");
+  expect_error(dir, "xllm.yaml", t, line_of(t, "input_set: xllm"), "input_set",
+               "input_set: xllm needs graph_body: fill (the executor writes its own inputs); set "
+               "input_set: program");
 }
 
 // ------------------------------------------------------------------------------------------

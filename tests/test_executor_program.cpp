@@ -307,7 +307,11 @@ TEST_CASE("shapes experiment: graph_body: executor") {
                         Catch::Contains("set sweep.graphs: full"));
   CHECK_THROWS_WITH(load_shapes_config(shapes, {"graph_body=exec"}),
                     Catch::Contains("is not one of: fill, executor"));
-  const ShapesConfig c = load_shapes_config(shapes, {"graph_body=executor", "sweep.graphs=full"});
+  // The main job keeps xLLM's input buffers, which the executor's step does not read.
+  CHECK_THROWS_WITH(load_shapes_config(shapes, {"graph_body=executor", "sweep.graphs=full"}),
+                    Catch::Contains("input_set: xllm needs graph_body: fill"));
+  const ShapesConfig c =
+      load_shapes_config(shapes, {"graph_body=executor", "sweep.graphs=full", "input_set=program"});
   CHECK(c.executor_body);
   CHECK(c.executor_context == 32768);
   const CaptureRunConfig rc = run_config(c, c.table, nullptr);

@@ -112,6 +112,17 @@ struct InterconnectSpec {
   std::vector<double> send_recv_us;
 };
 
+// Unified memory (Jetson Orin; seed orinmllm-paged-attention.md 8.2, 16.6): CPU and GPU share
+// one DRAM. device_malloc (cudaMalloc) over-commits: it reserves address space and commits no
+// memory; a page becomes physical the first time a fill or a copy writes it (Linux's
+// overcommit), so a memset makes a whole pool resident. Pinned host memory and what the OS and
+// CPU side keep (host_reserved) come out of the same capacity.
+struct UnifiedMemorySpec {
+  bool enabled = false;           // the GPU file has a unified_memory section
+  uint64_t first_touch_page = 0;  // bytes made physical per page first written
+  uint64_t host_reserved = 0;     // taken by the OS, the CUDA runtime and the CPU side
+};
+
 struct GpuSpec {
   std::string name;
   uint64_t capacity = 0;     // device memory in bytes
@@ -135,6 +146,7 @@ struct GpuSpec {
   std::array<CostTerm, static_cast<size_t>(Primitive::kCount)> costs{};
   ComputeSpec compute;
   InterconnectSpec interconnect;
+  UnifiedMemorySpec unified;
 
   const CostTerm& cost(Primitive p) const { return costs[static_cast<size_t>(p)]; }
   CostTerm& cost(Primitive p) { return costs[static_cast<size_t>(p)]; }

@@ -57,8 +57,12 @@ Status SimBackend::enter(Primitive p, uint64_t handles, uint64_t bytes, bool cha
   return {};
 }
 
+uint64_t SimBackend::host_side_bytes() const {
+  return gpu_.unified.enabled ? gpu_.unified.host_reserved + pinned_ : 0;
+}
+
 Status SimBackend::charge_physical(uint64_t bytes, std::string_view what) {
-  const uint64_t in_use = physical_ + graph_mem_.reserved() + held_elsewhere_;
+  const uint64_t in_use = physical_ + graph_mem_.reserved() + held_elsewhere_ + host_side_bytes();
   if (bytes > gpu_.capacity || in_use > gpu_.capacity - bytes) {
     const uint64_t short_by = in_use + bytes - gpu_.capacity;
     return make_error(ErrorCode::kOutOfMemory,
@@ -313,14 +317,46 @@ Result<DevPtr> SimBackend::device_malloc(uint64_t bytes, std::string_view tag) {
   const uint64_t accounted = round_up(bytes, gpu_.granularity);
   MEMSIM_TRY(enter(Primitive::kDeviceMalloc, 1, accounted));
   if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "device_malloc: 0 bytes");
+  if (gpu_.unified.enabled) {
+    // Over-commit: address space now, physical pages at first touch (touch()).
+    MEMSIM_ASSIGN_OR_RETURN(DevPtr p, va_.alloc(accounted, gpu_.granularity));
+    plain_.emplace(p, PlainAlloc{0, std::string(tag), PlainKind::kDevice, accounted, {}});
+    unified_.emplace(p, accounted);
+    untouched_ += accounted;
+    virtual_mapped_ += accounted;
+    publish();
+    return p;
+  }
   MEMSIM_TRY(charge_physical(accounted, "device_malloc"));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr p, va_.alloc(accounted, gpu_.granularity));
-  plain_.emplace(p, PlainAlloc{accounted, std::string(tag), PlainKind::kDevice});
+  plain_.emplace(p, PlainAlloc{accounted, std::string(tag), PlainKind::kDevice, accounted, {}});
   physical_ += accounted;
   virtual_mapped_ += accounted;
   add_tag(tag, static_cast<int64_t>(accounted));
   publish();
   return p;
+}
+
+Status SimBackend::touch(DevPtr p, uint64_t bytes, std::string_view what) {
+  auto it = unified_.upper_bound(p);
+  if (it == unified_.begin()) return {};
+  --it;
+  const DevPtr base = it->first;
+  if (p - base >= it->second) return {};  // not in a device_malloc allocation
+  const uint64_t page = gpu_.unified.first_touch_page;
+  const uint64_t end = std::min(p + bytes, base + it->second);
+  PlainAlloc& a = plain_.at(base);
+  PageSet trial = a.touched;
+  const uint64_t fresh = trial.touch((p - base) / page, round_up(end - base, page) / page) * page;
+  if (fresh == 0) return {};
+  MEMSIM_TRY(charge_physical(fresh, fmt::format("{} (first touch)", what)));
+  a.touched = std::move(trial);
+  a.accounted += fresh;
+  physical_ += fresh;
+  untouched_ -= fresh;
+  add_tag(a.tag, static_cast<int64_t>(fresh));
+  publish();
+  return {};
 }
 
 Status SimBackend::device_free(DevPtr p) {
@@ -330,8 +366,10 @@ Status SimBackend::device_free(DevPtr p) {
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("device_free: {:#x} is not a live device allocation", p));
   physical_ -= it->second.accounted;
-  virtual_mapped_ -= it->second.accounted;
-  add_tag(it->second.tag, -static_cast<int64_t>(it->second.accounted));
+  virtual_mapped_ -= it->second.va_bytes;
+  if (unified_.erase(p) > 0) untouched_ -= it->second.va_bytes - it->second.accounted;
+  if (it->second.accounted > 0)
+    add_tag(it->second.tag, -static_cast<int64_t>(it->second.accounted));
   (void)va_.free(p);
   plain_.erase(it);
   graph_mem_.synchronize();  // cudaFree waits for the device: no graph runs any more
@@ -353,7 +391,7 @@ Result<DevPtr> SimBackend::malloc_async(uint64_t bytes, StreamId stream) {
   }
   MEMSIM_TRY(charge_physical(pages, "malloc_async"));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr p, va_.alloc(pages, gpu_.granularity));
-  plain_.emplace(p, PlainAlloc{pages, "stream_ordered", PlainKind::kAsync});
+  plain_.emplace(p, PlainAlloc{pages, "stream_ordered", PlainKind::kAsync, pages, {}});
   physical_ += pages;
   virtual_mapped_ += pages;
   add_tag("stream_ordered", static_cast<int64_t>(pages));
@@ -386,8 +424,10 @@ Status SimBackend::free_async(DevPtr p, StreamId stream) {
 Result<DevPtr> SimBackend::host_malloc_pinned(uint64_t bytes) {
   MEMSIM_TRY(enter(Primitive::kHostMallocPinned, 1, bytes));
   if (bytes == 0) return make_error(ErrorCode::kInvalidArgument, "host_malloc_pinned: 0 bytes");
+  // Unified memory: pinned host memory is the same DRAM the GPU allocates from.
+  if (gpu_.unified.enabled) MEMSIM_TRY(charge_physical(bytes, "host_malloc_pinned"));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr p, host_va_.alloc(round_up(bytes, 4096), 4096));
-  plain_.emplace(p, PlainAlloc{bytes, "pinned_host", PlainKind::kPinned});
+  plain_.emplace(p, PlainAlloc{bytes, "pinned_host", PlainKind::kPinned, 0, {}});
   pinned_ranges_.emplace(p, bytes);
   pinned_ += bytes;
   return p;
@@ -422,8 +462,9 @@ Status SimBackend::fill(DevPtr p, uint64_t bytes, uint32_t /*pattern*/, StreamId
   if (captured) {
     graph_mem_.add_node(stream);
     note_captured_range(stream, p, bytes);
+    return {};
   }
-  return {};
+  return gpu_.unified.enabled ? touch(p, bytes, "fill") : Status{};
 }
 
 Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream) {
@@ -450,9 +491,10 @@ Status SimBackend::copy(DevPtr dst, DevPtr src, uint64_t bytes, StreamId stream)
     graph_mem_.add_node(stream);
     note_captured_range(stream, dst, bytes);
     note_captured_range(stream, src, bytes);
-  } else if (copy_observer_) {
-    copy_observer_(dst, src, bytes);
+    return {};
   }
+  if (gpu_.unified.enabled) MEMSIM_TRY(touch(dst, bytes, "copy"));
+  if (copy_observer_) copy_observer_(dst, src, bytes);
   return {};
 }
 
@@ -616,6 +658,7 @@ Usage SimBackend::usage() const {
   u.graph_mem_reserved = graph_mem_.reserved();
   u.graph_mem_used = graph_mem_.used();
   u.pinned_host_bytes = pinned_;
+  u.untouched_bytes = untouched_;
   for (const auto& [tag, g] : per_tag_)
     if (g.bytes) u.per_tag.emplace(tag, g.bytes);
   return u;
@@ -643,18 +686,27 @@ bool SimBackend::check_invariants(std::string* why) const {
   }
   for (const auto& [id, h] : handles_)
     if (maps_per_handle[id] != h.mappings) return fail("handle mapping count mismatch");
-  uint64_t plain_dev = 0;
-  for (const auto& [p, a] : plain_)
-    if (a.kind != PlainKind::kPinned) plain_dev += a.accounted;
+  uint64_t plain_dev = 0, plain_va = 0, untouched = 0;
+  for (const auto& [p, a] : plain_) {
+    if (a.kind == PlainKind::kPinned) continue;
+    plain_dev += a.accounted;
+    plain_va += a.va_bytes;
+    if (unified_.count(p) > 0) {
+      if (a.accounted != a.touched.pages() * gpu_.unified.first_touch_page)
+        return fail("touched pages and accounted bytes disagree");
+      untouched += a.va_bytes - a.accounted;
+    }
+  }
   if (phys + plain_dev != physical_) return fail("physical byte counter mismatch");
+  if (untouched != untouched_) return fail("untouched byte counter mismatch");
   if (reserved != virtual_reserved_) return fail("reserved VA counter mismatch");
   uint64_t graph_va = 0;
   for (const auto& [window, bytes] : graph_mem_.windows()) {
     if (va_.size_of(window) != bytes) return fail("graph window VA mismatch");
     graph_va += bytes;
   }
-  if (mapped + plain_dev + graph_va != virtual_mapped_) return fail("mapped VA counter mismatch");
-  if (physical_ + graph_mem_.reserved() + held_elsewhere_ > gpu_.capacity)
+  if (mapped + plain_va + graph_va != virtual_mapped_) return fail("mapped VA counter mismatch");
+  if (physical_ + graph_mem_.reserved() + held_elsewhere_ + host_side_bytes() > gpu_.capacity)
     return fail("over capacity");
   return true;
 }

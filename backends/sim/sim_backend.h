@@ -14,6 +14,7 @@
 #include "backends/backend.h"
 #include "backends/sim/cost_model.h"
 #include "backends/sim/graph_memory_model.h"
+#include "backends/sim/page_set.h"
 #include "backends/sim/va_space.h"
 #include "core/clock.h"
 #include "core/metrics.h"
@@ -131,6 +132,8 @@ class SimBackend final : public Backend {
     uint64_t accounted;  // physical (or pinned host) bytes charged
     std::string tag;
     PlainKind kind;
+    uint64_t va_bytes = 0;  // address space it spans (device allocations)
+    PageSet touched;        // unified memory: pages written so far (accounted = pages x page)
   };
 
   // Counts the call, charges its cost, and returns an injected fault if one is due.
@@ -147,6 +150,11 @@ class SimBackend final : public Backend {
   // launch and upload: plan, check, charge and commit (upload_only: cudaGraphUpload).
   Status run_graph(GraphHandle g, StreamId stream, bool upload_only);
   void release_graph_window(DevPtr window);
+  // Unified memory: a fill or copy writes [p, p + bytes); the pages of a device_malloc
+  // allocation it touches for the first time become physical (kOutOfMemory when DRAM is full).
+  Status touch(DevPtr p, uint64_t bytes, std::string_view what);
+  // Bytes of the shared capacity taken besides device memory (unified memory: OS and pinned).
+  uint64_t host_side_bytes() const;
 
   GpuSpec gpu_;
   CallFeatures last_call_;
@@ -177,6 +185,8 @@ class SimBackend final : public Backend {
   uint64_t mappings_ = 0;                // live (map calls not yet unmapped)
   FirstAfterLaunch first_after_launch_;  // priced calls only
   uint64_t pinned_ = 0;
+  uint64_t untouched_ = 0;              // unified memory: see Usage::untouched_bytes
+  std::map<DevPtr, uint64_t> unified_;  // unified memory: device allocations, base -> VA bytes
   std::array<SimTime, static_cast<size_t>(Primitive::kCount)> time_{};
   std::array<uint64_t, static_cast<size_t>(Primitive::kCount)> calls_{};
   CopyObserver copy_observer_;

@@ -22,10 +22,13 @@ namespace memsim {
 
 const ConfigKeys& shapes_config_keys() {
   static const ConfigKeys kKeys = {
-      {"",
-       {"experiment", "gpu", "model", "max_num_seqs", "capture_sizes", "gemm_workspace",
-        "max_model_len", "kv_block_size", "seed", "dynamic", "sweep", "table", "timeseries",
-        "strategies", "graph_body", "program", "export_snapshots", "validation_rounds", "grid"}},
+      {"", {"experiment",        "gpu",           "model",
+            "max_num_seqs",      "capture_sizes", "gemm_workspace",
+            "max_model_len",     "kv_block_size", "seed",
+            "dynamic",           "sweep",         "table",
+            "timeseries",        "strategies",    "graph_body",
+            "input_set",         "program",       "export_snapshots",
+            "validation_rounds", "grid"}},
       {"dynamic", {"arrivals", "mean_interarrival_us"}},
       {"sweep", {"outputs", "arrival", "graphs", "inputs"}},
       {"table", {"outputs", "arrival", "graphs", "inputs"}},
@@ -266,6 +269,14 @@ ShapesConfig load_shapes_config(const ConfigNode& root) {
       c.executor_context = graph_context_for(c.max_model_len);
     }
   }
+  if (auto v = root.find("input_set")) {
+    c.input_set =
+        v->as_choice({"program", "xllm"}) == "xllm" ? InputSet::kXllm : InputSet::kProgram;
+    if (c.input_set == InputSet::kXllm && c.executor_body)
+      v->fail(
+          "input_set: xllm needs graph_body: fill (the executor writes its own inputs); set "
+          "input_set: program");
+  }
   const ConfigNode list = root["strategies"];
   std::set<std::string> labels;
   for (const ConfigNode& s : list.items()) {
@@ -296,6 +307,7 @@ CaptureRunConfig run_config(const ShapesConfig& c, const Variant& v, ProgramCach
   r.arrival = v.arrival;
   r.dynamic = c.dynamic;
   r.inputs = v.inputs;
+  r.input_set = c.input_set;
   r.outputs = v.outputs;
   r.runners = v.graphs;
   r.seed = c.seed;

@@ -10,9 +10,9 @@
 
 #include "backends/sim/cost_model.h"
 #include "kernels/attention_types.h"
-#include "src/drivers/capture_runner.h"
 #include "src/config/config_keys.h"
 #include "src/config/config_node.h"
+#include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
 
 namespace memsim {
@@ -53,6 +53,9 @@ struct ShapesConfig {
   // the real step (src/exec/model_step.h) into each strategy. Full graphs only; the executor's
   // GEMM workspace is its own, so gemm_workspace does not apply.
   bool executor_body = false;
+  // input_set: the input buffers the runner keeps (CaptureRunConfig::input_set): the program's
+  // (vLLM's runner for the generated program), or xLLM's CudaGraphPersistentParam.
+  InputSet input_set = InputSet::kProgram;
   // program: {source: snapshot, files: {BATCH: FILE, ...} | pattern: "dir/b{batch}.pickle"}:
   // each capture size's graph body is a PyTorch snapshot recorded around that capture
   // (shape_program_from_trace) instead of the generated decode program. Resolved paths.

@@ -178,7 +178,8 @@ void write_summary_json(std::ostream& js, const ShapesConfig& c, const ShapesRes
         "\"peak_virtual_reserved_bytes\": {}, \"peak_strategy_bytes\": {}, "
         "\"max_shape_bytes\": {}, \"sum_shape_bytes\": {}, \"own_max_shape_bytes\": {}, "
         "\"ratio_to_max\": {:.6f}, \"ratio_to_sum\": {:.6f}, \"capture_time_us\": {:.3f}, "
-        "\"switch_time_us\": {:.3f}, \"end_time_us\": {:.3f}, \"shapes_captured\": {}, "
+        "\"switch_time_us\": {:.3f}, \"input_update_time_us\": {:.3f}, "
+        "\"input_update_bytes\": {}, \"end_time_us\": {:.3f}, \"shapes_captured\": {}, "
         "\"graphs\": {}, \"launches\": {}, \"outcome\": \"{}\", \"out_of_memory\": {}, "
         "\"failed_batch\": {}, \"bytes_short\": {}, \"invariant_violation\": \"{}\", "
         "\"released_all\": {}, \"held_outputs_preserved\": {}}}{}\n",
@@ -188,9 +189,10 @@ void write_summary_json(std::ostream& js, const ShapesConfig& c, const ShapesRes
         x.peak_virtual_mapped, x.peak_virtual_reserved, x.peak_strategy_reserved, r.reference_max,
         r.reference_sum, r.own_max, ratio(x.peak_physical, r.reference_max),
         ratio(x.peak_physical, r.reference_sum), us(x.capture_time), us(x.switch_time),
-        us(x.end_time), x.shapes_captured, x.graphs, x.launches, json_escape(outcome(x)),
-        x.out_of_memory, x.failed_batch, x.bytes_short, json_escape(x.invariant_violation),
-        x.released_all, x.held_outputs_preserved, i + 1 < res.runs.size() ? "," : "");
+        us(x.input_update_time), x.input_update_bytes, us(x.end_time), x.shapes_captured, x.graphs,
+        x.launches, json_escape(outcome(x)), x.out_of_memory, x.failed_batch, x.bytes_short,
+        json_escape(x.invariant_violation), x.released_all, x.held_outputs_preserved,
+        i + 1 < res.runs.size() ? "," : "");
   }
   js << "  ]\n}\n";
 }

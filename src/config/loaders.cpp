@@ -26,7 +26,8 @@ const ConfigKeys& gpu_file_keys() {
   static const ConfigKeys kKeys = {
       {"",
        {"name", "capacity", "granularity", "va_space", "va_mappings_knee", "graphs", "costs",
-        "compute", "interconnect"}},
+        "compute", "interconnect", "unified_memory"}},
+      {"unified_memory", {"first_touch_page", "host_reserved"}},
       {"graphs",
        {"capture_per_node_us", "instantiate_per_node_us", "upload_per_node_us",
         "mem_map_per_granule_us", "mem_remap_per_granule_us", "mem_chunk"}},
@@ -248,6 +249,20 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
         missing.size(), names.size(), fmt::join(missing, ", "), missing.front()));
   g.compute = load_compute_spec(node["compute"]);
   if (auto ic = node.find("interconnect")) g.interconnect = load_interconnect(*ic);
+  if (auto um = node.find("unified_memory")) {
+    um->expect_keys(keys_at(gpu_file_keys(), "unified_memory"));
+    g.unified.enabled = true;
+    const ConfigNode page = (*um)["first_touch_page"];
+    g.unified.first_touch_page = page.as_bytes();
+    const uint64_t p = g.unified.first_touch_page;
+    if (p == 0 || (p & (p - 1)) != 0 || p > g.granularity)
+      page.fail(fmt::format("must be a power of two of at most the granularity ({} bytes)",
+                            g.granularity));
+    if (auto v = um->find("host_reserved")) {
+      g.unified.host_reserved = v->as_bytes();
+      if (g.unified.host_reserved >= g.capacity) v->fail("must be less than the capacity");
+    }
+  }
   return g;
 }
 

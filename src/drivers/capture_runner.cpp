@@ -97,6 +97,7 @@ class Runner {
   void violation(const std::string& what);
   std::vector<const ShapeProgram*>& programs(uint32_t batch);
   bool ensure_inputs(uint32_t batch);
+  bool update_inputs(uint32_t batch, uint32_t actual);
   bool capture_shape(uint32_t batch);
   bool capture_graph(uint32_t batch, uint32_t runner, uint32_t piece, const GraphProgram& g,
                      bool last_piece, std::vector<DevPtr>& prev_outputs);
@@ -104,7 +105,7 @@ class Runner {
                     std::vector<DevPtr>& ptr, std::vector<uint32_t>& patterns, bool inputs_read);
   bool body_capture(uint32_t batch, const GraphProgram& g, std::vector<DevPtr>& ptr);
   bool prepare_body(uint32_t batch);
-  bool replay_shape(uint32_t batch);
+  bool replay_shape(uint32_t batch, uint32_t actual);
   void track_alloc(DevPtr p, uint64_t bytes);
   void untrack(DevPtr p) { live_.erase(p); }
   void check_conformance(const std::string& where);
@@ -133,6 +134,8 @@ class Runner {
   std::vector<DevPtr> runner_owned_;       // inputs and workspace (default pool)
   std::map<uint32_t, bool> inputs_ready_;  // per shape (per_shape inputs)
   std::map<uint32_t, std::vector<CheckedTensor>> inputs_of_;      // by inputs key (0 = persistent)
+  std::map<uint32_t, std::vector<InputBufferSpec>> input_specs_;  // by inputs key
+  std::map<uint32_t, std::vector<CheckedTensor>> step_inputs_;    // update sources, by inputs key
   std::map<uint32_t, std::vector<CheckedTensor>> final_outputs_;  // per shape
   CapturedView view_;
   DevPtr workspace_ = 0;
@@ -215,18 +218,60 @@ bool Runner::ensure_inputs(uint32_t batch) {
   const uint32_t sized_for = persistent ? largest : batch;
   // Inputs are allocated outside any capture from the default pool (PyTorch's default
   // allocator); persistent inputs are sized once for the largest shape (xLLM PersistentParam).
-  const auto& specs = programs(sized_for).front()->inputs;
+  std::vector<InputBufferSpec>& specs = input_specs_[key];
+  specs = cfg_.input_set == InputSet::kXllm
+              ? xllm_persistent_inputs(cfg_.model, cfg_.max_model_len, cfg_.kv_block_size)
+              : program_input_buffers(*programs(sized_for).front());
   for (size_t i = 0; i < specs.size(); ++i) {
-    const TensorSpec& t = specs[i];
-    auto p = default_pool_.malloc(t.bytes, stream_);
+    const uint64_t bytes = specs[i].bytes(sized_for);
+    auto p = default_pool_.malloc(bytes, stream_);
     if (!p.ok()) return fail(p.error(), batch);
-    track_alloc(*p, t.bytes);
+    track_alloc(*p, bytes);
     runner_owned_.push_back(*p);
     const auto pattern = static_cast<uint32_t>(0x5EED0000u + key * 64 + i);
-    RUNNER_TRY(backend_.fill(*p, t.bytes, pattern, stream_), batch);
-    inputs_of_[key].push_back(CheckedTensor{*p, t.bytes, pattern, batch, t.name});
+    RUNNER_TRY(backend_.fill(*p, bytes, pattern, stream_), batch);
+    inputs_of_[key].push_back(CheckedTensor{*p, bytes, pattern, batch, specs[i].name});
   }
   inputs_ready_[key] = true;
+  return true;
+}
+
+// xLLM's update() before a replay of the graphs padded to `batch` for `actual` sequences: the
+// step's inputs (device buffers like the inputs, filled with their patterns, allocated from the
+// default pool at the key's first replay) are copied into the front rows, padding rows filled.
+bool Runner::update_inputs(uint32_t batch, uint32_t actual) {
+  const uint32_t key = cfg_.inputs == InputBuffers::kPersistent ? 0 : batch;
+  const std::vector<CheckedTensor>& inputs = inputs_of_[key];
+  std::vector<CheckedTensor>& step = step_inputs_[key];
+  const std::vector<InputBufferSpec>& specs = input_specs_[key];
+  if (step.empty()) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const CheckedTensor& in = inputs[i];
+      if (!specs[i].updated) {  // the graph writes it (hidden_states): nothing to copy from
+        step.push_back(CheckedTensor{});
+        continue;
+      }
+      auto p = default_pool_.malloc(in.bytes, stream_);
+      if (!p.ok()) return fail(p.error(), batch);
+      track_alloc(*p, in.bytes);
+      runner_owned_.push_back(*p);
+      RUNNER_TRY(backend_.fill(*p, in.bytes, in.pattern, stream_), batch);
+      step.push_back(CheckedTensor{*p, in.bytes, in.pattern, batch, "step." + in.name});
+    }
+  }
+  const SimTime start = clock_.now();
+  for (const InputUpdateOp& op : input_update_ops(specs, actual, batch)) {
+    const CheckedTensor& dst = inputs[op.index];
+    if (op.offset + op.bytes > dst.bytes || op.bytes == 0) continue;
+    if (op.fill) {
+      RUNNER_TRY(backend_.fill(dst.ptr + op.offset, op.bytes, dst.pattern, stream_), batch);
+    } else {
+      RUNNER_TRY(backend_.copy(dst.ptr, step[op.index].ptr, op.bytes, stream_), batch);
+    }
+    result_.input_update_bytes += op.bytes;
+    ++result_.input_update_ops;
+  }
+  result_.input_update_time += clock_.now() - start;
   return true;
 }
 
@@ -523,8 +568,9 @@ bool Runner::capture_shape(uint32_t batch) {
   return true;
 }
 
-bool Runner::replay_shape(uint32_t batch) {
+bool Runner::replay_shape(uint32_t batch, uint32_t actual) {
   if (!prepare_body(batch)) return false;
+  if (!cfg_.body && !update_inputs(batch, actual)) return false;
   for (GraphHandle g : graphs_[batch]) {
     RUNNER_TRY(backend_.launch(g, stream_), batch);
     ++result_.launches;
@@ -537,7 +583,8 @@ void Runner::teardown() {
   if (cfg_.check_invariants && !default_pool_.check_invariants(&why))
     violation("default pool: " + why);
   for (DevPtr o : held_outputs_) {
-    (void)strategy_.free(o, stream_);
+    // A failed free here is the strategy's bookkeeping breaking (vmm_alias, spaces: one).
+    if (auto s = strategy_.free(o, stream_); !s.ok()) fail(s.error(), 0);
     untrack(o);
   }
   held_outputs_.clear();
@@ -564,6 +611,12 @@ void Runner::teardown() {
 CaptureRunResult Runner::run() {
   if (cfg_.capture_sizes.empty()) {
     fail(make_error(ErrorCode::kInvalidArgument, "no capture sizes"), 0);
+    return result_;
+  }
+  if (cfg_.body && cfg_.input_set != InputSet::kProgram) {
+    fail(make_error(ErrorCode::kInvalidArgument,
+                    "a graph body writes its own inputs: input_set must be program"),
+         0);
     return result_;
   }
   if ((cfg_.program_for || cfg_.body) && cfg_.runners != GraphRunners::kFull) {
@@ -600,6 +653,19 @@ CaptureRunResult Runner::run() {
       queue_.schedule(0, [this, b] {
         if (!stopped_) capture_shape(b);
       });
+    for (uint32_t actual : cfg_.replays)
+      queue_.schedule(0, [this, actual] {
+        const uint32_t b = pad(actual);
+        if (stopped_) return;
+        if (actual == 0 || !captured_.count(b)) {
+          fail(
+              make_error(ErrorCode::kInvalidArgument,
+                         fmt::format("replay of {} sequences: no captured shape holds it", actual)),
+              actual);
+          return;
+        }
+        replay_shape(b, actual);
+      });
   } else if (!stopped_) {
     std::mt19937_64 rng(cfg_.seed);
     const uint32_t largest =
@@ -609,15 +675,16 @@ CaptureRunResult Runner::run() {
     double t_us = 0;
     for (uint32_t i = 0; i < cfg_.dynamic.arrivals; ++i) {
       t_us += gap(rng);
-      const uint32_t b = pad(batch_dist(rng));
-      queue_.schedule(static_cast<SimTime>(t_us * 1000.0), [this, b] {
+      const uint32_t actual = batch_dist(rng);
+      const uint32_t b = pad(actual);
+      queue_.schedule(static_cast<SimTime>(t_us * 1000.0), [this, b, actual] {
         if (stopped_) return;
         // First sight of a shape captures it (never re-captured); later arrivals replay it.
         if (!captured_.count(b)) {
           capture_shape(b);
           return;
         }
-        replay_shape(b);
+        replay_shape(b, actual);
       });
     }
   }

@@ -16,6 +16,7 @@
 #include "core/metrics.h"
 #include "src/graph/graph_memory_strategy.h"
 #include "workload/alloc_program.h"
+#include "workload/graph_inputs.h"
 #include "workload/model_shape.h"
 
 namespace memsim {
@@ -120,8 +121,17 @@ struct CaptureRunConfig {
   std::vector<uint32_t> order_list;  // for kList: a permutation of capture_sizes
   Arrival arrival = Arrival::kFixed;
   DynamicArrival dynamic;
+  // Fixed arrival: batches (actual sequence counts, 1 to the largest capture size) replayed after
+  // the captures, in order, each padded to the next capture size.
+  std::vector<uint32_t> replays;
   InputBuffers inputs = InputBuffers::kPersistent;
   uint32_t inputs_sized_for = 0;  // persistent inputs' batch; 0 = the largest capture size
+  // Which engine's input buffers (workload/graph_inputs.h); kXllm needs the fill body. Every
+  // replay (dynamic arrival) first updates them: the front rows of each updated buffer are copied
+  // from the step's inputs (device buffers of the same size, allocated at the first replay) and
+  // padding rows are filled, as xLLM's update() does; the fills write the buffers' check pattern
+  // where xLLM writes zeros, so replay checks still hold.
+  InputSet input_set = InputSet::kProgram;
   OutputLifetime outputs = OutputLifetime::kStrong;
   GraphRunners runners = GraphRunners::kFull;
   uint64_t seed = 1;
@@ -161,6 +171,11 @@ struct CaptureRunResult {
   uint64_t peak_graph_mem = 0;
   SimTime capture_time = 0;  // simulated time inside captures (incl. warm-up launch)
   SimTime switch_time = 0;   // strategy preparation time (vmm_alias space switches)
+  // The replays' input updates (see CaptureRunConfig::input_set): time charged, bytes copied and
+  // filled, and copy and fill calls.
+  SimTime input_update_time = 0;
+  uint64_t input_update_bytes = 0;
+  uint64_t input_update_ops = 0;
   SimTime end_time = 0;
   uint32_t shapes_captured = 0;
   uint64_t graphs = 0;

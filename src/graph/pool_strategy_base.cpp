@@ -39,16 +39,27 @@ Result<DevPtr> PoolStrategyBase::allocate(uint64_t bytes, StreamId stream) {
   if (dirty_.empty() || dirty_.back() != current_) dirty_.push_back(current_);
   peak_reserved_ = std::max(peak_reserved_, reserved_);
   if (!p.ok()) return p.error();
-  owner_.emplace(*p, current_);
+  if (auto [it, fresh] = owner_.try_emplace(*p, current_); !fresh) {
+    lost_[*p] = {it->second, current_};  // allocated_blocks[ptr] = block: the earlier is gone
+    it->second = current_;
+  }
   if (observer_ != nullptr) observer_->block_alloc(*p, bytes, stream);
   return p;
 }
 
 Status PoolStrategyBase::free(DevPtr p, StreamId /*stream*/) {
   auto it = owner_.find(p);
-  if (it == owner_.end())
+  if (it == owner_.end()) {
+    if (auto lost = lost_.find(p); lost != lost_.end())
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("free: invalid device pointer {:#x}: pools {} and {} both handed out this "
+                      "address while it was live, so allocated_blocks kept one entry for two "
+                      "blocks, and the address's first free removed it",
+                      p, lost->second.first, lost->second.second));
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("free: {:#x} was not allocated by this strategy", p));
+  }
   TorchCachingAllocator& pool = *pools_[it->second];
   const uint64_t before = pool.stats().allocated_bytes;
   MEMSIM_TRY(pool.free(p));
@@ -68,6 +79,7 @@ Status PoolStrategyBase::end_graph() {
 Status PoolStrategyBase::teardown() {
   for (auto& pool : pools_) MEMSIM_TRY(pool->release_all());
   owner_.clear();
+  lost_.clear();
   pools_.clear();
   dirty_.clear();
   reserved_ = 0;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "src/alloc/device_segment_source.h"
@@ -41,9 +42,15 @@ class PoolStrategyBase : public GraphMemoryStrategy {
   TorchCachingConfig config_;
   DeviceSegmentSource device_source_;
   std::vector<std::unique_ptr<TorchCachingAllocator>> pools_;
-  std::unordered_map<DevPtr, size_t> owner_;  // live pointer -> pool index
-  mutable std::vector<size_t> dirty_;         // pools changed since the last invariant check
-  uint64_t allocated_ = 0;                    // sum of the pools' allocated bytes
+  // PyTorch's allocated_blocks: live pointer -> pool index, one entry per address. An allocation
+  // at an address that is still live (only vmm_alias with spaces: one hands one out twice)
+  // overwrites the entry, as PyTorch's map assignment does; the pool that lost it is kept in
+  // lost_ to explain the "invalid device pointer" its address's second free then meets.
+  std::unordered_map<DevPtr, size_t> owner_;
+  // address -> (pool whose entry was overwritten, pool that overwrote it)
+  std::unordered_map<DevPtr, std::pair<size_t, size_t>> lost_;
+  mutable std::vector<size_t> dirty_;  // pools changed since the last invariant check
+  uint64_t allocated_ = 0;             // sum of the pools' allocated bytes
   size_t current_ = SIZE_MAX;
   uint64_t reserved_ = 0;  // sum of the pools' reserved bytes, kept incrementally
   uint64_t peak_reserved_ = 0;

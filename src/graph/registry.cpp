@@ -26,6 +26,7 @@ VmmAliasConfig parse_vmm_alias(const ConfigNode& node) {
     c.handle_per_extension = v->as_choice({"fixed", "per_extension"}) == "per_extension";
   if (auto v = node.find("set_access"))
     c.set_access_per_space = v->as_choice({"per_handle", "per_space"}) == "per_space";
+  if (auto v = node.find("spaces")) c.reset_pointer = v->as_choice({"per_shape", "one"}) == "one";
   if (auto v = node.find("handle_bytes")) {
     c.handle_bytes = v->as_bytes();
     if (c.handle_bytes == 0) v->fail("must be positive (a multiple of the GPU's granularity)");
@@ -59,7 +60,7 @@ const Registry<GraphEntry>& graph_strategies() {
            parse_into<GlobalPool>(parse_pool_allocator)},
           {"vmm_alias",
            "a new VA space per shape over shared physical handles (xLLM)",
-           {"max_split_size", "handle_bytes", "handles", "va_factor", "set_access"},
+           {"max_split_size", "handle_bytes", "handles", "va_factor", "set_access", "spaces"},
            parse_into<VmmAlias>(parse_vmm_alias)},
           {"graph_mem_nodes",
            "cudaMallocAsync graph memory nodes, driver-managed reuse",

@@ -11,7 +11,8 @@ SharedVmmSpaces::SharedVmmSpaces(Backend& backend, const VmmAliasConfig& config)
     : backend_(backend),
       handle_bytes_(config.handle_bytes ? config.handle_bytes : backend.granularity()),
       per_extension_(config.handle_per_extension),
-      set_access_per_space_(config.set_access_per_space) {
+      set_access_per_space_(config.set_access_per_space),
+      reset_pointer_(config.reset_pointer) {
   const uint64_t g = backend.granularity();
   const auto want =
       static_cast<uint64_t>(std::ceil(config.va_factor * static_cast<double>(backend.capacity())));
@@ -26,6 +27,10 @@ Status SharedVmmSpaces::map_handle(DevPtr space, size_t index, bool set_access) 
 }
 
 Status SharedVmmSpaces::switch_to_new_space() {
+  if (reset_pointer_ && !spaces_.empty()) {
+    offset_ = 0;  // reset_allocation_pointer(): the next shape starts at the same addresses
+    return {};
+  }
   MEMSIM_ASSIGN_OR_RETURN(DevPtr base, backend_.reserve_virtual(space_bytes_, 0));
   spaces_.push_back(base);
   offset_ = 0;

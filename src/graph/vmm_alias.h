@@ -20,6 +20,12 @@ struct VmmAliasConfig {
   // How a new space gets access rights: one cuMemSetAccess per handle as xLLM does
   // (per_handle), or all handles mapped first and one call over the whole range (per_space).
   bool set_access_per_space = false;
+  // xLLM's failed first design (seed §1.4), opt-in (`spaces: one`): one VA space for every shape;
+  // before each capture the allocation pointer goes back to the space's start
+  // (reset_allocation_pointer), so every shape's pool is handed the same addresses again while the
+  // earlier shapes' tensors may still be live. The strategy-wide allocated_blocks then loses
+  // entries (PoolStrategyBase) and a later free fails with "invalid device pointer".
+  bool reset_pointer = false;
 };
 
 // The segment source: a bump offset in the current space over physical handles shared by all
@@ -29,7 +35,8 @@ class SharedVmmSpaces final : public SegmentSource {
   SharedVmmSpaces(Backend& backend, const VmmAliasConfig& config);
   Result<DevPtr> allocate_segment(uint64_t bytes, StreamId stream) override;
   Status release_segment(DevPtr p, uint64_t bytes) override;
-  // Reserves a new space, maps every existing handle into it, resets the offset.
+  // Reserves a new space, maps every existing handle into it, resets the offset. With
+  // reset_pointer, only the first call reserves; later ones only reset the offset.
   Status switch_to_new_space();
   Status release_all();
   uint64_t physical_bytes() const { return mapped_; }
@@ -51,6 +58,7 @@ class SharedVmmSpaces final : public SegmentSource {
   uint64_t handle_bytes_;
   bool per_extension_;
   bool set_access_per_space_;
+  bool reset_pointer_;
   uint64_t space_bytes_;
   std::vector<DevPtr> spaces_;  // base of each reserved space; the last is current
   std::vector<Handle> handles_;
@@ -65,7 +73,8 @@ class VmmAlias final : public PoolStrategyBase {
   Status teardown() override;
   GraphMemoryStats stats() const override;
   // Every shape's space maps the same physical handles from offset 0: a tensor held past its
-  // capture is overwritten by the next shape's replay (xLLM copies outputs out right away).
+  // capture is overwritten by the next shape's replay (xLLM copies outputs out right away). With
+  // reset_pointer, every shape's pool is even handed the same addresses.
   bool preserves_held_tensors() const override { return false; }
 
  protected:
