@@ -289,10 +289,13 @@ Result<GraphMemoryModel::LaunchPlan> GraphMemoryModel::plan_launch(uint64_t grap
   // may still run on other streams.
   // Graphs of one other stream run one after another: they share pages among themselves.
   std::map<StreamId, uint64_t> beside;  // other stream -> the largest graph that may run there
-  for (const auto& [id, stream] : running_) {
-    if (id == graph_id || stream == s) continue;  // one stream runs its work in order
-    const Graph& h = graphs_.at(id);
-    beside[stream] = std::max(beside[stream], h.peak - live_bytes_of(h));
+  for (const auto& [stream, ids] : running_) {
+    if (stream == s) continue;  // one stream runs its work in order
+    for (uint64_t id : ids) {
+      if (id == graph_id) continue;
+      const Graph& h = graphs_.at(id);
+      beside[stream] = std::max(beside[stream], h.peak - live_bytes_of(h));
+    }
   }
   uint64_t need = g.peak + live_outputs_ - own_live;
   for (const auto& [stream, bytes] : beside) need += bytes;
@@ -316,7 +319,9 @@ std::vector<DevPtr> GraphMemoryModel::commit_launch(uint64_t graph_id, StreamId 
     a.live_outside = true;
     live_outputs_ += a.pages;
   }
-  running_[graph_id] = s;
+  for (auto& [stream, ids] : running_)
+    if (stream != s) ids.erase(graph_id);  // its earlier launch on another stream is ordered before
+  running_[s].insert(graph_id);
   std::vector<DevPtr> released;
   for (DevPtr va : g.frees_of_others) {
     auto [owner, a] = find_output(va);
@@ -373,7 +378,7 @@ Result<std::optional<DevPtr>> GraphMemoryModel::destroy(uint64_t graph_id) {
     return make_error(ErrorCode::kInvalidArgument, "destroy of an unknown or destroyed graph");
   Graph& g = it->second;
   g.destroyed = true;
-  running_.erase(graph_id);
+  for (auto& [stream, ids] : running_) ids.erase(graph_id);
   // A live output outlives its graph (the guide: destruction frees nothing that is live); the
   // window goes with the last of them.
   if (live_bytes_of(g) > 0) return std::optional<DevPtr>();

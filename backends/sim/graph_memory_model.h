@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/backend.h"
@@ -190,8 +191,9 @@ class GraphMemoryModel {
   std::map<DevPtr, uint64_t> window_owner_;  // window base -> graph id (ended captures)
   std::map<DevPtr, uint64_t> windows_;       // window base -> bytes (ended captures)
 
-  // Graphs launched since the last synchronize() (they may still run), with their stream.
-  std::unordered_map<uint64_t, StreamId> running_;
+  // Graphs launched since the last synchronize() (they may still run), by stream: a launch
+  // looks only at the other streams' (none in a one-stream program).
+  std::map<StreamId, std::unordered_set<uint64_t>> running_;
 
   uint64_t reserved_ = 0;
   uint64_t live_outputs_ = 0;
