@@ -14,9 +14,13 @@ using namespace memsim;
 
 namespace {
 
-std::string data_dir() {
+std::string source_root() {
   const char* root = std::getenv("MEMSIM_SOURCE_ROOT");
-  return std::string(root ? root : ".") + "/tests/data/pool_captures";
+  return root ? root : ".";
+}
+
+std::string data_dir() {
+  return source_root() + "/tests/data/pool_captures";
 }
 
 // The bytes of the shared pool PyTorch held after the last capture (segments of the pool).
@@ -28,7 +32,11 @@ uint64_t torch_pool_bytes(const std::string& order, const std::string& outputs) 
 
 TEST_CASE("shared pools from recorded captures hold PyTorch's pool bytes exactly",
           "[regression][pool_captures]") {
-  const ShapesConfig config = load_shapes_config(data_dir() + "/shapes.yaml", {});
+  // The GPU and model files by path: the test runs from the build folder.
+  const ShapesConfig config =
+      load_shapes_config(data_dir() + "/shapes.yaml",
+                         {"gpu=" + source_root() + "/configs/gpus/h200.yaml",
+                          "model=" + source_root() + "/configs/models/llama-3.1-8b.yaml"});
   const ShapesResults results = run_shapes(config);
   const std::map<std::string, std::string> lifetime = {{"strong", "held"}, {"weak", "dropped"}};
   int checked = 0;
