@@ -199,8 +199,9 @@ all_scenarios(StreamId s1, StreamId s2) {
                                                  {2048, 3072},           {3 * kMiB, 4 * kMiB},
                                                  {4 * kMiB, 3 * kMiB},   {2 * kMiB, 2 * kMiB + 1},
                                                  {40 * kMiB, 8 * kMiB}};
-  for (auto [first, second] : pairs)
-    v.emplace_back("reuse", [=](Backend& b, O& o) { return reuse(b, s1, first, second, o); });
+  for (const auto& pair : pairs)  // no structured binding: the lambda captures it
+    v.emplace_back("reuse",
+                   [=](Backend& b, O& o) { return reuse(b, s1, pair.first, pair.second, o); });
   return v;
 }
 

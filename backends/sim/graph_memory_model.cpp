@@ -67,20 +67,21 @@ uint64_t GraphMemoryModel::Arena::alloc(uint64_t size, const Clock& seen) {
 
 void GraphMemoryModel::Arena::absorb(Block& into, const Block& from) {
   into.size += from.size;
-  for (const auto& [stream, tick] : from.stamps) {
+  for (const auto& stamp :
+       from.stamps) {  // (stream, tick); no structured binding: a lambda uses it
     auto same = std::find_if(into.stamps.begin(), into.stamps.end(),
-                             [&](const auto& st) { return st.first == stream; });
+                             [&](const auto& st) { return st.first == stamp.first; });
     if (same == into.stamps.end())
-      into.stamps.emplace_back(stream, tick);
+      into.stamps.push_back(stamp);
     else
-      same->second = std::max(same->second, tick);
+      same->second = std::max(same->second, stamp.second);
   }
 }
 
 bool GraphMemoryModel::Arena::same_streams(const Stamps& a, const Stamps& b) {
   if (a.size() != b.size()) return false;
-  for (const auto& [stream, tick] : a)
-    if (std::none_of(b.begin(), b.end(), [&](const auto& st) { return st.first == stream; }))
+  for (const auto& stamp : a)
+    if (std::none_of(b.begin(), b.end(), [&](const auto& st) { return st.first == stamp.first; }))
       return false;
   return true;
 }
