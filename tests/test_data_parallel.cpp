@@ -151,4 +151,27 @@ TEST_CASE("dp serving: two replicas halve a saturated engine's queue", "[dp]") {
   CHECK(two.merged.waste_pct <= hi + 1e-9);
   CHECK(two.merged.waste_pct > 0);
 }
+
+// Requests rejected on arrival wait in the state's finished list until the engine records them;
+// more than the group window's compaction threshold (1,024) arriving before a step used to be
+// erased from the window first, and the engine then wrote through a stale index (a crash found
+// by tools/mutate_cli.py: dp_serving.yaml with max_model_len 64).
+TEST_CASE("dp serving: thousands of requests rejected on arrival are all recorded", "[dp]") {
+  EngineConfig e = engine(4 * kGiB);
+  e.serve.max_model_len = 64;
+  std::vector<RequestSpec> specs;
+  for (uint64_t i = 0; i < 3000; ++i) specs.push_back(request(i, 0, 128, 8));  // prompt > 64
+  specs.push_back(request(3000, 1'000'000, 32, 8));
+  const RequestTable reqs(specs);
+  for (uint32_t replicas : {1u, 2u}) {
+    INFO(replicas << " replicas");
+    const DpServingResult r = run_serving_dp(e, reqs, replicas);
+    REQUIRE(r.merged.error.empty());
+    CHECK(r.merged.requests == 3001);
+    CHECK(r.merged.finished == 1);  // the one that fits; the rest are rejected, not finished
+    CHECK(r.merged.rejected == 3000);
+    CHECK(r.merged.output_tokens == 8);
+  }
+}
+
 }  // namespace memsim::test

@@ -138,6 +138,7 @@ void Engine::finish(uint32_t g) {
   G.finished = clock_.now();
   ++done_;
   record(G);
+  G.recorded = true;
   G.seqs = {};  // its figures are recorded: free its token runs
 }
 
@@ -271,6 +272,7 @@ bool Engine::on_empty_plan(bool preempted, bool ended, size_t next) {
     clock_.advance_to(std::max(clock_.now(), horizon_));
     return true;
   }
+  if (done_ == requests_.size()) return false;  // the last arrivals were rejected: all done
   r_.error = fmt::format("{} of {} requests are neither waiting, running, swapped nor finished",
                          requests_.size() - done_, requests_.size());
   return false;

@@ -18,7 +18,9 @@ namespace {
 }  // namespace
 
 Group& GroupWindow::add() {
-  while (head_ < groups_.size() && groups_[head_].status == GroupStatus::kFinished) ++head_;
+  // A group finished by the scheduler (rejected, truncated) waits in finished_now until the
+  // engine records it, possibly past later arrivals: only recorded groups may go.
+  while (head_ < groups_.size() && groups_[head_].recorded) ++head_;
   // Erase the finished front once it is half the window (each group moves O(1) times).
   if (head_ >= 1024 && 2 * head_ >= groups_.size()) {
     groups_.erase(groups_.begin(), groups_.begin() + static_cast<ptrdiff_t>(head_));

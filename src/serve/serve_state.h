@@ -63,6 +63,7 @@ struct Group {
   uint64_t swapped_bytes = 0;  // device bytes held in the host swap space (when swapped)
   bool truncated = false;      // generation cut short by KV exhaustion (single_sequence)
   bool rejected = false;       // never fit the KV pool
+  bool recorded = false;       // its figures are taken (Engine::finish): the window may drop it
   bool counted_prefix = false;
   SimTime first_token = -1;
   SimTime finished = -1;
@@ -97,9 +98,10 @@ struct Refusal {
 std::string describe_refusal(const Refusal& why, uint32_t max_num_batched_tokens,
                              uint64_t block_tokens, uint64_t capacity_tokens);
 
-// The groups of a run by request index, built as requests arrive. Finished groups at the front
-// are dropped when the next group is added, so a run holds the groups from the oldest one still
-// in flight on, not one per request of the workload. Indices stay those of the requests.
+// The groups of a run by request index, built as requests arrive. Recorded groups at the front
+// (finished, their figures taken) are dropped when the next group is added, so a run holds the
+// groups from the oldest one still in flight on, not one per request of the workload. Indices stay
+// those of the requests.
 class GroupWindow {
  public:
   Group& operator[](uint32_t g) { return groups_[g - base_]; }
