@@ -12,12 +12,13 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/sim/sim_backend.h"
-#include "kernels/fill.h"
-#include "src/drivers/capture_runner.h"
 #include "core/clock.h"
 #include "core/metrics.h"
+#include "kernels/fill.h"
+#include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
 #include "tests/cuda_test_util.h"
+#include "tests/tiny_model.h"
 
 namespace memsim {
 namespace {
@@ -421,15 +422,7 @@ struct FailingCall {
 // A small Llama-shaped model; from call k on, the chosen primitive fails in the shadow. The run
 // reports the failure, and everything it allocated is back on the GPU.
 void check_failing_call(const FailingCall& k) {
-  ModelShape m;
-  m.name = "tiny";
-  m.layers = 4;
-  m.hidden = 1024;
-  m.heads = 8;
-  m.kv_heads = 2;
-  m.head_dim = 128;
-  m.intermediate = 2816;
-  m.vocab = 32000;
+  const ModelShape m = test::tiny_llama();
   INFO(k.impl << " fails at " << to_string(k.primitive) << " call " << k.call);
   uint64_t free_before = 0;
   {

@@ -11,6 +11,7 @@
 #include "src/serve/dp_serving.h"
 #include "src/serve/engine.h"
 #include "tests/kv_test_util.h"
+#include "tests/serve_test_util.h"
 
 namespace memsim::test {
 namespace {
@@ -26,15 +27,6 @@ EngineConfig engine(uint64_t budget) {
   e.serve.max_model_len = 4096;
   e.sample_interval = 50'000'000;
   return e;
-}
-
-RequestSpec request(uint64_t id, SimTime arrival, uint32_t prompt, uint32_t output) {
-  RequestSpec r;
-  r.id = id;
-  r.arrival = arrival;
-  r.prompt_tokens = prompt;
-  r.output_tokens = output;
-  return r;
 }
 
 std::vector<RequestSpec> synthetic(uint64_t count, double rate) {
@@ -95,9 +87,9 @@ TEST_CASE("dp serving: a small trace over two replicas", "[dp]") {
   // next goes to 1 (score 1 < 2; its view is then (1, 1): 5), the one after to 0 (2 < 5; then
   // 6), the last to 1 (5 < 6).
   std::vector<RequestSpec> specs = {
-      request(0, 0, 512, 400),          request(1, 10'000'000, 512, 400),
-      request(2, 20'000'000, 512, 400), request(3, 300'000'000, 64, 8),
-      request(4, 300'000'001, 64, 8),   request(5, 300'000'002, 64, 8),
+      serve_request(0, 512, 400, 0),          serve_request(1, 512, 400, 10'000'000),
+      serve_request(2, 512, 400, 20'000'000), serve_request(3, 64, 8, 300'000'000),
+      serve_request(4, 64, 8, 300'000'001),   serve_request(5, 64, 8, 300'000'002),
   };
   const RequestTable reqs(specs);
   const DpServingResult r = run_serving_dp(e, reqs, 2);
@@ -126,7 +118,7 @@ TEST_CASE("dp serving: new counts are published even when they equal the last pu
   // so nothing is reported, as in vLLM.)
   const EngineConfig e = engine(4 * kGiB);
   const RequestTable reqs(
-      std::vector<RequestSpec>{request(0, 0, 32, 3), request(1, 150'000'000, 32, 1)});
+      std::vector<RequestSpec>{serve_request(0, 32, 3, 0), serve_request(1, 32, 1, 150'000'000)});
   const DpServingResult r = run_serving_dp(e, reqs, 2);
   REQUIRE(r.merged.error.empty());
   CHECK(r.merged.finished == 2);
@@ -160,8 +152,8 @@ TEST_CASE("dp serving: thousands of requests rejected on arrival are all recorde
   EngineConfig e = engine(4 * kGiB);
   e.serve.max_model_len = 64;
   std::vector<RequestSpec> specs;
-  for (uint64_t i = 0; i < 3000; ++i) specs.push_back(request(i, 0, 128, 8));  // prompt > 64
-  specs.push_back(request(3000, 1'000'000, 32, 8));
+  for (uint64_t i = 0; i < 3000; ++i) specs.push_back(serve_request(i, 128, 8, 0));  // prompt > 64
+  specs.push_back(serve_request(3000, 32, 8, 1'000'000));
   const RequestTable reqs(specs);
   for (uint32_t replicas : {1u, 2u}) {
     INFO(replicas << " replicas");

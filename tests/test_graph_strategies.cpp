@@ -6,6 +6,7 @@
 #include "backends/sim/sim_backend.h"
 #include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
+#include "tests/tiny_model.h"
 
 using namespace memsim;
 
@@ -25,23 +26,9 @@ GpuSpec test_gpu(uint64_t capacity = 8ull << 30) {
   return g;
 }
 
-// A small Llama-shaped model so the suite runs in well under a second.
-ModelShape tiny_model() {
-  ModelShape m;
-  m.name = "tiny";
-  m.layers = 4;
-  m.hidden = 1024;
-  m.heads = 8;
-  m.kv_heads = 2;
-  m.head_dim = 128;
-  m.intermediate = 2816;
-  m.vocab = 32000;
-  return m;
-}
-
 CaptureRunConfig base_config() {
   CaptureRunConfig c;
-  c.model = tiny_model();
+  c.model = test::tiny_llama();
   c.gemm_workspace_bytes = 4 * kMiB;
   c.max_model_len = 2048;
   c.capture_sizes = {1, 2, 4, 8, 16, 24, 32, 48, 64};

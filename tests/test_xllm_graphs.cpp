@@ -7,6 +7,7 @@
 #include "backends/sim/sim_backend.h"
 #include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
+#include "tests/tiny_model.h"
 #include "workload/graph_inputs.h"
 
 using namespace memsim;
@@ -28,22 +29,9 @@ GpuSpec test_gpu() {
   return g;
 }
 
-ModelShape tiny_model() {
-  ModelShape m;
-  m.name = "tiny";
-  m.layers = 4;
-  m.hidden = 1024;
-  m.heads = 8;
-  m.kv_heads = 2;
-  m.head_dim = 128;
-  m.intermediate = 2816;
-  m.vocab = 32000;
-  return m;  // bf16
-}
-
 CaptureRunConfig xllm_config() {
   CaptureRunConfig c;
-  c.model = tiny_model();
+  c.model = test::tiny_llama();
   c.max_model_len = 2048;  // block tables: 2048 / 16 + 1 = 129 entries, 516 B a sequence
   c.kv_block_size = 16;
   c.capture_sizes = {8, 16};
@@ -86,7 +74,7 @@ Run run(const CaptureRunConfig& c, const std::string& impl = "vmm_alias",
 // cuda_graph_executor_impl.cpp's CudaGraphPersistentParam at 16 tokens and 16 sequences of a
 // hidden-1024 bf16 model with 2048 positions in blocks of 16.
 TEST_CASE("xllm persistent inputs: the seed's seven buffers with xLLM's shapes", "[xllm]") {
-  const auto specs = xllm_persistent_inputs(tiny_model(), 2048, 16);
+  const auto specs = xllm_persistent_inputs(test::tiny_llama(), 2048, 16);
   std::vector<std::string> names;
   std::vector<uint64_t> bytes;
   for (const InputBufferSpec& s : specs) {

@@ -243,16 +243,17 @@ Result<GraphMemoryModel::Ended> GraphMemoryModel::end(StreamId s, bool auto_free
                             " was not joined back (cudaErrorStreamCaptureUnjoined)");
   }
   Graph g = std::move(c.graph);
-  g.window = c.window;
   g.auto_free = auto_free_on_launch;
   for (size_t i = 0; i < g.allocs.size(); ++i)
     if (!g.allocs[i].freed_in_graph) g.outputs.emplace(g.allocs[i].va, i);
   const uint64_t extent = c.addresses.size();
+  const DevPtr c_window = c.window;
   for (const auto& [stream, clock] : c.clocks) member_of_.erase(stream);
   captures_.erase(it);
   const uint64_t id = next_graph_++;
-  const Ended ended{id, g.nodes, g.window, extent};
-  if (extent > 0) {
+  const Ended ended{id, g.nodes, c_window, extent};
+  if (extent > 0) {  // a graph without allocations keeps no window (0)
+    g.window = c_window;
     window_owner_.emplace(g.window, id);
     windows_.emplace(g.window, pages(extent));
   }
@@ -325,52 +326,57 @@ std::vector<DevPtr> GraphMemoryModel::commit_launch(uint64_t graph_id, StreamId 
   running_[s].insert(graph_id);
   std::vector<DevPtr> released;
   for (DevPtr va : g.frees_of_others) {
-    auto [owner, a] = find_output(va);
-    if (a == nullptr || !a->live_outside) continue;  // freeing a dead allocation: a no-op here
-    a->live_outside = false;
-    live_outputs_ -= a->pages;
-    if (owner->destroyed && live_bytes_of(*owner) == 0) released.push_back(owner->window);
-  }
-  for (DevPtr w : released) {
-    graphs_.erase(window_owner_.at(w));
-    window_owner_.erase(w);
-    windows_.erase(w);
+    const auto at = output_at(va);
+    if (!at) continue;  // freeing a dead allocation: a no-op here
+    Graph& owner = graphs_.at(at->first);
+    Alloc& a = owner.allocs[at->second];
+    if (!a.live_outside) continue;
+    a.live_outside = false;
+    live_outputs_ -= a.pages;
+    if (owner.destroyed && live_bytes_of(owner) == 0)
+      if (auto w = drop_graph(at->first)) released.push_back(*w);
   }
   return released;
 }
 
 // ---- outside captures -----------------------------------------------------------------------
 
-std::pair<GraphMemoryModel::Graph*, GraphMemoryModel::Alloc*> GraphMemoryModel::find_output(
-    DevPtr va) {
+std::optional<std::pair<uint64_t, size_t>> GraphMemoryModel::output_at(DevPtr va) const {
   auto w = window_owner_.upper_bound(va);
-  if (w == window_owner_.begin()) return {nullptr, nullptr};
+  if (w == window_owner_.begin()) return std::nullopt;
   --w;
   auto g = graphs_.find(w->second);
-  if (g == graphs_.end()) return {nullptr, nullptr};
+  if (g == graphs_.end()) return std::nullopt;
   auto o = g->second.outputs.find(va);
-  if (o == g->second.outputs.end()) return {nullptr, nullptr};
-  return {&g->second, &g->second.allocs[o->second]};
+  if (o == g->second.outputs.end()) return std::nullopt;
+  return std::pair{w->second, o->second};
+}
+
+std::optional<DevPtr> GraphMemoryModel::drop_graph(uint64_t graph_id) {
+  const DevPtr w = graphs_.at(graph_id).window;
+  graphs_.erase(graph_id);
+  if (w == 0) return std::nullopt;  // no allocation: no window kept
+  window_owner_.erase(w);
+  windows_.erase(w);
+  return w;
 }
 
 bool GraphMemoryModel::is_graph_alloc(DevPtr va) const {
-  return const_cast<GraphMemoryModel*>(this)->find_output(va).second != nullptr;
+  return output_at(va).has_value();
 }
 
 Result<std::optional<DevPtr>> GraphMemoryModel::free_outside(DevPtr va) {
-  auto [g, a] = find_output(va);
-  if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, "not a graph allocation");
-  if (!a->live_outside)
+  const auto at = output_at(va);
+  if (!at) return make_error(ErrorCode::kInvalidArgument, "not a graph allocation");
+  Graph& g = graphs_.at(at->first);
+  Alloc& a = g.allocs[at->second];
+  if (!a.live_outside)
     return make_error(ErrorCode::kInvalidState,
                       "free of a graph allocation that is not live (never launched or freed)");
-  a->live_outside = false;
-  live_outputs_ -= a->pages;
-  if (!g->destroyed || live_bytes_of(*g) > 0) return std::optional<DevPtr>();
-  const DevPtr w = g->window;
-  graphs_.erase(window_owner_.at(w));
-  window_owner_.erase(w);
-  windows_.erase(w);
-  return std::optional<DevPtr>(w);
+  a.live_outside = false;
+  live_outputs_ -= a.pages;
+  if (!g.destroyed || live_bytes_of(g) > 0) return std::optional<DevPtr>();
+  return drop_graph(at->first);
 }
 
 Result<std::optional<DevPtr>> GraphMemoryModel::destroy(uint64_t graph_id) {
@@ -383,11 +389,7 @@ Result<std::optional<DevPtr>> GraphMemoryModel::destroy(uint64_t graph_id) {
   // A live output outlives its graph (the guide: destruction frees nothing that is live); the
   // window goes with the last of them.
   if (live_bytes_of(g) > 0) return std::optional<DevPtr>();
-  const DevPtr w = g.window;
-  const bool has_window = window_owner_.erase(w) != 0;
-  windows_.erase(w);
-  graphs_.erase(it);
-  return has_window ? std::optional<DevPtr>(w) : std::optional<DevPtr>();
+  return drop_graph(graph_id);
 }
 
 void GraphMemoryModel::trim() {

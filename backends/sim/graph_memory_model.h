@@ -180,8 +180,10 @@ class GraphMemoryModel {
   uint64_t live_bytes_of(const Graph& g) const;
   uint64_t tick(Capture& c, StreamId s) { return ++c.clocks[s][s]; }
   Capture& capture_of(StreamId s) { return captures_.at(member_of_.at(s)); }
-  // The graph and the output at `va`, or {nullptr, nullptr}.
-  std::pair<Graph*, Alloc*> find_output(DevPtr va);
+  // The graph id and allocs index of the output at `va` (an allocation its graph does not free).
+  std::optional<std::pair<uint64_t, size_t>> output_at(DevPtr va) const;
+  // Erases a graph and its window's entries; returns the window to release, if it kept one.
+  std::optional<DevPtr> drop_graph(uint64_t graph_id);
 
   uint64_t granularity_;
   uint64_t chunk_;
