@@ -12,6 +12,7 @@
 
 #include "backends/sim/sim_backend.h"
 #include "core/clock.h"
+#include "src/alloc/cuda_async.h"
 #include "src/alloc/registry.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
@@ -27,6 +28,7 @@ GpuSpec small_gpu() {
   GpuSpec g = load_gpu_spec(
       ConfigNode::load_file(std::string(r != nullptr ? r : ".") + "/configs/gpus/h200.yaml"));
   g.capacity = 1024 * kMiB;  // small enough that the random walk runs out of memory often
+  g.context = 0;
   return g;
 }
 
@@ -123,7 +125,9 @@ void conformance(const Case& c, uint64_t seed, int ops) {
     if (k % 97 == 0) {
       std::string why;
       INFO("op " << k);
-      REQUIRE(alloc->check_invariants(&why));
+      const bool consistent = alloc->check_invariants(&why);
+      INFO(why);
+      REQUIRE(consistent);
       const auto live = alloc->live_blocks();
       REQUIRE(live.size() == mine.size());
       for (const auto& b : live) {
@@ -158,4 +162,33 @@ void conformance(const Case& c, uint64_t seed, int ops) {
 TEST_CASE("caching allocators conform: random malloc/free/empty_cache", "[conformance]") {
   for (const Case& c : cases())
     for (uint64_t seed : {1, 2}) conformance(c, seed, 20000);
+}
+
+// Regression (found by the walk above when the capacity shrank by the CUDA context): a request
+// over two unmapped chunks whose second chunk runs out of memory trims unused chunks and retries;
+// the trim must spare the chunk the same request has just mapped (it had no users yet, so it was
+// released and the allocation was handed out over an unmapped chunk).
+TEST_CASE("cuda_async: the out-of-memory trim spares the request's own chunks", "[conformance]") {
+  GpuSpec g = small_gpu();
+  g.capacity = 112 * kMiB;  // three and a half 32 MiB chunks; the pool's range is four
+  SimClock clock;
+  SimBackend backend(g, clock);
+  CudaAsyncAllocator alloc(backend, CudaAsyncConfig{});
+  const Result<DevPtr> a = alloc.malloc(32 * kMiB, StreamId{});  // chunk 0
+  const Result<DevPtr> b = alloc.malloc(32 * kMiB, StreamId{});  // chunk 1
+  REQUIRE((a.ok() && b.ok()));
+  REQUIRE(alloc.free(*a).ok());  // chunk 0 stays mapped, unused
+  // Best fit: [64, 128) MiB, chunks 2 and 3. Chunk 3 would make 128 MiB > 112: trim, retry.
+  const Result<DevPtr> c = alloc.malloc(64 * kMiB, StreamId{});
+  REQUIRE(c.ok());
+  CHECK(*c - *b == 32 * kMiB);
+  std::string why;
+  const bool consistent = alloc.check_invariants(&why);
+  INFO(why);
+  CHECK(consistent);
+  CHECK(alloc.stats().reserved_bytes == 96 * kMiB);  // chunks 1, 2, 3: chunk 0 was trimmed
+  CHECK(backend.usage().physical_bytes == 96 * kMiB);
+  CHECK(backend.fill(*c, 64 * kMiB, 0, StreamId{}).ok());  // every byte of it is mapped
+  REQUIRE(alloc.release_all().ok());
+  CHECK(backend.usage().physical_bytes == 0);
 }

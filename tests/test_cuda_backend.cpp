@@ -74,6 +74,11 @@ TEST_CASE("device granularity and capacity replace the cost model's") {
   CHECK(gpu.b->capacity() == obs.total_bytes);
   CHECK(gpu.b->shadow().gpu().granularity == g);
   CHECK(obs.free_bytes <= obs.total_bytes);
+  // The shadow's context term: what was not free at creation (the CUDA context at least), no
+  // more than is not free now (the backend's stream and counter came after).
+  CHECK(gpu.b->context() > 0);
+  CHECK(gpu.b->context() <= obs.total_bytes - obs.free_bytes);
+  CHECK(gpu.b->shadow().gpu().context == gpu.b->context());
 }
 
 TEST_CASE("one physical handle mapped at two VAs is coherent") {
@@ -468,6 +473,17 @@ TEST_CASE("a failing call in the middle of graph_mem_nodes leaves nothing on the
   const FailingCall cases[] = {{"graph_mem_nodes", P::kLaunch, 4},
                                {"graph_mem_nodes", P::kMallocAsync, 40}};
   for (const FailingCall& k : cases) check_failing_call(k);
+}
+
+// Once the process has warmed up, another warm-up (every kind of call the validation modes make,
+// through a throwaway backend) leaves the device's free memory exactly as it was.
+TEST_CASE("warm_up_cuda_process leaves nothing behind once the process has warmed up") {
+  REQUIRE(warm_up_cuda_process(0).ok());
+  Gpu gpu;
+  const auto before = take(gpu.b->observe());
+  REQUIRE(warm_up_cuda_process(0).ok());
+  const auto after = take(gpu.b->observe());
+  CHECK(after.free_bytes == before.free_bytes);
 }
 
 }  // namespace

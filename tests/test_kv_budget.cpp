@@ -54,21 +54,22 @@ TEST_CASE("kv budget: Llama-3.1-8B on an H200 at utilization 0.9, shared_pool", 
 
 // SGLang's rule (ModelRunner._profile_available_bytes): rest = post-load free - pre-load free x
 // (1 - mem_fraction_static) = F x free - weights, with nothing else subtracted. At 0.8 on the
-// H200: floor(0.8 x 150,109,880,320) - 16,060,522,496 = 104,027,381,760 bytes of KV; the
+// H200, whose CUDA context holds 552,402,944 of its 150,109,880,320 bytes before the engine
+// starts: floor(0.8 x 149,557,477,376) - 16,060,522,496 = 103,585,459,404 bytes of KV; the
 // activation peak and the graphs are what they are under vLLM's rule, and live in the rest.
 TEST_CASE("kv budget: SGLang's mem_fraction_static", "[kv_budget]") {
   KvBudgetInput in = llama8b_h200();
   in.mem_fraction_static = 0.8;
   const Result<KvBudget> r = compute_kv_budget(in);
   REQUIRE(r.ok());
-  CHECK(r->usable == 120087904256ull);
-  CHECK(r->kv_bytes == 120087904256ull - 16060522496ull);
+  CHECK(r->usable == 119645981900ull);
+  CHECK(r->kv_bytes == 119645981900ull - 16060522496ull);
   CHECK(r->activation_peak == kActivationPeak);
   CHECK(r->graph_memory == kGraphMemory);
   CHECK(r->mem_fraction_static == 0.8);
   const std::string text = format_kv_budget(*r);
   CHECK_THAT(text, Catch::Contains("mem_fraction_static 0.8 x the memory free before the weights"));
-  CHECK_THAT(text, Catch::Contains("the rest (27.96 GiB) holds the activation peak and graph "
+  CHECK_THAT(text, Catch::Contains("the rest (27.86 GiB) holds the activation peak and graph "
                                    "memory (1.45 GiB)\n"));
   // At 0.1 the weights alone leave no room: the error says so, with the shortfall.
   in.mem_fraction_static = 0.1;
@@ -119,6 +120,27 @@ TEST_CASE("kv budget: too small a utilization is an out-of-memory outcome", "[kv
   const uint64_t needed = ok->weights + ok->activation_peak + ok->graph_memory;
   CHECK(r.error().bytes_short == needed + 16 * 131072 - usable);  // short of one KV block
   CHECK_THAT(r.error().message, Catch::Contains("no memory for the KV cache"));
+}
+
+// vLLM refuses to start when the memory free at startup (the device less the CUDA context,
+// 552,402,944 B on the H200) is less than gpu_memory_utilization x total: 0.996 x
+// 150,109,880,320 = 149,509,440,798 fits in 149,557,477,376; 0.997 x it = 149,659,550,679 does not.
+TEST_CASE("kv budget: vLLM's startup check counts the CUDA context as not free", "[kv_budget]") {
+  KvBudgetInput in = llama8b_h200();
+  REQUIRE(in.gpu.context == 552402944);
+  in.gpu_memory_utilization = 0.996;
+  const Result<KvBudget> fits = compute_kv_budget(in);
+  REQUIRE(fits.ok());
+  CHECK(fits->context == 552402944);
+  CHECK(fits->free_bytes() == 150109880320ull - 552402944 - 149509440798ull);
+  CHECK_THAT(format_kv_budget(*fits), Catch::Contains("CUDA context"));
+  in.gpu_memory_utilization = 0.997;
+  const Result<KvBudget> refused = compute_kv_budget(in);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code == ErrorCode::kOutOfMemory);
+  CHECK(refused.error().bytes_short == 149659550679ull - 149557477376ull);
+  CHECK_THAT(refused.error().message, Catch::Contains("after the CUDA context 0.51 GiB") &&
+                                          Catch::Contains("as vLLM refuses to start"));
 }
 
 TEST_CASE("kv budget: weights larger than the device", "[kv_budget]") {

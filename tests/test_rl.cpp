@@ -508,8 +508,9 @@ TEST_CASE("RL outputs agree on the weights and on what each pause frees") {
 }
 
 // The rollout sized by SGLang's rule (the seed's "mem fraction" 0.6 / 0.8 / 0.9): the KV cache is
-// mem_fraction_static x the GPU's memory less the rollout's weights, whatever its activations and
-// graphs; a run's own fraction wins over the rollout's, and vLLM's rule is untouched.
+// mem_fraction_static x the GPU's memory free at start (the capacity less the CUDA context) less
+// the rollout's weights, whatever its activations and graphs; a run's own fraction wins over the
+// rollout's, and vLLM's rule is untouched.
 TEST_CASE("RL rollout: SGLang's mem_fraction_static sizes the KV cache") {
   RlConfig c = small_config("qwen2.5-7b");
   const ModelShape& m = c.models[0];
@@ -521,7 +522,9 @@ TEST_CASE("RL rollout: SGLang's mem_fraction_static sizes the KV cache") {
   c.rollout.mem_fraction_static = 0.6;
   const RolloutPlan at06 = plan_rollout(c, m, run, false);
   REQUIRE(at06.error.empty());
-  const auto usable = static_cast<uint64_t>(0.6 * static_cast<double>(c.gpu.capacity));
+  const auto free_at_start = static_cast<double>(c.gpu.capacity - c.gpu.context);
+  REQUIRE(c.gpu.context == 552402944);
+  const auto usable = static_cast<uint64_t>(0.6 * free_at_start);
   CHECK(at06.budget.usable == usable);
   CHECK(at06.budget.kv_bytes == usable - m.weight_bytes());
   CHECK(at06.budget.mem_fraction_static == 0.6);
@@ -529,7 +532,6 @@ TEST_CASE("RL rollout: SGLang's mem_fraction_static sizes the KV cache") {
   run.mem_fraction_static = 0.9;
   const RolloutPlan at09 = plan_rollout(c, m, run, false);
   REQUIRE(at09.error.empty());
-  CHECK(at09.budget.kv_bytes ==
-        static_cast<uint64_t>(0.9 * static_cast<double>(c.gpu.capacity)) - m.weight_bytes());
+  CHECK(at09.budget.kv_bytes == static_cast<uint64_t>(0.9 * free_at_start) - m.weight_bytes());
   CHECK(rollout_uses_sglang_rule(c, run));
 }

@@ -114,6 +114,27 @@ TEST_CASE_METHOD(Sim, "create_physical: granularity rule, exact bytes and tags, 
   }
 }
 
+// The GPU file's context term: memory the CUDA context holds before the first allocation. It
+// counts against the capacity for every kind of allocation and never shows in usage().
+TEST_CASE("the CUDA context's bytes count against the capacity, never in usage", "[sim_backend]") {
+  GpuSpec g = test_gpu();
+  g.context = 10 * kMiB;
+  SimClock clock;
+  SimBackend b(g, clock);
+  CHECK(b.capacity() == kCap);
+  REQUIRE(b.create_physical(50 * kMiB, "a").ok());  // 60 of 64 MiB not free
+  CHECK(b.usage().physical_bytes == 50 * kMiB);
+  const auto over = b.device_malloc(6 * kMiB, "b");  // rounds to 6 MiB: 2 MiB short
+  REQUIRE(err(over) == kOom);
+  CHECK(over.error().bytes_short == 2 * kMiB);
+  CHECK_THAT(over.error().message, Catch::Contains("the CUDA context's 10.0 MiB included"));
+  REQUIRE(b.device_malloc(4 * kMiB, "b").ok());  // exactly full
+  CHECK(err(b.malloc_async(1, StreamId{0})) == kOom);
+  CHECK(b.usage().physical_bytes == 54 * kMiB);
+  std::string why;
+  CHECK(b.check_invariants(&why));
+}
+
 TEST_CASE("fault injection fails exactly the k-th call", "[sim_backend][faults]") {
   Sim s({FaultInjection{P::kCreatePhysical, 3}});
   for (int i = 1; i <= 5; ++i) {

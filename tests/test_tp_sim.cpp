@@ -289,7 +289,8 @@ TEST_CASE("kv budget: one rank of Llama-3.1-70B at TP 2 on an H200", "[tp]") {
   CHECK(b.comm.total() == (736 + 186 + 38) * kMiB);
   // vLLM's formula, with the communication outside it.
   CHECK(b.kv_bytes == b.usable - b.weights - b.activation_peak - b.graph_memory);
-  CHECK(b.free_bytes() == b.capacity - b.usable - b.comm.total());
+  CHECK(b.context == 552402944);
+  CHECK(b.free_bytes() == b.capacity - b.context - b.usable - b.comm.total());
   CHECK(b.kv_blocks == b.kv_bytes / (16 * b.kv_bytes_per_token));
   // The collectives' out-of-place tensors never lower a rank's peaks against the same shard
   // without them (at 8192 tokens the MLP's peak is elsewhere; the graphs' is higher).

@@ -155,7 +155,7 @@ TEST_CASE("unified memory: over-commit, first touch runs out, the host shares th
 
 TEST_CASE("gpu file: unified_memory keys are validated", "[unified][config]") {
   const std::string base =
-      "name: x\ncapacity: 8GiB\ngranularity: 2MiB\nva_space: 1TiB\n"
+      "name: x\ncapacity: 8GiB\ncontext: 0\ngranularity: 2MiB\nva_space: 1TiB\n"
       "graphs: {capture_per_node_us: 0, instantiate_per_node_us: 0, upload_per_node_us: 0, "
       "mem_map_per_granule_us: 0, mem_remap_per_granule_us: 0}\n"
       "compute: {dense_tflops: 1, hbm_gbps: 1, pcie_gbps: 1}\ncosts:\n";

@@ -55,6 +55,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(GpuSpec cost_model, Sim
   MEMSIM_TRY(check("cudaMemGetInfo", cudaMemGetInfo(&free_bytes, &total_bytes)));
   cost_model.granularity = gran;
   cost_model.capacity = total_bytes;
+  // The shadow refuses where the device would: what is not free now (this process's context,
+  // and anything other processes hold) counts against the capacity, as the GPU file's
+  // `context:` does on the sim backend.
+  cost_model.context = total_bytes - free_bytes;
 
   std::unique_ptr<CudaBackend> b(
       new CudaBackend(std::move(cost_model), clock, metrics, std::move(faults), device));

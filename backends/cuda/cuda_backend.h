@@ -25,9 +25,11 @@ namespace memsim {
 // exists (creations, maps, captures) and kDriverError "<call>: <driver error string>" returns.
 // A failed release (cuMemRelease, cudaFree, unmap, ...) cannot be undone in the shadow: the
 // resource stays in the backend's tables, invisible to callers, and release_everything() or the
-// destructor frees it. The shadow's capacity is the device's total memory, of which the CUDA
-// context already uses some: a real allocation may fail before the shadow's kOutOfMemory, and
-// that surfaces as kDriverError (e.g. "cuMemCreate: out of memory").
+// destructor frees it. The shadow's capacity is the device's total memory and its context term
+// what was not free when the backend was created (the CUDA context, other processes' memory):
+// the shadow's kOutOfMemory comes where the device runs out, to within what the driver and
+// libraries take later (a cuBLASLt handle, the first cudaMalloc: 2 MiB each on H100); a real
+// allocation that still fails surfaces as kDriverError (e.g. "cuMemCreate: out of memory").
 //
 // Strategies see real device addresses and the shadow's PhysHandle / GraphHandle ids. StreamId 0
 // is a non-blocking stream the backend creates (stream capture needs a non-default stream).
@@ -61,7 +63,8 @@ class CudaBackend final : public Backend {
 
   // kNotSupported when no CUDA device (or driver) is present; kDriverError on other failures.
   // `cost_model` prices the shadow; its granularity and capacity are replaced by the device's
-  // (recommended VMM granularity, cudaMemGetInfo total). With `sync_for_timing`, fill, copy,
+  // (recommended VMM granularity, cudaMemGetInfo total) and its context by what is not free
+  // at creation. With `sync_for_timing`, fill, copy,
   // launch and end_capture synchronize their stream (unless it is capturing) so the measured
   // time includes GPU execution. `faults` are passed to the shadow (FaultInjection).
   static Result<std::unique_ptr<CudaBackend>> create(GpuSpec cost_model, SimClock& clock,
@@ -75,6 +78,8 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   uint64_t granularity() const override { return shadow_.granularity(); }
   uint64_t capacity() const override { return shadow_.capacity(); }
+  // Device bytes that were not free when the backend was created (the shadow's context term).
+  uint64_t context() const { return shadow_.gpu().context; }
   Result<PhysHandle> create_physical(uint64_t bytes, std::string_view tag) override;
   Status release_physical(PhysHandle h) override;
   Result<DevPtr> reserve_virtual(uint64_t bytes, uint64_t align) override;
@@ -147,5 +152,13 @@ class CudaBackend final : public Backend {
   int device_;
   std::unique_ptr<Impl> impl_;
 };
+
+// Makes, on `device`, one of each kind of call the validation modes make (plain, pinned, VMM and
+// stream-ordered memory, the fill and verify kernels, copies, a captured graph with a memory
+// node), through a throwaway backend that releases everything. What the process loads lazily
+// on first use (kernel modules, the driver's graph and mapping state: 4 MiB on an H100 the
+// first time an RL run's saver ran) then stays loaded, so a later backend's free-memory
+// observations see only the allocations it checks. Call once, before the first checked run.
+Status warm_up_cuda_process(int device = 0);
 
 }  // namespace memsim

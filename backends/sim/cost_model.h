@@ -125,7 +125,12 @@ struct UnifiedMemorySpec {
 
 struct GpuSpec {
   std::string name;
-  uint64_t capacity = 0;     // device memory in bytes
+  uint64_t capacity = 0;  // device memory in bytes (cudaMemGetInfo's total)
+  // Device memory the CUDA context and runtime hold before the process allocates anything
+  // (total - free after cudaFree(0); measured by tools/repro/context_memory.cu). It counts
+  // against the capacity and never in usage(): an allocation fails when the bytes in use, this
+  // included, would exceed the capacity.
+  uint64_t context = 0;
   uint64_t granularity = 0;  // VMM allocation granularity
   uint64_t va_space = 0;     // bytes of virtual address space the backend may reserve
   // Live VA mappings at which a per_log2_mappings term reaches one unit (1: log2(1 + mappings)).

@@ -62,13 +62,17 @@ uint64_t SimBackend::host_side_bytes() const {
 }
 
 Status SimBackend::charge_physical(uint64_t bytes, std::string_view what) {
-  const uint64_t in_use = physical_ + graph_mem_.reserved() + held_elsewhere_ + host_side_bytes();
+  const uint64_t in_use =
+      physical_ + graph_mem_.reserved() + held_elsewhere_ + host_side_bytes() + gpu_.context;
   if (bytes > gpu_.capacity || in_use > gpu_.capacity - bytes) {
     const uint64_t short_by = in_use + bytes - gpu_.capacity;
-    return make_error(ErrorCode::kOutOfMemory,
-                      fmt::format("{}: {} requested, {} of {} in use ({} short)", what, mib(bytes),
-                                  mib(in_use), mib(gpu_.capacity), mib(short_by)),
-                      short_by);
+    const std::string context =
+        gpu_.context > 0 ? fmt::format(", the CUDA context's {} included", mib(gpu_.context)) : "";
+    return make_error(
+        ErrorCode::kOutOfMemory,
+        fmt::format("{}: {} requested, {} of {} in use{} ({} short)", what, mib(bytes), mib(in_use),
+                    mib(gpu_.capacity), context, mib(short_by)),
+        short_by);
   }
   return {};
 }
@@ -706,7 +710,8 @@ bool SimBackend::check_invariants(std::string* why) const {
     graph_va += bytes;
   }
   if (mapped + plain_va + graph_va != virtual_mapped_) return fail("mapped VA counter mismatch");
-  if (physical_ + graph_mem_.reserved() + held_elsewhere_ + host_side_bytes() > gpu_.capacity)
+  if (physical_ + graph_mem_.reserved() + held_elsewhere_ + host_side_bytes() + gpu_.context >
+      gpu_.capacity)
     return fail("over capacity");
   return true;
 }

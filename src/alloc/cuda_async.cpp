@@ -71,7 +71,7 @@ Result<DevPtr> CudaAsyncAllocator::malloc(uint64_t bytes, StreamId /*stream*/) {
     if (chunks_.count(k) != 0) continue;
     Result<PhysHandle> h = backend_.create_physical(c, "cuda_async");
     if (!h.ok() && h.error().code == ErrorCode::kOutOfMemory) {
-      MEMSIM_TRY(trim(0));
+      MEMSIM_TRY(trim(0, first, last));  // not the chunks this call just mapped
       h = backend_.create_physical(c, "cuda_async");
     }
     Status st = h.ok() ? backend_.map(base_ + k * c, c, *h, 0) : Status(h.error());
@@ -132,13 +132,16 @@ Status CudaAsyncAllocator::free(DevPtr p) {
 }
 
 // Releases unused chunks (highest first) while more than `keep_unused` bytes of them are held.
-Status CudaAsyncAllocator::trim(uint64_t keep_unused) {
+Status CudaAsyncAllocator::trim(uint64_t keep_unused, uint64_t spare_first, uint64_t spare_last) {
   const uint64_t c = config_.chunk_bytes;
+  auto releasable = [&](uint64_t k) {
+    return chunk_users_.count(k) == 0 && (k < spare_first || k > spare_last);
+  };
   uint64_t unused = 0;
-  for (const auto& [k, h] : chunks_) unused += chunk_users_.count(k) == 0 ? c : 0;
+  for (const auto& [k, h] : chunks_) unused += releasable(k) ? c : 0;
   for (auto it = chunks_.end(); it != chunks_.begin() && unused > keep_unused;) {
     --it;
-    if (chunk_users_.count(it->first) != 0) continue;
+    if (!releasable(it->first)) continue;
     const uint64_t k = it->first;
     MEMSIM_TRY(backend_.unmap(base_ + k * c, c));
     MEMSIM_TRY(backend_.release_physical(it->second));

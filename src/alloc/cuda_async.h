@@ -31,7 +31,8 @@ struct CudaAsyncConfig {
 // Streams: the replayed frees have completed, so the driver's opportunistic reuse
 // (cudaMemPoolReuseAllowOpportunistic, which PyTorch enables) lets any stream reuse them.
 // The driver's real placement is not documented: against PyTorch's cudaMallocAsync backend on
-// the H200 this model's peak reserved bytes were 0.83-1.17x the measured (docs/results/allocators-snapshots.md).
+// the H200 this model's peak reserved bytes were 0.83-1.17x the measured
+// (docs/results/allocators-snapshots.md).
 class CudaAsyncAllocator final : public CachingAllocator {
  public:
   CudaAsyncAllocator(Backend& backend, CudaAsyncConfig config);
@@ -54,7 +55,9 @@ class CudaAsyncAllocator final : public CachingAllocator {
   Status ensure_range();
   void take_free(uint64_t offset, uint64_t size);
   void add_free(uint64_t offset, uint64_t size);  // coalesces
-  Status trim(uint64_t keep_unused);              // release unused chunks above keep_unused
+  // Releases unused chunks above keep_unused, never those in [spare_first, spare_last] (the
+  // chunks a malloc in progress maps: they have no users yet).
+  Status trim(uint64_t keep_unused, uint64_t spare_first = 1, uint64_t spare_last = 0);
 
   Backend& backend_;
   CudaAsyncConfig config_;

@@ -123,6 +123,7 @@ class Calibrator {
     c_.spec = base;
     c_.spec.granularity = g_;
     c_.spec.capacity = b_.capacity();
+    c_.spec.context = t.context;
   }
 
   Calibration run() {
@@ -614,6 +615,7 @@ int run_calibrate(const CalibrateOptions& o, std::ostream& out, std::ostream& er
   target.backend = &cuda;
   target.measured_ns = [&](P p) { return cuda.measured_time_in(p); };
   target.measured_calls = [&](P p) { return cuda.measured_calls_of(p); };
+  target.context = cuda.context();
   target.graph_mem_reserved = [&]() -> Result<uint64_t> {
     MEMSIM_ASSIGN_OR_RETURN(CudaBackend::DeviceObservation ob, cuda.observe());
     return ob.graph_reserved_current;

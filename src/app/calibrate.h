@@ -43,10 +43,11 @@ struct CalibrationTarget {
   std::function<SimTime(Primitive)> measured_ns;
   std::function<uint64_t(Primitive)> measured_calls;
   std::function<Result<uint64_t>()> graph_mem_reserved;  // device's graph pool; may be empty
+  uint64_t context = 0;  // device bytes not free before the backend's first allocation
 };
 
 // Runs every measurement phase (each releases what it creates) and fits the cost terms into a
-// copy of `base` (capacity and granularity become the backend's). Progress goes to `log`.
+// copy of `base` (capacity, granularity and context become the backend's). Progress goes to `log`.
 Result<Calibration> calibrate(const CalibrationTarget& target, const GpuSpec& base,
                               std::ostream& log);
 

@@ -125,6 +125,8 @@ std::string format_gpu_yaml(const Calibration& c, const std::vector<std::string>
   for (const std::string& f : c.findings) comment(o, "finding: " + f);
   o << "name: " << s.name << "\n";
   o << "capacity: " << yaml_bytes(s.capacity) << "\n";
+  o << "context: " << s.context
+    << "    # bytes not free at start (CUDA context; tools/repro/context_memory.cu)\n";
   o << "granularity: " << yaml_bytes(s.granularity) << "\n";
   o << "va_space: " << yaml_bytes(s.va_space) << "\n";
   if (s.va_mappings_knee != 1)

@@ -25,8 +25,8 @@ std::vector<std::string> primitive_names() {
 const ConfigKeys& gpu_file_keys() {
   static const ConfigKeys kKeys = {
       {"",
-       {"name", "capacity", "granularity", "va_space", "va_mappings_knee", "graphs", "costs",
-        "compute", "interconnect", "unified_memory"}},
+       {"name", "capacity", "context", "granularity", "va_space", "va_mappings_knee", "graphs",
+        "costs", "compute", "interconnect", "unified_memory"}},
       {"unified_memory", {"first_touch_page", "host_reserved"}},
       {"graphs",
        {"capture_per_node_us", "instantiate_per_node_us", "upload_per_node_us",
@@ -216,6 +216,10 @@ GpuSpec load_gpu_spec(const ConfigNode& node) {
   if (g.granularity == 0 || (g.granularity & (g.granularity - 1)) != 0)
     node["granularity"].fail("must be a power of two");
   if (g.capacity < g.granularity) node["capacity"].fail("must be at least one granule");
+  // Required: a file without it would silently give the process the context's memory.
+  const ConfigNode context = node["context"];
+  g.context = context.as_bytes();
+  if (g.context >= g.capacity) context.fail("must be less than the capacity");
   g.va_space = node["va_space"].as_bytes();
   if (g.va_space < g.capacity) node["va_space"].fail("must be at least the capacity");
   if (auto v = node.find("va_mappings_knee")) g.va_mappings_knee = v->as_double_in(1e-3, 1e9);

@@ -239,6 +239,7 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   const ModelShape& model = rank.in.model;
   KvBudget b;
   b.capacity = in.gpu.capacity;
+  b.context = in.gpu.context;
   b.usable =
       static_cast<uint64_t>(in.gpu_memory_utilization * static_cast<double>(in.gpu.capacity));
   b.weights = rank.weights;
@@ -248,8 +249,9 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   b.pipeline_parallel = in.parallel.pipeline;
   b.stage = rank.stage;
   MEMSIM_ASSIGN_OR_RETURN(b.comm, comm_memory(in.gpu, in.parallel, in.comm));
-  // What the device has free once NCCL and the custom all-reduce hold theirs (vLLM's snapshot).
-  const uint64_t free_at_start = b.capacity - std::min(b.capacity, b.comm.total());
+  // What the device has free once the CUDA context, NCCL and the custom all-reduce hold theirs
+  // (vLLM's init snapshot; SGLang's total_gpu_memory).
+  const uint64_t free_at_start = free_on_startup(in.gpu, b.comm);
   const bool sglang = in.mem_fraction_static > 0;
   if (sglang) {
     if (!(in.mem_fraction_static < 1))
@@ -259,14 +261,14 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
     b.usable = static_cast<uint64_t>(in.mem_fraction_static * static_cast<double>(free_at_start));
     b.mem_fraction_static = in.mem_fraction_static;
   }
-  if (!sglang && b.comm.total() > 0 && free_at_start < b.usable)
+  if (!sglang && free_at_start < b.usable)
     return make_error(
         ErrorCode::kOutOfMemory,
-        fmt::format("kv budget: free memory on startup ({} of {}, after NCCL {} and the custom "
-                    "all-reduce {}) is less than gpu_memory_utilization {} x capacity ({}), as "
-                    "vLLM refuses to start",
-                    gib(free_at_start), gib(b.capacity), gib(b.comm.nccl()), gib(b.comm.custom()),
-                    in.gpu_memory_utilization, gib(b.usable)),
+        fmt::format("kv budget: free memory on startup ({} of {}, after the CUDA context {}, NCCL "
+                    "{} and the custom all-reduce {}) is less than gpu_memory_utilization {} x "
+                    "capacity ({}), as vLLM refuses to start",
+                    gib(free_at_start), gib(b.capacity), gib(in.gpu.context), gib(b.comm.nccl()),
+                    gib(b.comm.custom()), in.gpu_memory_utilization, gib(b.usable)),
         b.usable - free_at_start);
   b.kv_block_size = in.kv_block_size;
   b.gpu_memory_utilization = in.gpu_memory_utilization;
@@ -369,6 +371,8 @@ std::string format_kv_budget(const KvBudget& b) {
                         b.capture_sizes.back());
   std::string out;
   out += line("capacity", b.capacity, "");
+  if (b.context > 0)
+    out += line("  CUDA context", b.context, "held before the engine starts (not free at startup)");
   const bool sglang = b.mem_fraction_static > 0;
   out += line("usable", b.usable,
               sglang ? fmt::format("mem_fraction_static {} x the memory free before the weights "
@@ -391,7 +395,7 @@ std::string format_kv_budget(const KvBudget& b) {
               fmt::format("{} tokens at {} B/token, {} blocks of {}", b.kv_tokens,
                           b.kv_bytes_per_token, b.kv_blocks, b.kv_block_size));
   if (sglang) {
-    const uint64_t free = b.capacity - std::min(b.capacity, b.comm.total());
+    const uint64_t free = b.capacity - std::min(b.capacity, b.context + b.comm.total());
     const uint64_t reserve = free - std::min(free, b.usable);
     const uint64_t wanted = b.activation_peak + b.graph_memory;
     out += fmt::format("  the rest ({}) holds the activation peak and graph memory ({}){}\n",
@@ -426,8 +430,9 @@ std::string format_kv_budget(const KvBudget& b) {
                     ? "vLLM's custom all-reduce: IPC meta + data buffers, rank_data, peer handles"
                     : "no custom all-reduce");
     out += line("  free", b.free_bytes(),
-                by_rank.empty() ? "capacity - usable - NCCL - custom all-reduce"
-                                : "capacity - usable - NCCL - custom all-reduce, on that rank");
+                by_rank.empty()
+                    ? "capacity - context - usable - NCCL - custom all-reduce"
+                    : "capacity - context - usable - NCCL - custom all-reduce, on that rank");
     if (!b.comm.nccl_note.empty()) out += "  note: " + b.comm.nccl_note + "\n";
     if (!b.comm.pp_note.empty()) out += "  note: " + b.comm.pp_note + "\n";
   }

@@ -2,6 +2,7 @@
 // profile run's activation peak and CUDA-graph memory, each simulated on a fresh SimBackend.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -100,6 +101,7 @@ struct KvBudgetInput {
 struct KvBudget {
   std::string profile_snapshot;  // the profile run's timeline (pickle), when asked for
   uint64_t capacity = 0;         // device memory
+  uint64_t context = 0;          // held by the CUDA context before the engine starts (GpuSpec)
   uint64_t usable = 0;           // floor(gpu_memory_utilization x capacity)
   uint64_t weights = 0;
   uint64_t activation_peak = 0;           // profile run: peak allocated bytes (subtracted)
@@ -125,9 +127,17 @@ struct KvBudget {
   CommMemory comm;
   // What is left free on the rank with the most NCCL memory (all ranks alike unless the GPU file
   // measured NCCL rank by rank at this count), and on TP rank r.
-  uint64_t free_bytes() const { return capacity - usable - comm.total(); }
-  uint64_t free_bytes_of(uint32_t r) const { return capacity - usable - comm.total_of(r); }
+  uint64_t free_bytes() const { return capacity - context - usable - comm.total(); }
+  uint64_t free_bytes_of(uint32_t r) const {
+    return capacity - context - usable - comm.total_of(r);
+  }
 };
+
+// What the device has free when the engine starts: its capacity less the CUDA context and the
+// communication buffers (vLLM's init snapshot; SGLang's total_gpu_memory).
+inline uint64_t free_on_startup(const GpuSpec& gpu, const CommMemory& comm) {
+  return gpu.capacity - std::min(gpu.capacity, gpu.context + comm.total());
+}
 
 // The graph shapes `in` captures (see KvBudgetInput::capture_sizes); empty when enforce_eager.
 std::vector<uint32_t> kv_budget_capture_sizes(const KvBudgetInput& in);
