@@ -323,6 +323,35 @@ std::string pct(double x) {
   return x > 0 ? fmt::format("{:.1f}%", 100 * x) : "-";
 }
 
+// --kv-fp8: which fp8 format's rows to add (kAuto: none).
+KvCacheDtype kv_fp8_rows(const std::string& name) {
+  if (name == "fp8_e4m3") return KvCacheDtype::kFp8E4m3;
+  return name == "fp8_e5m2" ? KvCacheDtype::kFp8E5m2 : KvCacheDtype::kAuto;
+}
+
+// The fp8 decode rows: times, GB/s over the fp8 bytes, the ratio of bf16's time to fp8's.
+void print_fp8_decode(const std::vector<DecodeRow>& dec, KvCacheDtype fp8, std::ofstream& out) {
+  if (fp8 != KvCacheDtype::kAuto) {
+    std::printf(
+        "%s KV cache decode (k/v scales 1, the same plan): tokens/s = batch / time; GB/s over "
+        "Q, fp8 K/V and O\n",
+        to_string(fp8));
+    std::printf("%-12s %10s %10s %10s %10s %9s %9s %12s %12s\n", "batch x ctx", "paged us",
+                "bf16 us", "fp8 GB/s", "ceiling", "p/ceil", "p vs c", "fp8/bf16 p", "fp8/bf16 c");
+  }
+  for (const DecodeRow& r : dec) {
+    const Fp8Figures& f = r.fp8;
+    if (f.paged_s <= 0) continue;
+    std::printf("%5ux%-6u %10.1f %10.1f %10.0f %10.0f %9s %+8.1f%% %11.2fx %11.2fx\n", r.batch,
+                r.ctx, f.paged_s * 1e6, r.paged_s * 1e6, f.bytes / f.paged_s / 1e9,
+                f.bytes / f.ceiling_s / 1e9, pct(f.ceiling_s / f.paged_s).c_str(),
+                100 * (f.paged_s / f.contig_s - 1), r.paged_s / f.paged_s, r.contig_s / f.contig_s);
+    if (out)
+      out << fmt::format("decode_{},{},{},{},{},{},{},0,{},\n", to_string(fp8), r.batch, r.ctx,
+                         r.splits, f.bytes, f.paged_s, f.contig_s, f.ceiling_s);
+  }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "memsim-attn-bench: paged decode/prefill attention vs PyTorch SDPA and the "
@@ -369,9 +398,7 @@ int run(int argc, char** argv) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::mt19937 rng(42);
-  const KvCacheDtype fp8 = kv_fp8 == "fp8_e4m3"   ? KvCacheDtype::kFp8E4m3
-                           : kv_fp8 == "fp8_e5m2" ? KvCacheDtype::kFp8E5m2
-                                                  : KvCacheDtype::kAuto;
+  const KvCacheDtype fp8 = kv_fp8_rows(kv_fp8);
   std::vector<DecodeRow> dec;
   for (const std::string& s : shapes) {
     uint32_t b = 0, l = 0;
@@ -412,25 +439,7 @@ int run(int argc, char** argv) {
       out << fmt::format("decode,{},{},{},{},{},{},{},{},{}\n", r.batch, r.ctx, r.splits, r.bytes,
                          r.paged_s, r.contig_s, r.sdpa_s, r.ceiling_s, r.sdpa_backend);
   }
-  if (fp8 != KvCacheDtype::kAuto) {
-    std::printf(
-        "%s KV cache decode (k/v scales 1, the same plan): tokens/s = batch / time; GB/s over "
-        "Q, fp8 K/V and O\n",
-        to_string(fp8));
-    std::printf("%-12s %10s %10s %10s %10s %9s %9s %12s %12s\n", "batch x ctx", "paged us",
-                "bf16 us", "fp8 GB/s", "ceiling", "p/ceil", "p vs c", "fp8/bf16 p", "fp8/bf16 c");
-  }
-  for (const DecodeRow& r : dec) {
-    const Fp8Figures& f = r.fp8;
-    if (f.paged_s <= 0) continue;
-    std::printf("%5ux%-6u %10.1f %10.1f %10.0f %10.0f %9s %+8.1f%% %11.2fx %11.2fx\n", r.batch,
-                r.ctx, f.paged_s * 1e6, r.paged_s * 1e6, f.bytes / f.paged_s / 1e9,
-                f.bytes / f.ceiling_s / 1e9, pct(f.ceiling_s / f.paged_s).c_str(),
-                100 * (f.paged_s / f.contig_s - 1), r.paged_s / f.paged_s, r.contig_s / f.contig_s);
-    if (out)
-      out << fmt::format("decode_{},{},{},{},{},{},{},0,{},\n", to_string(fp8), r.batch, r.ctx,
-                         r.splits, f.bytes, f.paged_s, f.contig_s, f.ceiling_s);
-  }
+  print_fp8_decode(dec, fp8, out);
   for (const DecodeRow& r : dec) {
     if (r.sweep.empty()) continue;
     std::printf("splits sweep %ux%u (paged GB/s):", r.batch, r.ctx);

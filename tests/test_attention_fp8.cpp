@@ -364,6 +364,7 @@ TEST_CASE("fp8 paged_kv_write quantizes value / scale to the nearest code, satur
           want_k[at + e] = fp8_encode(f, k);
           want_v[at + e] = fp8_encode(f, v);
           saturated += (want_k[at + e] & 0x7f) == f.max_code;
+          saturated += (want_v[at + e] & 0x7f) == f.max_code;
         }
       }
       CHECK(saturated > 0);

@@ -74,6 +74,19 @@ std::optional<DType> parse_kv_cache_dtype(const ConfigNode& v) {
   return s == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
 }
 
+// A run's engine.kv_cache_dtype, refused with step_time: profile (the measured profiles were taken
+// with the model's KV dtype; the roofline prices an fp8 cache's steps).
+std::optional<DType> checked_kv_cache_dtype(const EngineSettings& e, const ModelShape& model,
+                                            const ConfigNode& at) {
+  if (e.kv_cache_dtype && e.step_time == "profile")
+    at.fail(fmt::format(
+        "engine.step_time: profile with engine.kv_cache_dtype {}: the step profiles were "
+        "measured with a {} KV cache (use step_time: roofline or auto, which price an fp8 "
+        "cache's steps by the roofline)",
+        to_string(*e.kv_cache_dtype), to_string(model.dtype)));
+  return e.kv_cache_dtype;
+}
+
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys(keys_at(serving_config_keys(), "engine"));
   if (auto v = node.find("export_snapshot")) e.export_snapshot = v->as_bool();
@@ -426,13 +439,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     run.validate_sample = e.validate_sample;
     run.gpu_layers = e.gpu_layers;
     run.gpu_step = e.gpu_step;
-    if (e.kv_cache_dtype && e.step_time == "profile")
-      at.fail(fmt::format(
-          "engine.step_time: profile with engine.kv_cache_dtype {}: the step profiles were "
-          "measured with a {} KV cache (use step_time: roofline or auto, which price an fp8 "
-          "cache's steps by the roofline)",
-          to_string(*e.kv_cache_dtype), to_string(c.model.dtype)));
-    run.kv_cache_dtype = e.kv_cache_dtype;
+    run.kv_cache_dtype = checked_kv_cache_dtype(e, c.model, at);
     if (e.step_time == "profile" && !c.step_profile)
       at.fail(
           fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
