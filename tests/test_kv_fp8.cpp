@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "src/app/output.h"
+#include "src/app/serving_writers.h"
 #include "src/serve/kv_budget.h"
 #include "src/serve/serving_experiment.h"
 #include "tests/config_test_util.h"
@@ -179,6 +181,20 @@ requests: {{source: synthetic, count: 8, arrival: {{process: burst}}, prompt: {{
   // Decode reads half the KV bytes: the fp8 run ends sooner (same requests, same schedule).
   CHECK(r.runs[1].result.steps == r.runs[0].result.steps);
   CHECK(r.runs[1].result.sim_time < r.runs[0].result.sim_time);
+
+  // summary.json names each run's KV dtype and bytes per token.
+  {
+    OutputDir out((dir.path() / "results").string(), "fp8");
+    write_serving_outputs(c, r, out);
+    out.commit();
+  }
+  const std::string summary = read_text(dir.path() / "results" / "fp8" / "summary.json");
+  CHECK_THAT(summary, Catch::Contains("\"label\": \"fp8\"") &&
+                          Catch::Contains("\"kv_cache_dtype\": \"fp8\"") &&
+                          Catch::Contains("\"kv_cache_dtype\": \"fp8_e5m2\"") &&
+                          Catch::Contains("\"kv_cache_dtype\": \"auto\"") &&
+                          Catch::Contains("\"kv_bytes_per_token\": 65536") &&
+                          Catch::Contains("\"kv_bytes_per_token\": 131072"));
 }
 
 TEST_CASE("fp8 KV: a bad kv_cache_dtype names file, line and key and the closest value") {
