@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention_types.h"
 #include "kernels/fastdiv.h"
@@ -117,12 +118,12 @@ struct ContiguousLocator {
 
 // Q, O and one layer's K/V cache with the per-sequence tables (FlashInfer-style: the kernels'
 // Params structs embed it and are passed as __grid_constant__).
-template <typename T>
+template <typename T, typename KV = T>
 struct KvParams {
   const T* q;
   T* o;
-  const T* k;
-  const T* v;
+  const KV* k;  // the cache's storage type (T, or an fp8 type)
+  const KV* v;
   const int32_t* kv_lens;
   const int32_t* block_tables;
   const int32_t* slots;
@@ -131,17 +132,19 @@ struct KvParams {
   int64_t block_stride;  // paged: elements between blocks; contiguous: between slots
   int64_t row;           // kv_heads x head_dim
   uint32_t q_heads, group;
-  float scale_log2;  // softmax scale x log2(e)
+  float scale_log2;  // softmax scale x log2(e) (x k_scale for fp8 caches)
+  float v_scale;     // fp8 caches: applied to the output with 1 / l (1 otherwise)
 };
 
-template <typename T>
-KvParams<T> make_kv_params(const AttentionShape& shape, uint64_t q, uint64_t o,
-                           const KvLayerView& cache, const SeqTables& seqs, float scale) {
-  KvParams<T> p{};
+template <typename T, typename KV = T>
+KvParams<T, KV> make_kv_params(const AttentionShape& shape, uint64_t q, uint64_t o,
+                               const KvLayerView& cache, const SeqTables& seqs, float scale,
+                               KvScales kv_scales = {}) {
+  KvParams<T, KV> p{};
   p.q = reinterpret_cast<const T*>(q);
   p.o = reinterpret_cast<T*>(o);
-  p.k = reinterpret_cast<const T*>(cache.k);
-  p.v = reinterpret_cast<const T*>(cache.v);
+  p.k = reinterpret_cast<const KV*>(cache.k);
+  p.v = reinterpret_cast<const KV*>(cache.v);
   p.kv_lens = seqs.kv_lens;
   p.block_tables = seqs.block_tables;
   p.slots = seqs.slots;
@@ -153,12 +156,17 @@ KvParams<T> make_kv_params(const AttentionShape& shape, uint64_t q, uint64_t o,
   p.group = shape.group();
   const float s = scale > 0 ? scale : 1.f / sqrtf(static_cast<float>(shape.head_dim));
   p.scale_log2 = s * 1.4426950408889634f;
+  p.v_scale = 1.f;
+  if constexpr (!std::is_same_v<T, KV>) {
+    p.scale_log2 *= kv_scales.k;
+    p.v_scale = kv_scales.v;
+  }
   return p;
 }
 
 // The locator of sequence `seq`, KV head `h` (head_dim D).
-template <bool PAGED, int D, typename T>
-__device__ __forceinline__ auto make_locator(const KvParams<T>& p, uint32_t seq, uint32_t h) {
+template <bool PAGED, int D, typename T, typename KV>
+__device__ __forceinline__ auto make_locator(const KvParams<T, KV>& p, uint32_t seq, uint32_t h) {
   const int64_t head_off = static_cast<int64_t>(h) * D;
   if constexpr (PAGED) {
     return PagedLocator{p.block_tables + static_cast<int64_t>(seq) * p.bt_stride, p.block_size,
@@ -287,54 +295,16 @@ __device__ __forceinline__ void load_q_frag(uint32_t a[4], const T* qs, int row0
   ldmatrix_x4(a, qs + TL::swz(row, 2 * kk + (mi >> 1)));
 }
 
-// One KV tile for one warp: S = Q K^T over its kWarpTokens tokens for each of its MT m-tiles,
-// mask, online softmax update, O += P V. `limit[mt][r]` is the first KV position that row r of
-// m-tile mt may not see; `masked` says whether any token of the tile can reach a limit (skips the
-// compare otherwise).
-template <class TL, typename T>
-__device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
-                                            const uint32_t (&qf)[TL::kQInRegs ? TL::kKS : 1][4],
-                                            const T* qs, const T* ks, const T* vs, int wm, int wn,
-                                            int lane, uint32_t tile_start,
-                                            const uint32_t (&limit)[TL::kMT][2], bool masked,
-                                            float scale_log2) {
+// Scale, mask, row max and the online softmax update of one tile's scores (rows g: e = 0, 1;
+// g + 8: e = 2, 3); leaves P in `s`. Score column j, element e is KV token tile_start + wtok +
+// 8 j + 2 t + (e & 1).
+template <class TL>
+__device__ __forceinline__ void online_softmax(RowState<TL::kDT> (&st)[TL::kMT],
+                                               float (&s)[TL::kMT][TL::kNT][4], int lane, int wtok,
+                                               uint32_t tile_start,
+                                               const uint32_t (&limit)[TL::kMT][2], bool masked,
+                                               float scale_log2) {
   constexpr int MT = TL::kMT;
-  float s[MT][TL::kNT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < TL::kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
-
-  const int mi = lane >> 3;
-  const int wtok = wn * TL::kWarpTokens;
-#pragma unroll
-  for (int kk = 0; kk < TL::kKS; ++kk) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      if constexpr (TL::kQInRegs) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[mt][e] = qf[kk][e];
-      } else {
-        load_q_frag<TL>(a[mt], qs, (wm * MT + mt) * 16, kk, lane);
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < TL::kNT / 2; ++p) {
-      uint32_t b[4];
-      const int row = wtok + 16 * p + (mi >> 1) * 8 + (lane & 7);
-      ldmatrix_x4(b, ks + TL::swz(row, 2 * kk + (mi & 1)));
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        Elem<T>::mma(s[mt][2 * p], a[mt], b[0], b[1]);
-        Elem<T>::mma(s[mt][2 * p + 1], a[mt], b[2], b[3]);
-      }
-    }
-  }
-
-  // Scale, mask, row max and the online softmax update (rows g: e = 0, 1; g + 8: e = 2, 3).
   const int t = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -383,6 +353,56 @@ __device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
         st[mt].l[e >> 1] += p;
       }
   }
+}
+
+// One KV tile for one warp: S = Q K^T over its kWarpTokens tokens for each of its MT m-tiles,
+// mask, online softmax update, O += P V. `limit[mt][r]` is the first KV position that row r of
+// m-tile mt may not see; `masked` says whether any token of the tile can reach a limit (skips the
+// compare otherwise).
+template <class TL, typename T>
+__device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
+                                            const uint32_t (&qf)[TL::kQInRegs ? TL::kKS : 1][4],
+                                            const T* qs, const T* ks, const T* vs, int wm, int wn,
+                                            int lane, uint32_t tile_start,
+                                            const uint32_t (&limit)[TL::kMT][2], bool masked,
+                                            float scale_log2) {
+  constexpr int MT = TL::kMT;
+  float s[MT][TL::kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+
+  const int mi = lane >> 3;
+  const int wtok = wn * TL::kWarpTokens;
+#pragma unroll
+  for (int kk = 0; kk < TL::kKS; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (TL::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[mt][e] = qf[kk][e];
+      } else {
+        load_q_frag<TL>(a[mt], qs, (wm * MT + mt) * 16, kk, lane);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < TL::kNT / 2; ++p) {
+      uint32_t b[4];
+      const int row = wtok + 16 * p + (mi >> 1) * 8 + (lane & 7);
+      ldmatrix_x4(b, ks + TL::swz(row, 2 * kk + (mi & 1)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Elem<T>::mma(s[mt][2 * p], a[mt], b[0], b[1]);
+        Elem<T>::mma(s[mt][2 * p + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+
+  online_softmax<TL>(st, s, lane, wtok, tile_start, limit, masked, scale_log2);
 
   // O += P V, 16 tokens per k-step; each V fragment serves every m-tile.
 #pragma unroll

@@ -2,8 +2,11 @@
 // DecodeCombineKernel (merges the splits by log-sum-exp), with their host launcher.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/attention.h"
 #include "kernels/attention_core.cuh"
+#include "kernels/attention_fp8.cuh"
 #include "kernels/attention_tiles.h"
 #include "kernels/dispatch.cuh"
 
@@ -12,9 +15,9 @@ namespace {
 
 using detail::Tiles;
 
-template <typename T>
+template <typename T, typename KV>
 struct DecodeParams {
-  detail::KvParams<T> kv;
+  detail::KvParams<T, KV> kv;
   const int32_t* num_seqs;  // optional: live batch size
   uint32_t num_splits;
   const int32_t* work;  // optional: a work list (DecodeWork's words), `capacity` rows
@@ -40,16 +43,25 @@ struct WorkView {
 
 template <typename T, int D>
 using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
+// fp8 caches: the same warps and Q layout, four stages (a tile is half the bytes, so three are in
+// flight while one is computed: the bytes a bf16 tile pipeline keeps in flight, and more).
+template <typename T, int D>
+using DecodeFp8Tiles = detail::Fp8Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile), 1, 4>;
+
+template <typename T, typename KV, int D>
+using DecodeTilesOf =
+    std::conditional_t<detail::kIsFp8<KV>, DecodeFp8Tiles<T, D>, DecodeTiles<T, D>>;
 
 // Grid (split, kv_head, sequence), or (1, kv_head, work item) with a work list; 128 threads: the
 // four warps take 16 tokens each of every 64-token KV tile for the group's query rows, then
 // merge their softmax states in shared memory. Three CTAs per SM (shared memory allows one at
 // head_dim 256). A CTA writes its output row directly when its sequence has one split (one
 // chunk), else a partial output at row `part` for the combine.
-template <typename T, int D, bool PAGED>
+template <typename T, typename KV, int D, bool PAGED>
 __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
-    PagedDecodeKernel(const __grid_constant__ DecodeParams<T> p) {
-  using TL = DecodeTiles<T, D>;
+    PagedDecodeKernel(const __grid_constant__ DecodeParams<T, KV> p) {
+  using TL = DecodeTiles<T, D>;  // Q's layout, and K/V's unless fp8
+  constexpr bool kFp8 = detail::kIsFp8<KV>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float ml[4][16][2];
   T* smem = reinterpret_cast<T*>(smem_raw);
@@ -93,7 +105,13 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
   st[0].init();
   const uint32_t limit[1][2] = {{e, e}};
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
-  detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, b, e, e, limit, p.kv.scale_log2);
+  if constexpr (kFp8) {
+    detail::attend_range_fp8<DecodeFp8Tiles<T, D>, T, KV>(
+        st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
+        reinterpret_cast<const uint8_t*>(p.kv.v), loc, b, e, e, limit, p.kv.scale_log2);
+  } else {
+    detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, b, e, e, limit, p.kv.scale_log2);
+  }
 
   // Merge the four warps' states (shared memory is free after attend_range).
   float* mo = reinterpret_cast<float*>(smem_raw);  // [4][16][D]
@@ -110,7 +128,8 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
   for (int d = 0; d < TL::kDT; ++d)
 #pragma unroll
     for (int x = 0; x < 4; ++x)
-      mo[(wn * 16 + g + 8 * (x >> 1)) * D + 8 * d + 2 * t + (x & 1)] = st[0].o[d][x];
+      mo[(wn * 16 + g + 8 * (x >> 1)) * D +
+         (kFp8 ? detail::o_col_fp8(d, t, x & 1) : 8 * d + 2 * t + (x & 1))] = st[0].o[d][x];
   __syncthreads();
 
   for (int i = tid; i < static_cast<int>(p.kv.group) * (D / 4); i += TL::kThreads) {
@@ -130,7 +149,8 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
       acc.z += x.z * sc;
       acc.w += x.w * sc;
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    if constexpr (kFp8) inv *= p.kv.v_scale;
     const uint32_t qh = h * p.kv.group + row;
     if (direct) {
       uint2 out;
@@ -244,14 +264,14 @@ size_t combine_smem(uint32_t splits, uint32_t head_dim) {
   return sizeof(float) * ((splits + 3) / 4 * 4 + kCombineThreads / (head_dim / 4) * head_dim);
 }
 
-template <typename T, int D, bool PAGED>
+template <typename T, typename KV, int D, bool PAGED>
 cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
                           cudaStream_t stream) {
-  using TL = DecodeTiles<T, D>;
-  constexpr auto kernel = PagedDecodeKernel<T, D, PAGED>;
+  using TL = DecodeTilesOf<T, KV, D>;
+  constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
-  DecodeParams<T> p{};
-  p.kv = detail::make_kv_params<T>(shape, a.q, a.o, a.cache, a.seqs, a.scale);
+  DecodeParams<T, KV> p{};
+  p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
   p.num_seqs = a.seqs.num_seqs;
   p.num_splits = plan.num_splits;
   p.work = plan.work_capacity ? a.work : nullptr;
@@ -289,10 +309,12 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
       plan.work_capacity > 65535 || (plan.num_splits > 1 && args.workspace == 0) ||
       (plan.work_capacity > 0 && args.work == nullptr))
     return cudaErrorInvalidValue;
-  if (!detail::tables_match(args.cache, args.seqs)) return cudaErrorInvalidValue;
-  return detail::dispatch(shape, args.cache.addressing, [&]<typename T, int D, bool PAGED>() {
-    return launch_decode<T, D, PAGED>(shape, plan, args, stream);
-  });
+  if (!detail::tables_match(args.cache, args.seqs) || !detail::fp8_cache_aligned(shape, args.cache))
+    return cudaErrorInvalidValue;
+  return detail::dispatch_kv(shape, args.cache.addressing,
+                             [&]<typename T, typename KV, int D, bool PAGED>() {
+                               return launch_decode<T, KV, D, PAGED>(shape, plan, args, stream);
+                             });
 }
 
 cudaError_t query_device(DeviceLimits* out) {
@@ -302,7 +324,7 @@ cudaError_t query_device(DeviceLimits* out) {
       e != cudaSuccess)
     return e;
   using TL = DecodeTiles<__nv_bfloat16, 128>;
-  constexpr auto kernel = PagedDecodeKernel<__nv_bfloat16, 128, true>;
+  constexpr auto kernel = PagedDecodeKernel<__nv_bfloat16, __nv_bfloat16, 128, true>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, TL::kThreads,
                                                                     TL::kSmemBytes);

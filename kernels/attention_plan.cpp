@@ -14,6 +14,18 @@ const char* to_string(KvDtype d) {
   return d == KvDtype::kBf16 ? "bf16" : "fp16";
 }
 
+const char* to_string(KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::kAuto:
+      return "auto";
+    case KvCacheDtype::kFp8E4m3:
+      return "fp8_e4m3";
+    case KvCacheDtype::kFp8E5m2:
+      return "fp8_e5m2";
+  }
+  return "unknown";
+}
+
 const char* to_string(KvAddressing a) {
   return a == KvAddressing::kPaged ? "paged" : "contiguous";
 }

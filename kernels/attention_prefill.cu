@@ -2,8 +2,11 @@
 // themselves, ragged across the batch, tiles taken from a CPU-planned work list; host launcher.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/attention.h"
 #include "kernels/attention_core.cuh"
+#include "kernels/attention_fp8.cuh"
 #include "kernels/attention_tiles.h"
 #include "kernels/dispatch.cuh"
 
@@ -12,9 +15,9 @@ namespace {
 
 using detail::Tiles;
 
-template <typename T>
+template <typename T, typename KV>
 struct PrefillParams {
-  detail::KvParams<T> kv;
+  detail::KvParams<T, KV> kv;
   const int32_t* qo_indptr;  // [batch + 1]
   const int32_t* work;       // {sequence, first token} per CTA row
   uint32_t tokens_per_tile;
@@ -23,14 +26,22 @@ struct PrefillParams {
 template <typename T, int D>
 using PrefillTiles =
     Tiles<T, D, 4, 1, static_cast<int>(prefill_kv_tile(D)), static_cast<int>(prefill_rows(D) / 64)>;
+// fp8 caches: the same warps, rows and KV tile, two stages of fp8 K/V.
+template <typename T, int D>
+using PrefillFp8Tiles = detail::Fp8Tiles<T, D, 4, 1, static_cast<int>(prefill_kv_tile(D)),
+                                         static_cast<int>(prefill_rows(D) / 64), 2>;
+template <typename T, typename KV, int D>
+using PrefillTilesOf =
+    std::conditional_t<detail::kIsFp8<KV>, PrefillFp8Tiles<T, D>, PrefillTiles<T, D>>;
 
 // Grid (work item, kv_head), 128 threads. Query rows are (token, head of the group) pairs, row
 // r = token * group + head, so the group's heads share every K/V tile; each warp owns 16 x MT
 // rows and walks the whole causal KV range [0, last token's position].
-template <typename T, int D, bool PAGED>
+template <typename T, typename KV, int D, bool PAGED>
 __global__ void __launch_bounds__(128)
-    PagedPrefillKernel(const __grid_constant__ PrefillParams<T> p) {
-  using TL = PrefillTiles<T, D>;
+    PagedPrefillKernel(const __grid_constant__ PrefillParams<T, KV> p) {
+  using TL = PrefillTiles<T, D>;  // Q's layout, and K/V's unless fp8
+  constexpr bool kFp8 = detail::kIsFp8<KV>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, wm = tid >> 5;
@@ -71,8 +82,15 @@ __global__ void __launch_bounds__(128)
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
-  detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, 0, kv_end, mask_from, limit,
-                           p.kv.scale_log2);
+  if constexpr (kFp8) {
+    detail::attend_range_fp8<PrefillFp8Tiles<T, D>, T, KV>(
+        st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
+        reinterpret_cast<const uint8_t*>(p.kv.v), loc, 0, kv_end, mask_from, limit,
+        p.kv.scale_log2);
+  } else {
+    detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, 0, kv_end, mask_from, limit,
+                             p.kv.scale_log2);
+  }
 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -81,24 +99,38 @@ __global__ void __launch_bounds__(128)
       const float l = detail::quad_sum(st[mt].l[r]);
       const uint32_t row = row_of(mt, r);
       if (row >= rows) continue;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float inv = l > 0.f ? 1.f / l : 0.f;
       const uint32_t tok = row / p.kv.group, head = row % p.kv.group;
       T* out =
           p.kv.o + (static_cast<int64_t>(q0 + t0 + tok) * p.kv.q_heads + h * p.kv.group + head) * D;
+      if constexpr (kFp8) {
+        // n-tiles 2c and 2c + 1 hold dims 16c + 4t + {0, 2} and {1, 3}: four adjacent dims.
+        inv *= p.kv.v_scale;
 #pragma unroll
-      for (int d = 0; d < TL::kDT; ++d)
-        *reinterpret_cast<uint32_t*>(out + 8 * d + 2 * t) =
-            detail::Elem<T>::pack(st[mt].o[d][2 * r] * inv, st[mt].o[d][2 * r + 1] * inv);
+        for (int c = 0; c < TL::kDT / 2; ++c) {
+          const float* ev = st[mt].o[2 * c] + 2 * r;
+          const float* od = st[mt].o[2 * c + 1] + 2 * r;
+          uint2 w;
+          w.x = detail::Elem<T>::pack(ev[0] * inv, od[0] * inv);
+          w.y = detail::Elem<T>::pack(ev[1] * inv, od[1] * inv);
+          *reinterpret_cast<uint2*>(out + 16 * c + 4 * t) = w;
+        }
+      } else {
+#pragma unroll
+        for (int d = 0; d < TL::kDT; ++d)
+          *reinterpret_cast<uint32_t*>(out + 8 * d + 2 * t) =
+              detail::Elem<T>::pack(st[mt].o[d][2 * r] * inv, st[mt].o[d][2 * r + 1] * inv);
+      }
     }
 }
 
-template <typename T, int D, bool PAGED>
+template <typename T, typename KV, int D, bool PAGED>
 cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
-  using TL = PrefillTiles<T, D>;
-  constexpr auto kernel = PagedPrefillKernel<T, D, PAGED>;
+  using TL = PrefillTilesOf<T, KV, D>;
+  constexpr auto kernel = PagedPrefillKernel<T, KV, D, PAGED>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
-  PrefillParams<T> p{};
-  p.kv = detail::make_kv_params<T>(shape, a.q, a.o, a.cache, a.seqs, a.scale);
+  PrefillParams<T, KV> p{};
+  p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
   p.qo_indptr = a.qo_indptr;
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
@@ -113,10 +145,12 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
   if (args.num_tiles == 0) return cudaSuccess;
   if (args.work == nullptr || args.qo_indptr == nullptr || args.seqs.kv_lens == nullptr)
     return cudaErrorInvalidValue;
-  if (!detail::tables_match(args.cache, args.seqs)) return cudaErrorInvalidValue;
-  return detail::dispatch(shape, args.cache.addressing, [&]<typename T, int D, bool PAGED>() {
-    return launch_prefill<T, D, PAGED>(shape, args, stream);
-  });
+  if (!detail::tables_match(args.cache, args.seqs) || !detail::fp8_cache_aligned(shape, args.cache))
+    return cudaErrorInvalidValue;
+  return detail::dispatch_kv(shape, args.cache.addressing,
+                             [&]<typename T, typename KV, int D, bool PAGED>() {
+                               return launch_prefill<T, KV, D, PAGED>(shape, args, stream);
+                             });
 }
 
 cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArgs& a,
@@ -130,6 +164,7 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
     d.workspace = a.workspace;
     d.work = a.work;
     d.scale = a.scale;
+    d.kv_scales = a.kv_scales;
     return paged_decode(shape, a.dplan, d, stream);
   }
   PrefillArgs p;
@@ -141,6 +176,7 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
   p.work = a.work;
   p.num_tiles = a.num_tiles;
   p.scale = a.scale;
+  p.kv_scales = a.kv_scales;
   return paged_prefill(shape, p, stream);
 }
 

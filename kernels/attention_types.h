@@ -14,6 +14,14 @@ inline constexpr uint32_t dtype_bytes(KvDtype) {
 }
 const char* to_string(KvDtype d);
 
+// The KV cache's element type (vLLM's kv_cache_dtype): kAuto stores K/V in the shape's dtype;
+// the fp8 formats store one byte per element, quantized by the KV write as value / scale
+// (saturated to the format's largest finite value: 448 for e4m3, 57344 for e5m2) with one
+// per-tensor scale for K and one for V, and dequantized in registers (x * scale) by decode and
+// prefill, which compute in the shape's dtype as before.
+enum class KvCacheDtype : uint8_t { kAuto, kFp8E4m3, kFp8E5m2 };
+const char* to_string(KvCacheDtype d);
+
 // How the kernels find token `pos` of a sequence in one layer's K (or V) cache. A token row is
 // [kv_heads, head_dim] elements, rows of a block (or of a contiguous sequence) are adjacent.
 //   paged:      elem(pos) = block_table[pos / block_size] * block_stride + (pos % block_size) * row
@@ -30,17 +38,27 @@ const char* to_string(KvAddressing a);
 struct AttentionShape {
   uint32_t q_heads = 0;
   uint32_t kv_heads = 0;
-  uint32_t head_dim = 0;  // 64, 128 or 256
-  KvDtype dtype = KvDtype::kBf16;
+  uint32_t head_dim = 0;           // 64, 128 or 256
+  KvDtype dtype = KvDtype::kBf16;  // Q, O and the computation (and K/V when kv_cache is kAuto)
+  KvCacheDtype kv_cache = KvCacheDtype::kAuto;
   uint32_t group() const { return kv_heads ? q_heads / kv_heads : 0; }
   uint64_t row_elems() const { return uint64_t{kv_heads} * head_dim; }  // one token of K or V
+  bool kv_fp8() const { return kv_cache != KvCacheDtype::kAuto; }
+  uint32_t kv_elem_bytes() const { return kv_fp8() ? 1 : dtype_bytes(dtype); }
+};
+
+// Per-tensor dequantization scales of an fp8 KV cache (vLLM's k_scale, v_scale; 1.0 unless
+// calibrated). Ignored when the cache stores the shape's dtype.
+struct KvScales {
+  float k = 1.f, v = 1.f;
 };
 
 // Empty when the shape is supported, else why not (head_dim 64/128/256, 1..8 query heads per KV
 // head, q_heads a multiple of kv_heads).
 std::string check_shape(const AttentionShape& s);
 
-// One layer's cache as the kernels address it (element pointers of the storage dtype).
+// One layer's cache as the kernels address it (element pointers of the storage dtype; strides in
+// elements of it: bytes for fp8, where they must be multiples of 16).
 struct KvLayerView {
   uint64_t k = 0, v = 0;     // device addresses of element 0 of K and of V
   int64_t block_stride = 0;  // paged: elements between blocks; contiguous: between slots
@@ -137,6 +155,7 @@ struct DecodeArgs {
   uint64_t workspace = 0;         // plan.workspace_bytes of device memory (unused when 1 split)
   const int32_t* work = nullptr;  // device copy of DecodeWork::words when plan.work_capacity > 0
   float scale = 0;                // softmax scale (0 = 1/sqrt(head_dim))
+  KvScales kv_scales;             // fp8 caches
 };
 
 // ---- prefill: a chunk of new tokens per sequence, causal over its cached prefix and itself ------
@@ -166,6 +185,7 @@ struct PrefillArgs {
   const int32_t* work = nullptr;  // device copy of plan.work
   uint32_t num_tiles = 0;
   float scale = 0;
+  KvScales kv_scales;  // fp8 caches
 };
 
 // ---- one layer of a step: decode or prefill -----------------------------------------------------
@@ -184,6 +204,7 @@ struct LayerAttentionArgs {
   const int32_t* work = nullptr;
   uint32_t num_tiles = 0;
   float scale = 0;
+  KvScales kv_scales;  // fp8 caches
 };
 
 // ---- KV write, block copies, swaps -------------------------------------------------------------
@@ -200,6 +221,9 @@ struct KvWriteArgs {
   // Contiguous views: tokens per slot (slot_mapping holds slot * slot_tokens + pos). Paged views
   // use cache.block_size.
   uint32_t slot_tokens = 0;
+  // fp8 caches (shape.kv_cache): each element is stored as fp8(value / scale), saturated
+  // (vLLM's reshape_and_cache_flash with kv_cache_dtype fp8).
+  KvScales kv_scales;
 };
 
 // vLLM copy_blocks / swap_blocks over `regions` regions (e.g. K and V of every layer): for each

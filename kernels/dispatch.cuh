@@ -4,7 +4,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "kernels/attention.h"
 
@@ -37,12 +40,42 @@ cudaError_t dispatch(const AttentionShape& shape, KvAddressing a, F&& f) {
                                        : dispatch_head_dim<__half>(shape.head_dim, a, f);
 }
 
+// dispatch with the KV cache's storage type too: `[&]<typename T, typename KV, int D, bool
+// PAGED>()`, KV = T for kAuto, __nv_fp8_e4m3 or __nv_fp8_e5m2 for the fp8 caches.
+template <class F>
+cudaError_t dispatch_kv(const AttentionShape& shape, KvAddressing a, F&& f) {
+  auto with = [&]<typename KV>() {
+    return dispatch(shape, a, [&]<typename T, int D, bool PAGED>() {
+      if constexpr (std::is_void_v<KV>) {
+        return f.template operator()<T, T, D, PAGED>();
+      } else {
+        return f.template operator()<T, KV, D, PAGED>();
+      }
+    });
+  };
+  switch (shape.kv_cache) {
+    case KvCacheDtype::kAuto:
+      return with.template operator()<void>();
+    case KvCacheDtype::kFp8E4m3:
+      return with.template operator()<__nv_fp8_e4m3>();
+    case KvCacheDtype::kFp8E5m2:
+      return with.template operator()<__nv_fp8_e5m2>();
+  }
+  return cudaErrorInvalidValue;
+}
+
 // Whether the per-sequence tables a launch got are those its cache view needs: block tables
 // (and a block size) for paged addressing, slots for contiguous.
 inline bool tables_match(const KvLayerView& cache, const SeqTables& seqs) {
   return cache.addressing == KvAddressing::kPaged
              ? cache.block_size != 0 && seqs.block_tables != nullptr
              : seqs.slots != nullptr;
+}
+
+// An fp8 cache's 16-byte copies need block (or slot) strides and bases of whole 16 bytes.
+inline bool fp8_cache_aligned(const AttentionShape& shape, const KvLayerView& cache) {
+  return !shape.kv_fp8() ||
+         (cache.block_stride % 16 == 0 && cache.k % 16 == 0 && cache.v % 16 == 0);
 }
 
 // Raises a kernel's dynamic shared-memory limit once per kernel (needed above 48 KiB).

@@ -4,8 +4,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/synth.h"
@@ -40,6 +42,50 @@ __global__ void __launch_bounds__(kThreads) KvWriteKernel(const __grid_constant_
   for (int64_t c = threadIdx.x; c < p.row / 16; c += blockDim.x) {
     kd[c] = ks[c];
     vd[c] = vs[c];
+  }
+}
+
+// Rows of T quantized into an fp8 cache (as KvWriteParams; `row` counts bytes of the fp8 row).
+struct KvWriteFp8Params {
+  KvWriteParams w;
+  float k_scale, v_scale;
+};
+
+// Eight elements of T (16 bytes) to eight fp8 values (8 bytes): fp8(x / scale), rounded to
+// nearest even and saturated to the largest finite value (vLLM's scaled_fp8_conversion in
+// csrc/quantization/fp8; __NV_SATFINITE keeps NaN a NaN). The division is IEEE-rounded (__fdiv_rn)
+// so that a host reference reproduces every byte.
+template <typename T, __nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ uint2 quantize8(uint4 in, float scale) {
+  const T* x = reinterpret_cast<const T*>(&in);
+  uint32_t out[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = make_float2(__fdiv_rn(static_cast<float>(x[2 * i]), scale),
+                                 __fdiv_rn(static_cast<float>(x[2 * i + 1]), scale));
+    const uint32_t two = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, KIND);
+    out[i >> 1] |= two << (16 * (i & 1));
+  }
+  return make_uint2(out[0], out[1]);
+}
+
+// One CTA per token (vLLM reshape_and_cache_flash with an fp8 kv_cache_dtype): each thread
+// quantizes 16 bytes of the K and V rows into 8 bytes of the slot's row.
+template <typename T, __nv_fp8_interpretation_t KIND>
+__global__ void __launch_bounds__(kThreads)
+    KvWriteFp8Kernel(const __grid_constant__ KvWriteFp8Params q) {
+  const KvWriteParams& p = q.w;
+  const int64_t slot = p.slots[blockIdx.x];
+  if (slot < 0) return;  // padding token
+  const int64_t dst = (slot / p.slot_granule) * p.block_stride + (slot % p.slot_granule) * p.row;
+  const int64_t src = static_cast<int64_t>(blockIdx.x) * p.new_stride;
+  const auto* ks = reinterpret_cast<const uint4*>(p.k_new + src);
+  const auto* vs = reinterpret_cast<const uint4*>(p.v_new + src);
+  auto* kd = reinterpret_cast<uint2*>(p.k + dst);
+  auto* vd = reinterpret_cast<uint2*>(p.v + dst);
+  for (int64_t c = threadIdx.x; c < p.row / 8; c += blockDim.x) {
+    kd[c] = quantize8<T, KIND>(ks[c], q.k_scale);
+    vd[c] = quantize8<T, KIND>(vs[c], q.v_scale);
   }
 }
 
@@ -153,10 +199,10 @@ bool aligned16(uint64_t x) {
 cudaError_t paged_kv_write(const AttentionShape& shape, const KvWriteArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return cudaSuccess;
   if (!check_shape(shape).empty() || a.slot_mapping == nullptr) return cudaErrorInvalidValue;
-  const int64_t elem = dtype_bytes(shape.dtype);
+  const int64_t in_elem = dtype_bytes(shape.dtype), elem = shape.kv_elem_bytes();
   const int64_t row = static_cast<int64_t>(shape.row_elems()) * elem;
   const int64_t new_stride =
-      (a.new_stride ? a.new_stride : static_cast<int64_t>(shape.row_elems())) * elem;
+      (a.new_stride ? a.new_stride : static_cast<int64_t>(shape.row_elems())) * in_elem;
   const uint32_t granule =
       a.cache.addressing == KvAddressing::kPaged ? a.cache.block_size : a.slot_tokens;
   if (granule == 0 || !aligned16(a.k_new) || !aligned16(a.v_new) || !aligned16(a.cache.k) ||
@@ -172,7 +218,24 @@ cudaError_t paged_kv_write(const AttentionShape& shape, const KvWriteArgs& a, cu
                   granule,
                   a.cache.block_stride * elem,
                   row};
-  KvWriteKernel<<<a.num_tokens, kThreads, 0, stream>>>(p);
+  if (!shape.kv_fp8()) {
+    KvWriteKernel<<<a.num_tokens, kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  if (!(a.kv_scales.k > 0) || !(a.kv_scales.v > 0)) return cudaErrorInvalidValue;
+  const KvWriteFp8Params q{p, a.kv_scales.k, a.kv_scales.v};
+  const bool e5m2 = shape.kv_cache == KvCacheDtype::kFp8E5m2;
+  if (shape.dtype == KvDtype::kBf16) {
+    if (e5m2)
+      KvWriteFp8Kernel<__nv_bfloat16, __NV_E5M2><<<a.num_tokens, kThreads, 0, stream>>>(q);
+    else
+      KvWriteFp8Kernel<__nv_bfloat16, __NV_E4M3><<<a.num_tokens, kThreads, 0, stream>>>(q);
+  } else {
+    if (e5m2)
+      KvWriteFp8Kernel<__half, __NV_E5M2><<<a.num_tokens, kThreads, 0, stream>>>(q);
+    else
+      KvWriteFp8Kernel<__half, __NV_E4M3><<<a.num_tokens, kThreads, 0, stream>>>(q);
+  }
   return cudaGetLastError();
 }
 

@@ -2,7 +2,8 @@
 # The kernel validation and benchmark on the GPU machine, in one go: the C++ kernel tests
 # (float64 reference), the PyTorch correctness matrix, memsim-attn-bench, and the C++ tests under
 # compute-sanitizer memcheck and racecheck. Usage: tools/gpu_kernels.sh BIN_DIR [OUT_DIR]
-# (BIN_DIR holds test_attention_kernels, libmemsim_kernels.so and memsim-attn-bench from a
+# (BIN_DIR holds test_attention_kernels, test_attention_fp8, libmemsim_kernels.so and
+# memsim-attn-bench from a
 # portable CUDA build; logs go to OUT_DIR, default $OUT or /tmp/memsim-gpu). STEPS picks steps
 # (default "kernels matrix bench memcheck racecheck synccheck").
 set -u
@@ -29,6 +30,9 @@ if want kernels; then
   step kernels 150 "$bin/test_attention_kernels"
   grep -B3 -A12 "FAILED" "$out/kernels.log" | head -60
   tail -3 "$out/kernels.log"
+  step kernels-fp8 150 "$bin/test_attention_fp8"
+  grep -B3 -A12 "FAILED" "$out/kernels-fp8.log" | head -60
+  tail -5 "$out/kernels-fp8.log"
 fi
 if want matrix; then
   step matrix 300 python3 tools/attention_check.py "$bin/libmemsim_kernels.so" ${MATRIX_ARGS:-}
@@ -40,9 +44,11 @@ if want bench; then
 fi
 for tool in memcheck racecheck synccheck; do
   want $tool || continue
-  step "sanitizer-$tool" 280 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-    "$bin/test_attention_kernels" ${SANITIZER_FILTER:-}
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Barrier|test cases|All tests" \
-    "$out/sanitizer-$tool.log" | head -12
+  for t in test_attention_kernels test_attention_fp8; do
+    step "sanitizer-$tool-$t" 280 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "$bin/$t" ${SANITIZER_FILTER:-}
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Barrier|test cases|All tests" \
+      "$out/sanitizer-$tool-$t.log" | head -12
+  done
 done
 exit $status

@@ -14,6 +14,7 @@ uint64_t dtype_bytes(DType t) {
     case DType::kInt32:
       return 4;
     case DType::kFP8:
+    case DType::kFP8E5M2:
       return 1;
     case DType::kInt64:
       return 8;
@@ -31,6 +32,8 @@ const char* to_string(DType t) {
       return "fp32";
     case DType::kFP8:
       return "fp8";
+    case DType::kFP8E5M2:
+      return "fp8_e5m2";
     case DType::kInt32:
       return "int32";
     case DType::kInt64:
@@ -77,7 +80,7 @@ uint64_t ModelShape::weight_bytes() const {
 }
 
 uint64_t ModelShape::kv_bytes_per_token() const {
-  return 2 * uint64_t{layers} * kv_heads * head_dim * dtype_bytes(dtype);
+  return 2 * uint64_t{layers} * kv_heads * head_dim * dtype_bytes(kv_cache_dtype());
 }
 
 std::vector<float> ModelShape::rope_inv_freq() const {

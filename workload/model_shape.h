@@ -2,12 +2,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace memsim {
 
-enum class DType : uint8_t { kBF16, kFP16, kFP32, kFP8, kInt32, kInt64 };
+// kFP8 is e4m3 (vLLM's kv_cache_dtype "fp8" and "fp8_e4m3"); kFP8E5M2 its e5m2 variant.
+enum class DType : uint8_t { kBF16, kFP16, kFP32, kFP8, kInt32, kInt64, kFP8E5M2 };
 uint64_t dtype_bytes(DType t);
 const char* to_string(DType t);
 
@@ -20,7 +22,11 @@ struct ModelShape {
   uint64_t head_dim = 0;
   uint64_t intermediate = 0;
   uint64_t vocab = 0;
-  DType dtype = DType::kBF16;   // weights and activations
+  DType dtype = DType::kBF16;  // weights and activations
+  // The KV cache's element type (vLLM's kv_cache_dtype); nullopt is vLLM's "auto": the model's
+  // dtype. Set by a serving run's engine.kv_cache_dtype, never by a model file.
+  std::optional<DType> kv_dtype;
+  DType kv_cache_dtype() const { return kv_dtype.value_or(dtype); }
   bool tie_embeddings = false;  // lm_head shares the embedding matrix
   bool qkv_bias = false;        // q/k/v projections carry biases (Qwen2/Qwen2.5)
   bool qk_norm = false;         // per-head RMSNorm on q and k, head_dim weights each (Qwen3)
@@ -38,7 +44,7 @@ struct ModelShape {
   uint64_t weight_bytes() const;            // embeddings, attention, MLP, norms, lm_head
   uint64_t layer_weight_bytes() const;      // one decoder layer (attention, MLP, its two norms)
   uint64_t embedding_weight_bytes() const;  // vocab x hidden: the embedding (or an untied lm_head)
-  uint64_t kv_bytes_per_token() const;      // 2 (K and V) x layers x kv_heads x head_dim x dtype
+  uint64_t kv_bytes_per_token() const;      // 2 (K and V) x layers x kv_heads x head_dim x KV dtype
 };
 
 }  // namespace memsim

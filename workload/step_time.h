@@ -14,7 +14,9 @@
 //   bytes = weights read once per step                   every weight except the untied input
 //                                                        embedding table, of which only the
 //                                                        new_tokens looked-up rows are read
-//         + kv_read_tokens x kv_bytes_per_token          KV attended (context incl. the new tokens)
+//         + kv_read_tokens x kv_bytes_per_token          KV attended (context incl. the new
+//         tokens);
+//                                                        KV bytes in the KV cache dtype (fp8: 1)
 //         + new_tokens x kv_bytes_per_token              KV written for the new tokens
 //
 // vLLM computes logits only at each sequence's last scheduled position (logit_indices), hence
@@ -25,7 +27,7 @@
 // decode, hidden under compute in prefill), elementwise and norm FLOPs, biases, softmax, sampling
 // on the GPU, kernel-launch gaps and tail effects beyond the two efficiency factors, overlap of
 // compute and memory inside a kernel (max() assumes perfect overlap), tensor parallelism and
-// communication (but see below), quantized weights or KV (dtype is the model dtype), and attention
+// communication (but see below), quantized weights (dtype is the model dtype), and attention
 // variants (sliding windows, MLA). The efficiencies and overhead come from the GPU file
 // (GpuSpec.compute).
 //

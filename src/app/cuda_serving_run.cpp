@@ -81,6 +81,13 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
     return make_error(
         ErrorCode::kNotSupported,
         fmt::format("model {}: KV dtype must be bf16 or fp16 for the GPU kernels", m.name));
+  for (const ServingRunSpec& run : config.runs)
+    if (run.kv_cache_dtype)
+      return make_error(
+          ErrorCode::kNotSupported,
+          fmt::format("run '{}': engine.kv_cache_dtype {} is simulated only: the CUDA serving "
+                      "executor writes and reads the model's {} KV cache (run with --backend sim)",
+                      run.label, to_string(*run.kv_cache_dtype), to_string(m.dtype)));
   CudaExecutorConfig base;
   base.shape = {attention.heads, attention.kv_heads, static_cast<uint32_t>(m.head_dim),
                 m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16};

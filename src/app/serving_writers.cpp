@@ -269,12 +269,14 @@ void write_summary_json(std::ostream& f, const ServingConfig& c, const ServingRe
       << ", \"kv_params\": " << json_string(r.spec.kv_params)
       << ", \"scheduler\": " << json_string(r.spec.scheduler)
       << ", \"async_scheduling\": " << (r.spec.serve.async_scheduling ? "true" : "false")
-      << ", \"step_time\": " << json_string(r.result.step_time_source)
+      << ", \"step_time\": " << json_string(r.result.step_time_source) << ", \"kv_cache_dtype\": "
+      << json_string(r.spec.kv_cache_dtype ? to_string(*r.spec.kv_cache_dtype) : "auto")
       << ", \"outcome\": " << json_string(outcome(r))
       << ", \"error\": " << json_string(r.result.error.empty() ? r.budget_error : r.result.error)
       << ",\n     \"budget\": {\"capacity\": " << b.capacity << ", \"usable\": " << b.usable
       << ", \"weights\": " << b.weights << ", \"activation_peak\": " << b.activation_peak
       << ", \"graph_memory\": " << b.graph_memory << ", \"kv_bytes\": " << b.kv_bytes
+      << ", \"kv_bytes_per_token\": " << b.kv_bytes_per_token
       << ", \"graph_strategy\": " << json_string(b.graph_strategy);
     if (b.tensor_parallel > 1)
       f << ", \"nccl\": " << b.comm.nccl() << ", \"custom_all_reduce\": " << b.comm.custom()

@@ -39,7 +39,7 @@ const ConfigKeys& serving_config_keys() {
       {"engine",
        {"gpu_memory_utilization", "mem_fraction_static", "enforce_eager", "graph_memory",
         "kv_budget", "max_model_len", "validate_content", "validate_sample", "gpu_layers",
-        "step_time", "gpu_step", "export_snapshot"}},
+        "step_time", "gpu_step", "export_snapshot", "kv_cache_dtype"}},
       {"step_profile_scale", {"decode", "prefill"}},
       {"scheduler", {}, "schedulers()"},
       {"kv", {}, "kv_strategies()"},
@@ -63,11 +63,34 @@ struct EngineSettings {
   std::string step_time = "auto";
   std::string gpu_step = "attention";
   bool export_snapshot = false;
+  std::optional<DType> kv_cache_dtype;  // nullopt: "auto"
 };
+
+// engine.kv_cache_dtype, vLLM's CacheDType values: auto (the model's dtype), fp8 (= fp8_e4m3,
+// vLLM's default fp8 format), fp8_e4m3, fp8_e5m2.
+std::optional<DType> parse_kv_cache_dtype(const ConfigNode& v) {
+  const std::string s = v.as_choice({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"});
+  if (s == "auto") return std::nullopt;
+  return s == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
+}
+
+// A run's engine.kv_cache_dtype, refused with step_time: profile (the measured profiles were taken
+// with the model's KV dtype; the roofline prices an fp8 cache's steps).
+std::optional<DType> checked_kv_cache_dtype(const EngineSettings& e, const ModelShape& model,
+                                            const ConfigNode& at) {
+  if (e.kv_cache_dtype && e.step_time == "profile")
+    at.fail(fmt::format(
+        "engine.step_time: profile with engine.kv_cache_dtype {}: the step profiles were "
+        "measured with a {} KV cache (use step_time: roofline or auto, which price an fp8 "
+        "cache's steps by the roofline)",
+        to_string(*e.kv_cache_dtype), to_string(model.dtype)));
+  return e.kv_cache_dtype;
+}
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys(keys_at(serving_config_keys(), "engine"));
   if (auto v = node.find("export_snapshot")) e.export_snapshot = v->as_bool();
+  if (auto v = node.find("kv_cache_dtype")) e.kv_cache_dtype = parse_kv_cache_dtype(*v);
   if (auto v = node.find("step_time")) e.step_time = v->as_choice({"auto", "roofline", "profile"});
   if (auto v = node.find("gpu_step")) e.gpu_step = v->as_choice({"attention", "model"});
   if (auto v = node.find("gpu_memory_utilization")) {
@@ -416,6 +439,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     run.validate_sample = e.validate_sample;
     run.gpu_layers = e.gpu_layers;
     run.gpu_step = e.gpu_step;
+    run.kv_cache_dtype = checked_kv_cache_dtype(e, c.model, at);
     if (e.step_time == "profile" && !c.step_profile)
       at.fail(
           fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
@@ -455,6 +479,11 @@ ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill)
   return c;
 }
 
+ModelShape with_kv_cache_dtype(ModelShape model, std::optional<DType> kv) {
+  model.kv_dtype = kv;
+  return model;
+}
+
 namespace {
 
 // The budget a serving run shows and sizes its pool by: under pipeline parallelism the stage
@@ -480,7 +509,7 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     ServingRunResult& o = out.runs[i];
     o.spec = r;
     KvBudgetInput in;
-    in.model = c.model;
+    in.model = with_kv_cache_dtype(c.model, r.kv_cache_dtype);
     in.gpu = c.gpu;
     in.gpu_memory_utilization = r.gpu_memory_utilization;
     in.mem_fraction_static = r.mem_fraction_static;
@@ -494,9 +523,10 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     in.parallel = c.parallel.sizes;
     in.comm = c.parallel.comm;
     const std::string key =
-        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", in.mem_fraction_static, in.gpu_memory_utilization,
-                    in.max_num_batched_tokens, in.max_num_seqs, in.enforce_eager, in.graph_strategy,
-                    in.max_model_len, in.kv_block_size, in.export_profile_snapshot);
+        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", in.mem_fraction_static,
+                    in.gpu_memory_utilization, in.max_num_batched_tokens, in.max_num_seqs,
+                    in.enforce_eager, in.graph_strategy, in.max_model_len, in.kv_block_size,
+                    in.export_profile_snapshot, to_string(in.model.kv_cache_dtype()));
     auto it = budgets.find(key);
     if (it == budgets.end()) it = budgets.emplace(key, engine_budget(in)).first;
     if (it->second.ok()) {
@@ -522,7 +552,8 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     }
     EngineConfig e;
     e.label = o.spec.label;
-    e.model = c.rank_model;
+    const ModelShape rank_model = with_kv_cache_dtype(c.rank_model, o.spec.kv_cache_dtype);
+    e.model = rank_model;
     e.gpu = c.gpu;
     e.collectives = c.collectives;
     e.pipeline = c.pipeline;
@@ -531,8 +562,8 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
       // stage), the one with the most layers: the first (split_pipeline).
       PipelineStage stage = o.budget.stage;
       if (o.spec.kv_budget_override || stage.layers == 0)
-        stage = split_pipeline(c.rank_model.layers, c.parallel.sizes.pipeline)->front();
-      e.kv_model = stage_model(c.rank_model, stage);
+        stage = split_pipeline(rank_model.layers, c.parallel.sizes.pipeline)->front();
+      e.kv_model = stage_model(rank_model, stage);
     }
     e.scheduler = o.spec.scheduler;
     e.serve = o.spec.serve;
@@ -541,7 +572,8 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     e.kv_budget_bytes = o.budget.kv_bytes;
     e.sample_interval = c.sample_interval;
     if (!o.spec.enforce_eager) e.graph_sizes = o.budget.capture_sizes;
-    if (o.spec.step_time != "roofline") e.step_profile = c.step_profile;
+    // Measured profiles price steps with the model's KV dtype: an fp8 cache takes the roofline.
+    if (o.spec.step_time != "roofline" && !o.spec.kv_cache_dtype) e.step_profile = c.step_profile;
     if (e.step_profile && c.graph_profile && !e.graph_sizes.empty())
       e.step_profile = std::make_shared<const ProfiledStepTime>(
           c.step_profile->profile(), c.graph_profile, e.graph_sizes,

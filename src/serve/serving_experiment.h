@@ -48,7 +48,13 @@ struct ServingRunSpec {
   std::string gpu_step = "attention";
   std::string step_time =
       "auto";  // engine.step_time: auto (profile if one exists), roofline, profile
+  // engine.kv_cache_dtype: the KV cache's element type (vLLM's --kv-cache-dtype); nullopt is
+  // "auto", the model's dtype. Budget, KV strategies and the roofline see its bytes per token.
+  std::optional<DType> kv_cache_dtype;
 };
+
+// `model` with the run's KV cache element type (engine.kv_cache_dtype).
+ModelShape with_kv_cache_dtype(ModelShape model, std::optional<DType> kv);
 
 struct ServingConfig {
   std::string source;  // the YAML file

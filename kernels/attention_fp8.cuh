@@ -1,0 +1,254 @@
+// Device core of attention over an fp8 KV cache (e4m3 or e5m2, per-tensor scales): fp8 tiles
+// copied by cp.async into byte-swizzled shared memory (half the bytes of a bf16 tile, so decode
+// keeps more stages in flight), K and V fragments read with ldmatrix on the bytes and converted to
+// the compute dtype in registers, the same mma.sync and online softmax as attention_core.cuh.
+//
+// Fragment layout. ldmatrix (non-transposed) over an 8 x 16-byte fp8 matrix gives a thread bytes
+// 4t..4t+3 of row g (g = lane / 4, t = lane % 4): for QK^T that is head dims 4t..4t+3 of token g,
+// so the k-step's slots {2t, 2t+1, 2t+8, 2t+9} hold dims {4t .. 4t+3}; Q's A fragments are read
+// in that order from shared memory (a dot product does not depend on the order of its terms).
+// For PV, ldmatrix.trans over the bytes gives a thread the byte pairs (dims 2g, 2g+1) of tokens
+// 2t and 2t+1; a byte permute splits them into an even-dim and an odd-dim B fragment, so output
+// n-tile d holds dims 16 (d / 2) + 2n + (d % 2) (o_col_fp8 below), which the kernels' output
+// writes follow. FlashInfer reads fp8 KV into mma fragments the same way (ldmatrix over the bytes,
+// then a register shuffle of the bytes); this is memsim's own layout.
+//
+// Scales: K's scale is folded into the softmax scale and V's into the output's 1 / l, so the
+// conversion is exact (every e4m3 and e5m2 value is a bf16 and an fp16 value) and x * scale is
+// applied in fp32.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
+#include "kernels/attention_core.cuh"
+
+namespace memsim::kernels::detail {
+
+template <typename KV>
+inline constexpr bool kIsFp8 =
+    std::is_same_v<KV, __nv_fp8_e4m3> || std::is_same_v<KV, __nv_fp8_e5m2>;
+
+template <typename KV>
+inline constexpr __nv_fp8_interpretation_t kFp8Kind =
+    std::is_same_v<KV, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
+
+// Two fp8 values (low byte first) to two values of T packed as an mma operand register.
+template <typename T, typename KV>
+__device__ __forceinline__ uint32_t fp8x2_to(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), kFp8Kind<KV>);
+  if constexpr (std::is_same_v<T, __half>) {
+    return uint32_t{h.x} | (uint32_t{h.y} << 16);
+  } else {
+    const float2 f = __half22float2(__half2(h));
+    return Elem<T>::pack(f.x, f.y);
+  }
+}
+
+// Output column (head dim) of accumulator element (n-tile d, thread t, column j of its pair).
+__device__ __forceinline__ int o_col_fp8(int d, int t, int j) {
+  return 16 * (d >> 1) + 4 * t + 2 * j + (d & 1);
+}
+
+// Geometry of an fp8 tile pipeline: as Tiles (attention_core.cuh) with fp8 K/V rows of D bytes
+// (kChunks 16-byte chunks each, swizzled so the 8 rows of an ldmatrix hit distinct banks) and
+// kStages stages; Q stays in the compute dtype with Tiles' layout (QTL).
+template <typename T, int D, int WARPS_M, int WARPS_N, int BN, int MT, int STAGES>
+struct Fp8Tiles {
+  using QTL = Tiles<T, D, WARPS_M, WARPS_N, BN, MT>;
+  static constexpr int kThreads = QTL::kThreads;
+  static constexpr int kWarpsM = WARPS_M;
+  static constexpr int kWarpsN = WARPS_N;
+  static constexpr int kBN = BN;
+  static constexpr int kD = D;
+  static constexpr int kMT = MT;
+  static constexpr int kRows = QTL::kRows;
+  static constexpr int kChunks = D / 16;  // 16-byte chunks per fp8 row
+  static constexpr int kWarpTokens = BN / WARPS_N;
+  static constexpr int kNT = kWarpTokens / 8;
+  static constexpr int kKS = D / 16;
+  static constexpr int kDT = D / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  static constexpr int kLoadRows = BN / kRowsPerPass;
+  static constexpr int kStages = STAGES;
+  static constexpr int kTileBytes = BN * D;
+  static constexpr size_t kQBytes = sizeof(T) * QTL::kQElems;
+  static constexpr size_t kSmemBytes = kQBytes + size_t{2} * kStages * kTileBytes;
+  static constexpr bool kPrefetchRows = WARPS_N > 1;
+  static_assert(kWarpTokens % 16 == 0 && kKS % 2 == 0 && D % 32 == 0, "fp8 tile shape");
+  static_assert(kThreads % kChunks == 0 && BN % kRowsPerPass == 0, "fp8 tile load shape");
+  static_assert((STAGES & (STAGES - 1)) == 0 && STAGES >= 2, "stages: a power of two");
+
+  static __device__ __forceinline__ int swz(int row, int chunk) {  // byte index
+    const int x = kChunks >= 8 ? (row & 7) : ((row >> 1) & 3);
+    return row * D + ((chunk ^ x) << 4);
+  }
+};
+
+// Issues cp.async for the fetched fp8 K and V rows into one stage (rows past the range zeroed).
+template <class TL, class Loc>
+__device__ __forceinline__ void issue_rows_fp8(uint8_t* ks, uint8_t* vs, const uint8_t* k,
+                                               const uint8_t* v, const Loc& loc,
+                                               const RowFetch<TL>& f, int tid) {
+  const int chunk = tid % TL::kChunks;
+  const int r0 = tid / TL::kChunks;
+#pragma unroll
+  for (int i = 0; i < TL::kLoadRows; ++i) {
+    const int r = r0 + i * TL::kRowsPerPass;
+    const bool ok = (f.valid >> i) & 1u;
+    const int64_t off = ok ? loc.offset(f.a[i], f.b[i]) + chunk * 16 : 0;
+    cp_async_16(ks + TL::swz(r, chunk), k + off, ok);
+    cp_async_16(vs + TL::swz(r, chunk), v + off, ok);
+  }
+}
+
+// Q's A fragments of k-step kk in the fp8 K order (slots {2t, 2t+1, 2t+8, 2t+9} = dims 4t..4t+3).
+template <class TL, typename T>
+__device__ __forceinline__ void load_q_frag_fp8(uint32_t a[4], const T* qs, int row0, int kk,
+                                                int lane) {
+  using QTL = typename TL::QTL;
+  const int g = lane >> 2, t = lane & 3;
+  const int chunk = 2 * kk + (t >> 1), within = 4 * (t & 1);
+  const uint2 lo = *reinterpret_cast<const uint2*>(qs + QTL::swz(row0 + g, chunk) + within);
+  const uint2 hi = *reinterpret_cast<const uint2*>(qs + QTL::swz(row0 + g + 8, chunk) + within);
+  a[0] = lo.x;
+  a[1] = hi.x;
+  a[2] = lo.y;
+  a[3] = hi.y;
+}
+
+// One fp8 KV tile for one warp: as attend_tile, with the fragments read and converted as the
+// file comment says.
+template <class TL, typename T, typename KV>
+__device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT], const T* qs,
+                                                const uint8_t* ks, const uint8_t* vs, int wm,
+                                                int wn, int lane, uint32_t tile_start,
+                                                const uint32_t (&limit)[TL::kMT][2], bool masked,
+                                                float scale_log2) {
+  constexpr int MT = TL::kMT;
+  float s[MT][TL::kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < TL::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+
+  const int mi = lane >> 3;
+  const int wtok = wn * TL::kWarpTokens;
+  // S = Q K^T, two k-steps (two 16-byte chunks of a K row) per ldmatrix_x4.
+#pragma unroll
+  for (int k2 = 0; k2 < TL::kKS / 2; ++k2) {
+    uint32_t a[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        load_q_frag_fp8<TL>(a[mt][h], qs, (wm * MT + mt) * 16, 2 * k2 + h, lane);
+#pragma unroll
+    for (int p = 0; p < TL::kNT / 2; ++p) {
+      uint32_t r[4];
+      const int row = wtok + 16 * p + (mi & 1) * 8 + (lane & 7);
+      ldmatrix_x4(r, ks + TL::swz(row, 2 * k2 + (mi >> 1)));
+      uint32_t b[4][2];  // (n-tile 2p, 2p + 1) x (k-step 2 k2, 2 k2 + 1): r[0], r[1], r[2], r[3]
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        b[x][0] = fp8x2_to<T, KV>(r[x]);
+        b[x][1] = fp8x2_to<T, KV>(r[x] >> 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Elem<T>::mma(s[mt][2 * p], a[mt][0], b[0][0], b[0][1]);
+        Elem<T>::mma(s[mt][2 * p + 1], a[mt][0], b[1][0], b[1][1]);
+        Elem<T>::mma(s[mt][2 * p], a[mt][1], b[2][0], b[2][1]);
+        Elem<T>::mma(s[mt][2 * p + 1], a[mt][1], b[3][0], b[3][1]);
+      }
+    }
+  }
+
+  online_softmax<TL>(st, s, lane, wtok, tile_start, limit, masked, scale_log2);
+
+  // O += P V: each ldmatrix_x4.trans covers 16 tokens x 32 dims (two chunks, four n-tiles).
+#pragma unroll
+  for (int p = 0; p < TL::kNT / 2; ++p) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = Elem<T>::pack(s[mt][2 * p][0], s[mt][2 * p][1]);
+      a[mt][1] = Elem<T>::pack(s[mt][2 * p][2], s[mt][2 * p][3]);
+      a[mt][2] = Elem<T>::pack(s[mt][2 * p + 1][0], s[mt][2 * p + 1][1]);
+      a[mt][3] = Elem<T>::pack(s[mt][2 * p + 1][2], s[mt][2 * p + 1][3]);
+    }
+    const int row = wtok + 16 * p + (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int dp = 0; dp < TL::kD / 32; ++dp) {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, vs + TL::swz(row, 2 * dp + (mi >> 1)));
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        // Bytes of r: (token 2t: dims 2g, 2g+1), (token 2t+1: dims 2g, 2g+1) -> low half: dim
+        // 2g of both tokens, high half: dim 2g+1.
+        const uint32_t x0 = __byte_perm(r[2 * c], 0, 0x3120);
+        const uint32_t x1 = __byte_perm(r[2 * c + 1], 0, 0x3120);
+        const uint32_t even0 = fp8x2_to<T, KV>(x0), even1 = fp8x2_to<T, KV>(x1);
+        const uint32_t odd0 = fp8x2_to<T, KV>(x0 >> 16), odd1 = fp8x2_to<T, KV>(x1 >> 16);
+        const int d = 4 * dp + 2 * c;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Elem<T>::mma(st[mt].o[d], a[mt], even0, even1);
+          Elem<T>::mma(st[mt].o[d + 1], a[mt], odd0, odd1);
+        }
+      }
+    }
+  }
+}
+
+// The kStages-deep pipeline over KV tokens [kv_begin, kv_end) (as attend_range; Q's cp.async
+// group committed, nothing else pending). One barrier per tile: the stage a tile is issued into
+// was last read in the previous iteration, which every warp has left at the barrier.
+template <class TL, typename T, typename KV, class Loc>
+__device__ __forceinline__ void attend_range_fp8(
+    RowState<TL::kDT> (&st)[TL::kMT], unsigned char* smem, const uint8_t* k, const uint8_t* v,
+    const Loc& loc, uint32_t kv_begin, uint32_t kv_end, uint32_t mask_from,
+    const uint32_t (&limit)[TL::kMT][2], float scale_log2) {
+  constexpr int S = TL::kStages;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / TL::kWarpsN, wn = warp % TL::kWarpsN;
+  const T* qs = reinterpret_cast<const T*>(smem);
+  uint8_t* kv = smem + TL::kQBytes;
+  auto ks = [&](uint32_t stage) { return kv + (2 * stage) * TL::kTileBytes; };
+  auto vs = [&](uint32_t stage) { return kv + (2 * stage + 1) * TL::kTileBytes; };
+  auto start = [&](uint32_t i) { return kv_begin + i * TL::kBN; };
+
+  const uint32_t ntiles = kv_end > kv_begin ? (kv_end - kv_begin + TL::kBN - 1) / TL::kBN : 0;
+  RowFetch<TL> f;
+#pragma unroll
+  for (uint32_t i = 0; i + 1 < S; ++i) {
+    if (i < ntiles) {
+      fetch_rows<TL>(f, loc, start(i), kv_end, tid);
+      issue_rows_fp8<TL>(ks(i), vs(i), k, v, loc, f, tid);
+    }
+    cp_async_commit();
+  }
+  if (TL::kPrefetchRows && S - 1 < ntiles) fetch_rows<TL>(f, loc, start(S - 1), kv_end, tid);
+  for (uint32_t i = 0; i < ntiles; ++i) {
+    cp_async_wait<S - 2>();  // Q and tiles 0..i have landed
+    __syncthreads();
+    const uint32_t next = i + S - 1;
+    if (next < ntiles) {
+      if constexpr (!TL::kPrefetchRows) fetch_rows<TL>(f, loc, start(next), kv_end, tid);
+      issue_rows_fp8<TL>(ks(next % S), vs(next % S), k, v, loc, f, tid);
+    }
+    cp_async_commit();
+    if (TL::kPrefetchRows && next + 1 < ntiles)
+      fetch_rows<TL>(f, loc, start(next + 1), kv_end, tid);
+    attend_tile_fp8<TL, T, KV>(st, qs, ks(i % S), vs(i % S), wm, wn, lane, start(i), limit,
+                               start(i) + TL::kBN > mask_from, scale_log2);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
+}  // namespace memsim::kernels::detail
