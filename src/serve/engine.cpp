@@ -508,6 +508,17 @@ bool Engine::start() {
   init.budget_bytes = c_.kv_budget_bytes;
   init.max_num_seqs = c_.serve.max_num_seqs;
   init.max_model_len = c_.serve.max_model_len;
+  init.groups = kv_cache_groups(kv_model.layer_windows(), c_.hybrid_kv_cache);
+  if (any_window(init.groups) && !kv_->holds_kv_groups()) {
+    r_.error =
+        fmt::format("the KV strategy {} cannot hold KV cache groups with sliding windows ({})",
+                    kv_->name(), describe_kv_groups(init.groups));
+    return false;
+  }
+  if (any_window(init.groups) && c_.executor) {
+    r_.error = "a step executor over KV cache groups with sliding windows is not modelled yet";
+    return false;
+  }
   if (c_.backend) {
     auto made = c_.backend(c_.gpu, clock_);
     if (!made.ok()) {

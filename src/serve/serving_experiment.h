@@ -47,7 +47,8 @@ struct ServingRunSpec {
   // (the whole model step, timed: the run's clock is measured time).
   std::string gpu_step = "attention";
   std::string step_time =
-      "auto";  // engine.step_time: auto (profile if one exists), roofline, profile
+      "auto";                   // engine.step_time: auto (profile if one exists), roofline, profile
+  bool hybrid_kv_cache = true;  // !engine.disable_hybrid_kv_cache_manager
 };
 
 struct ServingConfig {
