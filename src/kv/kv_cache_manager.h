@@ -233,4 +233,8 @@ class KvCacheManager {
   virtual bool check_invariants(std::string* why) const = 0;
 };
 
+// Why `kv` cannot be given `init`'s KV cache groups (empty: it can): groups with a sliding window
+// need a strategy that holds_kv_groups(), and no step executor reads them yet (`executor`).
+std::string kv_groups_refusal(const KvCacheManager& kv, const KvInit& init, bool executor);
+
 }  // namespace memsim

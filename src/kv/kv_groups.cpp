@@ -1,6 +1,8 @@
 // KV cache groups: vLLM V1's grouping of full-attention and sliding-window layers.
 #include "src/kv/kv_groups.h"
 
+#include "src/kv/kv_cache_manager.h"
+
 #include <fmt/format.h>
 #include <algorithm>
 
@@ -80,6 +82,13 @@ std::string describe_kv_groups(const std::vector<KvCacheGroup>& groups) {
   }
   return fmt::format("{} group{} of {} layers: {}", groups.size(), groups.size() == 1 ? "" : "s",
                      kv_group_size(groups), kinds);
+}
+
+std::string kv_groups_refusal(const KvCacheManager& kv, const KvInit& init, bool executor) {
+  if (!any_window(init.groups) || (kv.holds_kv_groups() && !executor)) return {};
+  return fmt::format("{} cannot hold KV cache groups with sliding windows ({})",
+                     executor ? "a step executor" : "the KV strategy " + std::string(kv.name()),
+                     describe_kv_groups(init.groups));
 }
 
 }  // namespace memsim

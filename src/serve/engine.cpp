@@ -509,16 +509,8 @@ bool Engine::start() {
   init.max_num_seqs = c_.serve.max_num_seqs;
   init.max_model_len = c_.serve.max_model_len;
   init.groups = kv_cache_groups(kv_model.layer_windows(), c_.hybrid_kv_cache);
-  if (any_window(init.groups) && !kv_->holds_kv_groups()) {
-    r_.error =
-        fmt::format("the KV strategy {} cannot hold KV cache groups with sliding windows ({})",
-                    kv_->name(), describe_kv_groups(init.groups));
+  if (r_.error = kv_groups_refusal(*kv_, init, c_.executor != nullptr); !r_.error.empty())
     return false;
-  }
-  if (any_window(init.groups) && c_.executor) {
-    r_.error = "a step executor over KV cache groups with sliding windows is not modelled yet";
-    return false;
-  }
   if (c_.backend) {
     auto made = c_.backend(c_.gpu, clock_);
     if (!made.ok()) {
