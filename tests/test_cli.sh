@@ -221,6 +221,29 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   expect_absent "$TMP/out_kv_cuda" "kv --backend cuda without a GPU: --out dir created"
 fi
 
+# Sliding-window and hybrid attention (experiments/kv_hybrid.yaml, Gemma-3-12B): both runs
+# finish; a strategy without KV cache groups and a pattern without a window are located errors.
+run kv_hybrid --config "$ROOT/experiments/kv_hybrid.yaml" --out "$TMP/out_kv_hybrid" --no-plots \
+  --set requests.count=100
+expect_rc kv_hybrid 0
+expect_in "$TMP/kv_hybrid.out" "KV cache groups: 6 groups of 8 layers: 5 x window 1024, 1 x full" \
+  "kv_hybrid: the groups in the budget"
+expect_in "$TMP/kv_hybrid.out" "hybrid bf16" "kv_hybrid: the hybrid run's row"
+sed 's/    kv: {impl: paged_block_pool, block_size: 16}$/    kv: {impl: radix_token_pool}/' \
+  "$ROOT/experiments/kv_hybrid.yaml" > "$TMP/kv_hybrid_radix.yaml"
+run kv_hybrid_radix --config "$TMP/kv_hybrid_radix.yaml" --out "$TMP/out_kv_hybrid_radix"
+expect_rc kv_hybrid_radix 2
+expect_in "$TMP/kv_hybrid_radix.err" \
+  "kv_hybrid_radix.yaml:$(grep -n 'impl: radix_token_pool' "$TMP/kv_hybrid_radix.yaml" | sed -n 2p | cut -d: -f1): runs[1].kv.impl" \
+  "kv_hybrid with radix_token_pool: file, line and key"
+expect_in "$TMP/kv_hybrid_radix.err" "cannot hold KV cache groups" "kv_hybrid with radix: says why"
+sed -e '/^sliding_window: 1024/d' "$ROOT/configs/models/gemma-3-12b.yaml" > "$TMP/nowindow.yaml"
+run kv_nowindow --config "$ROOT/experiments/kv_hybrid.yaml" --out "$TMP/out_kv_nowindow" \
+  --set "model=$TMP/nowindow.yaml"
+expect_rc kv_nowindow 2
+expect_in "$TMP/kv_nowindow.err" "sliding_window_pattern: needs sliding_window" \
+  "a pattern without a window: names the key"
+
 # memsim replay: a recorded PyTorch snapshot, its outputs, and bad snapshots or options.
 SNAP=$ROOT/tests/data/snapshots/steps_default.pickle
 run replay replay "$SNAP" --out "$TMP/out_replay" --export "$TMP/exported.pickle"

@@ -83,6 +83,18 @@ uint64_t ModelShape::kv_bytes_per_token() const {
   return 2 * uint64_t{layers} * kv_heads * head_dim * dtype_bytes(kv_cache_dtype());
 }
 
+uint32_t ModelShape::layer_window(uint32_t layer) const {
+  if (sliding_window == 0) return 0;
+  const uint32_t global = first_layer + layer;
+  return sliding_window_pattern && (global + 1) % sliding_window_pattern == 0 ? 0 : sliding_window;
+}
+
+std::vector<uint32_t> ModelShape::layer_windows() const {
+  std::vector<uint32_t> w(layers);
+  for (uint32_t l = 0; l < layers; ++l) w[l] = layer_window(l);
+  return w;
+}
+
 std::vector<float> ModelShape::rope_inv_freq() const {
   const uint32_t pairs = static_cast<uint32_t>(head_dim / 2);
   std::vector<float> f(pairs);

@@ -45,6 +45,16 @@ struct ModelShape {
   uint64_t layer_weight_bytes() const;      // one decoder layer (attention, MLP, its two norms)
   uint64_t embedding_weight_bytes() const;  // vocab x hidden: the embedding (or an untied lm_head)
   uint64_t kv_bytes_per_token() const;      // 2 (K and V) x layers x kv_heads x head_dim x KV dtype
+
+  // Sliding-window attention (config.json's sliding_window, sliding_window_pattern): 0 = none.
+  // With a window and pattern N > 0, layer l is full attention when (l + 1) % N == 0 (Gemma 2
+  // and 3: every N-th layer global), sliding otherwise; pattern 0: every layer slides (Mistral).
+  uint32_t sliding_window = 0;
+  uint32_t sliding_window_pattern = 0;
+  uint32_t first_layer = 0;  // a pipeline stage's first layer (the pattern counts from layer 0)
+  // The window of layer `layer` of this shape (0 = full attention).
+  uint32_t layer_window(uint32_t layer) const;
+  std::vector<uint32_t> layer_windows() const;  // one per layer
 };
 
 }  // namespace memsim

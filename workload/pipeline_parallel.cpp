@@ -39,6 +39,7 @@ uint64_t stage_weight_bytes(const ModelShape& rank, const PipelineStage& stage) 
 ModelShape stage_model(const ModelShape& rank, const PipelineStage& stage) {
   ModelShape m = rank;
   m.layers = stage.layers;
+  m.first_layer = rank.first_layer + stage.first_layer;  // where a sliding-window pattern starts
   return m;
 }
 

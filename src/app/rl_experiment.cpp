@@ -251,9 +251,14 @@ RlConfig load_rl_config(const ConfigNode& root) {
   if (auto v = root.find("experiment")) c.experiment = v->as_plain_name();
   c.gpu = load_gpu_spec(
       ConfigNode::load_file(resolve_config_path(root["gpu"], root["gpu"].as_string(), "gpus")));
-  for (const ConfigNode& m : root["models"].items())
+  for (const ConfigNode& m : root["models"].items()) {
     c.models.push_back(
         load_model_shape(ConfigNode::load_file(resolve_config_path(m, m.as_string(), "models"))));
+    if (c.models.back().sliding_window)
+      m.fail(
+          "a model with sliding-window layers: the RL rollout's KV sizing is not modelled for "
+          "them (serving experiments are)");
+  }
   if (c.models.empty()) root["models"].fail("needs at least one model");
   if (auto v = root.find("max_utilization")) c.max_utilization = v->as_bool();
   if (auto v = root.find("iterations"))

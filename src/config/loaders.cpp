@@ -54,7 +54,7 @@ const ConfigKeys& model_file_keys() {
       {"",
        {"name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
         "dtype", "tie_embeddings", "qkv_bias", "qk_norm", "rope_theta", "rms_norm_eps",
-        "rope_scaling"}},
+        "rope_scaling", "sliding_window", "sliding_window_pattern"}},
       {"rope_scaling",
        {"rope_type", "factor", "low_freq_factor", "high_freq_factor",
         "original_max_position_embeddings"}},
@@ -303,6 +303,18 @@ ModelShape load_model_shape(const ConfigNode& node) {
       (*v)["high_freq_factor"].fail("must exceed low_freq_factor");
     if (auto f = v->find("original_max_position_embeddings"))
       r.original_max_position = f->as_uint_in(1, 1ull << 32);
+  }
+  // Sliding-window attention: the window in tokens, and which layers slide (every layer, or all
+  // but every N-th with sliding_window_pattern N, as Gemma 2 and 3 name it).
+  if (auto v = node.find("sliding_window"))
+    m.sliding_window = static_cast<uint32_t>(v->as_uint_in(2, 1u << 24));
+  if (auto v = node.find("sliding_window_pattern")) {
+    if (!m.sliding_window)
+      v->fail("needs sliding_window (the layers it marks slide over a window)");
+    m.sliding_window_pattern = static_cast<uint32_t>(v->as_uint_in(2, 1024));
+    if (m.sliding_window_pattern > m.layers)
+      v->fail(fmt::format("a pattern of {} layers leaves none of the {} layers full attention",
+                          m.sliding_window_pattern, m.layers));
   }
   return m;
 }

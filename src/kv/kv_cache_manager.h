@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "src/kv/kv_groups.h"
 #include "src/kv/token_content.h"
 
 namespace memsim {
@@ -27,6 +28,10 @@ struct KvInit {
   uint64_t budget_bytes = 0;        // the pool may take at most this much device memory
   uint32_t max_num_seqs = 0;        // sequences alive at once (slots, block-table rows)
   uint32_t max_model_len = 0;       // longest sequence in tokens
+  // The layers' KV cache groups (kv_groups.h, vLLM's): empty or one full-attention group of
+  // every layer for a model without sliding-window layers. A strategy that does not
+  // holds_kv_groups() is only given that; the engine refuses it any other.
+  std::vector<KvCacheGroup> groups;
   uint64_t layer_kv_bytes_per_token() const { return kv_bytes_per_token / layers; }
   uint64_t row_bytes() const { return layer_kv_bytes_per_token() / 2; }  // one layer's K of a token
 };
@@ -72,6 +77,10 @@ struct KvLayout {
   uint64_t row_bytes = 0;     // kv_heads x head_dim x element bytes
   uint64_t blocks = 0;        // block ids (slots) are in [0, blocks)
   std::vector<DevPtr> k, v;   // per layer: row 0 of block (slot) 0
+  // Per layer, the KV cache group whose block table addresses it (KvInit::groups); empty: every
+  // layer reads seq_table's. No kernel path reads a pool of several groups yet (the engine
+  // refuses content checks and the CUDA backend a model with sliding windows).
+  std::vector<uint32_t> layer_group;
   // The row of position `pos` (K, or V when `value`) in layer `layer` for table `table`.
   DevPtr row(const std::vector<int32_t>& table, bool value, uint32_t layer, uint32_t pos) const {
     const DevPtr base = (value ? v : k)[layer];
@@ -188,6 +197,12 @@ class KvCacheManager {
   // - tokens per entry of a vLLM-style block table ([max_num_seqs, max_model_len / tokens]),
   //   the input the model's captured graphs read the KV through; 0: the strategy has none.
   virtual uint32_t block_table_tokens() const { return 0; }
+  // - whether it holds KvInit::groups as vLLM's hybrid KV cache manager does: one block table
+  //   per group over one pool, a sliding-window group freeing the blocks that left its window
+  //   (paged_block_pool). Without it, a model with sliding-window layers is refused (the engine
+  //   says so) unless the hybrid manager is disabled and the model also has full-attention
+  //   layers, which then makes every layer full attention, as vLLM does.
+  virtual bool holds_kv_groups() const { return false; }
 
   // Freeing a sequence's earliest blocks (the OrinMLLM seed's strategy 3, 10.4: "free the
   // blocks of positions [0, 511] of a long sequence; the freed tokens are prefilled again").
@@ -217,5 +232,9 @@ class KvCacheManager {
   virtual KvStats stats() const = 0;
   virtual bool check_invariants(std::string* why) const = 0;
 };
+
+// Why `kv` cannot be given `init`'s KV cache groups (empty: it can): groups with a sliding window
+// need a strategy that holds_kv_groups(), and no step executor reads them yet (`executor`).
+std::string kv_groups_refusal(const KvCacheManager& kv, const KvInit& init, bool executor);
 
 }  // namespace memsim

@@ -17,7 +17,24 @@ Status PagedBlockPool::init(Backend& backend, const KvInit& init) {
   if (init.layers == 0 || init.kv_bytes_per_token == 0)
     return make_error(ErrorCode::kInvalidArgument, "paged_block_pool: empty model geometry");
   init_ = init;
-  unit_bytes_ = uint64_t{block_size()} * init.kv_bytes_per_token;
+  // KV cache groups: a unit is one block of `group_layers_` layers (vLLM's page_size x
+  // group_size; every layer when the model has one group).
+  groups_ = init.groups;
+  if (groups_.empty()) {
+    groups_.push_back({0, {}});
+    for (uint32_t l = 0; l < init.layers; ++l) groups_[0].layers.push_back(l);
+  }
+  group_layers_ = kv_group_size(groups_);
+  windows_ = any_window(groups_);
+  if (group_layers_ == 0 || group_layers_ > init.layers)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("paged_block_pool: groups of {} layers for a model of {}",
+                                  group_layers_, init.layers));
+  if (config_.per_layer && (groups_.size() > 1 || windows_))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "paged_block_pool: layout per_layer holds one block table for every layer; "
+                      "it cannot hold the KV cache groups of sliding-window layers");
+  unit_bytes_ = uint64_t{block_size()} * init.layer_kv_bytes_per_token() * group_layers_;
   uint64_t units = init.budget_bytes / unit_bytes_;
   if (config_.num_blocks_override) {
     if (config_.num_blocks_override % physical_per_unit())
@@ -262,7 +279,8 @@ Status PagedBlockPool::copy_unit(uint32_t dst, uint32_t src) {
   return {};
 }
 
-void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content, bool publish) {
+void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content, uint32_t group,
+                                       bool publish) {
   if (!config_.prefix_caching) return;
   const uint32_t full = s.tokens / block_size();
   // Blocks ending at or before the private part are hashed now (a shared content's all are,
@@ -279,13 +297,15 @@ void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content, bool
     // A block whose content is already cached elsewhere stays a private duplicate. A pending
     // one was deferred when it filled; its insert cannot fail, as no other block can hold
     // private content. (A block below `marked` that is neither was a duplicate then: a fork's
-    // copy.) A block release_front freed is only chained through.
+    // copy.) A block release_front or a sliding window freed is only chained through (vLLM's
+    // cache_full_blocks skips null blocks). Each group caches under its own key.
     if (const uint32_t u = s.blocks[b]; u != kNone) {
       Block& blk = blocks_[u];
       const bool undecided = b >= s.marked && blk.cached == Cached::kNo;
       if (undecided || blk.cached == Cached::kPending) {
-        blk.cached = cache_.insert(h, u) ? Cached::kRegistered : Cached::kNo;
-        if (blk.cached == Cached::kRegistered) hashes_[u] = h;
+        const uint64_t key = group_key(h, group);
+        blk.cached = cache_.insert(key, u) ? Cached::kRegistered : Cached::kNo;
+        if (blk.cached == Cached::kRegistered) hashes_[u] = key;
       }
     }
     s.last_hash = h;
@@ -300,6 +320,7 @@ void PagedBlockPool::cache_full_blocks(Seq& s, const TokenContent& content, bool
 
 uint32_t PagedBlockPool::lookup_prefix(const TokenContent& content) const {
   if (!config_.prefix_caching || content.size() < 2) return 0;
+  if (groups_.size() > 1 || windows_) return lookup_groups(content);
   const uint32_t max_blocks = (content.size() - 1) / block_size();
   uint64_t h = kRootHash;
   uint32_t hits = 0;
@@ -318,113 +339,165 @@ Status PagedBlockPool::grow(SeqId seq, const TokenContent& content, uint32_t num
         ErrorCode::kInvalidArgument,
         fmt::format("paged_block_pool: grow to {} tokens (content {}, max_model_len {})",
                     num_tokens, content.size(), init_.max_model_len));
-  Seq* live = seqs_.find(seq);
-  if (!live) {
-    if (prefix_tokens % block_size() || prefix_tokens > num_tokens ||
-        (prefix_tokens && !config_.prefix_caching))
-      return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("paged_block_pool: prefix of {} tokens", prefix_tokens));
-    std::vector<uint32_t> hits;
-    uint64_t h = kRootHash;
-    for (uint32_t b = 0; b < prefix_tokens / block_size(); ++b) {
-      h = content.chained_hash(h, b * block_size(), (b + 1) * block_size());
-      const uint32_t c = cache_.find(h);
+  SeqGroups* live = seqs_.find(seq);
+  if (!live) return grow_new(seq, content, num_tokens, prefix_tokens);
+  if (prefix_tokens)
+    return make_error(ErrorCode::kInvalidArgument, "paged_block_pool: prefix for a live sequence");
+  return grow_live(seq, *live, content, num_tokens);
+}
+
+// vLLM KVCacheManager.allocate_slots for a new request: the cache hit of every group (a
+// sliding-window group's hit starts where the window of the cached tokens starts: the blocks
+// before it are null, SingleTypeKVCacheManager.allocate_new_computed_blocks), then
+// cdiv(num_tokens, block) - hit blocks new per group, all or nothing (get_num_blocks_to_allocate
+// summed over the groups, evictable hits counted).
+Status PagedBlockPool::grow_new(SeqId seq, const TokenContent& content, uint32_t num_tokens,
+                                uint32_t prefix_tokens) {
+  if (prefix_tokens % block_size() || prefix_tokens > num_tokens ||
+      (prefix_tokens && !config_.prefix_caching))
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("paged_block_pool: prefix of {} tokens", prefix_tokens));
+  const uint32_t prefix_blocks = prefix_tokens / block_size();
+  std::vector<uint64_t> chain(prefix_blocks);
+  uint64_t h = kRootHash;
+  for (uint32_t b = 0; b < prefix_blocks; ++b)
+    chain[b] = h = content.chained_hash(h, b * block_size(), (b + 1) * block_size());
+  const size_t n_groups = groups_.size();
+  std::vector<std::vector<uint32_t>> hits(n_groups);
+  std::vector<uint32_t> skipped(n_groups);
+  uint64_t evictable_hits = 0;
+  for (uint32_t g = 0; g < n_groups; ++g) {
+    skipped[g] = skipped_blocks(groups_[g].window, prefix_tokens, prefix_blocks);
+    for (uint32_t b = skipped[g]; b < prefix_blocks; ++b) {
+      const uint32_t c = cache_.find(group_key(chain[b], g));
       if (c == HashIndex::kNone)
         return make_error(
             ErrorCode::kInvalidArgument,
             "paged_block_pool: the prefix is no longer cached (lookup_prefix and grow "
             "must be called back to back)");
-      hits.push_back(c);
+      hits[g].push_back(c);
+      evictable_hits += blocks_[c].ref == 0;
     }
-    uint64_t evictable_hits = 0;
-    for (uint32_t u : hits) evictable_hits += blocks_[u].ref == 0;
-    const uint64_t need = units_for(num_tokens) - hits.size();
-    MEMSIM_TRY(make_room(need + evictable_hits));
-    Seq s;
-    for (uint32_t u : hits) add_ref(u);  // touch before allocating so hits are never evicted
-    s.blocks = std::move(hits);
-    s.hashed = s.marked = static_cast<uint32_t>(s.blocks.size());
+  }
+  const uint64_t fresh = units_for(num_tokens) - prefix_blocks;  // per group
+  MEMSIM_TRY(make_room(fresh * n_groups + evictable_hits));
+  // Every group's hits are touched before any allocation, so that none is evicted (vLLM's
+  // two-phase allocate_new_computed_blocks).
+  for (const auto& group_hits : hits)
+    for (uint32_t u : group_hits) add_ref(u);
+  SeqGroups made(n_groups);
+  for (uint32_t g = 0; g < n_groups; ++g) {
+    Seq& s = made[g];
+    s.blocks.assign(skipped[g], kNone);
+    s.blocks.insert(s.blocks.end(), hits[g].begin(), hits[g].end());
+    s.skipped = skipped[g];
+    s.hashed = s.marked = prefix_blocks;
     s.last_hash = h;
-    for (uint64_t i = 0; i < need; ++i) s.blocks.push_back(allocate_unit());
-    for (size_t b = s.hashed; b < s.blocks.size(); ++b)
+    for (uint64_t i = 0; i < fresh; ++i) s.blocks.push_back(allocate_unit());
+    for (size_t b = prefix_blocks; b < s.blocks.size(); ++b)
       set_filled(s.blocks[b], std::min<uint32_t>(block_size(), num_tokens - b * block_size()));
     s.tokens = num_tokens;
-    cache_full_blocks(s, content);
-    seqs_.insert(seq, std::move(s));
-    return {};
+    cache_full_blocks(s, content, g);
   }
-  Seq& s = *live;
-  if (prefix_tokens)
-    return make_error(ErrorCode::kInvalidArgument, "paged_block_pool: prefix for a live sequence");
-  if (num_tokens < s.tokens)
+  seqs_.insert(seq, std::move(made));
+  return {};
+}
+
+// A live sequence: the blocks that left a sliding window are freed first, as vLLM's
+// allocate_slots does with the tokens computed so far (this grow's sequence length: the engine
+// grows a sequence with windows every step), even when the allocation then fails; then each
+// group gets its new blocks (after a copy-on-write of a shared partial last block).
+Status PagedBlockPool::grow_live(SeqId seq, SeqGroups& live, const TokenContent& content,
+                                 uint32_t num_tokens) {
+  const uint32_t tokens = live[0].tokens;
+  if (num_tokens < tokens)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("paged_block_pool: sequence {} holds {} tokens, grow to {}", seq,
-                                  s.tokens, num_tokens));
-  if (num_tokens == s.tokens && s.gap == 0) return {};
-  const bool cow = s.tokens % block_size() && blocks_[s.blocks.back()].ref > 1;
-  const uint64_t need = units_for(num_tokens) - s.blocks.size() + (cow ? 1 : 0) + s.gap;
+                                  tokens, num_tokens));
+  if (num_tokens == tokens && live[0].gap == 0) return {};
+  if (windows_) remove_skipped(live, tokens);
+  uint64_t need = 0;
+  std::vector<bool> cow(live.size());
+  for (size_t g = 0; g < live.size(); ++g) {
+    const Seq& s = live[g];
+    cow[g] = tokens % block_size() && blocks_[s.blocks.back()].ref > 1;
+    need += units_for(num_tokens) - s.blocks.size() + (cow[g] ? 1 : 0) + s.gap;
+  }
   MEMSIM_TRY(make_room(need));
-  for (uint32_t b = 0; b < s.gap; ++b) {  // blocks release_front freed come back first, full
-    s.blocks[b] = allocate_unit();
-    set_filled(s.blocks[b], block_size());
-  }
-  s.gap = 0;
-  if (cow) {  // the shared partial last block is about to be written: copy it first
-    const uint32_t old = s.blocks.back();
-    const uint32_t fresh = allocate_unit();
-    set_filled(fresh, blocks_[old].filled);
-    const Status copied = copy_unit(fresh, old);
-    if (!copied.ok()) {
-      drop_ref(fresh);
-      return copied;
+  for (size_t g = 0; g < live.size(); ++g) {
+    Seq& s = live[g];
+    for (uint32_t b = 0; b < s.gap; ++b) {  // blocks release_front freed come back first, full
+      s.blocks[b] = allocate_unit();
+      set_filled(s.blocks[b], block_size());
     }
-    drop_ref(old);
-    s.blocks.back() = fresh;
+    s.gap = 0;
+    if (cow[g]) {  // the shared partial last block is about to be written: copy it first
+      const uint32_t old = s.blocks.back();
+      const uint32_t fresh = allocate_unit();
+      set_filled(fresh, blocks_[old].filled);
+      const Status copied = copy_unit(fresh, old);
+      if (!copied.ok()) {
+        drop_ref(fresh);
+        return copied;
+      }
+      drop_ref(old);
+      s.blocks.back() = fresh;
+    }
+    const size_t first = tokens / block_size();  // first block that receives new tokens
+    while (s.blocks.size() < units_for(num_tokens)) s.blocks.push_back(allocate_unit());
+    for (size_t b = first; b < s.blocks.size(); ++b)
+      set_filled(s.blocks[b], std::min<uint32_t>(block_size(), num_tokens - b * block_size()));
+    s.tokens = num_tokens;
+    cache_full_blocks(s, content, static_cast<uint32_t>(g));
   }
-  const size_t first = s.tokens / block_size();  // first block that receives new tokens
-  while (s.blocks.size() < units_for(num_tokens)) s.blocks.push_back(allocate_unit());
-  for (size_t b = first; b < s.blocks.size(); ++b)
-    set_filled(s.blocks[b], std::min<uint32_t>(block_size(), num_tokens - b * block_size()));
-  s.tokens = num_tokens;
-  cache_full_blocks(s, content);
   return {};
 }
 
 Status PagedBlockPool::fork(SeqId parent, SeqId child) {
-  const Seq* p = seqs_.find(parent);
-  if (!p || p->gap || seqs_.contains(child))
+  const SeqGroups* p = seqs_.find(parent);
+  if (!p || (*p)[0].gap || seqs_.contains(child))
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("paged_block_pool: fork {} -> {}", parent, child));
-  Seq c = *p;
+  SeqGroups c = *p;
   if (config_.copy_on_write) {
-    for (uint32_t u : c.blocks) add_ref(u);
-  } else {  // no sharing: the child gets its own copy of every block now
-    MEMSIM_TRY(make_room(c.blocks.size()));
-    for (uint32_t& u : c.blocks) {
-      const uint32_t src = u;
-      u = allocate_unit();
-      set_filled(u, blocks_[src].filled);
-      MEMSIM_TRY(copy_unit(u, src));
-    }
+    for (const Seq& s : c)
+      for (uint32_t u : s.blocks)
+        if (u != kNone) add_ref(u);  // a sliding window's null blocks stay null
+  } else {                           // no sharing: the child gets its own copy of every block now
+    uint64_t held = 0;
+    for (const Seq& s : c) held += s.blocks.size() - s.skipped;
+    MEMSIM_TRY(make_room(held));
+    for (Seq& s : c)
+      for (uint32_t& u : s.blocks) {
+        if (u == kNone) continue;
+        const uint32_t src = u;
+        u = allocate_unit();
+        set_filled(u, blocks_[src].filled);
+        MEMSIM_TRY(copy_unit(u, src));
+      }
   }
   seqs_.insert(child, std::move(c));
   return {};
 }
 
 void PagedBlockPool::release(SeqId seq, const TokenContent& content) {
-  Seq* s = seqs_.find(seq);
-  if (!s) return;
-  cache_full_blocks(*s, content);
-  // vLLM frees a request's blocks tail first, so its last blocks are evicted first.
-  for (auto b = s->blocks.rbegin(); b != s->blocks.rend(); ++b)
-    if (*b != kNone) drop_ref(*b);
+  SeqGroups* live = seqs_.find(seq);
+  if (!live) return;
+  // vLLM frees a request's blocks group by group, each tail first, so its last blocks are
+  // evicted first.
+  for (uint32_t g = 0; g < live->size(); ++g) {
+    Seq& s = (*live)[g];
+    cache_full_blocks(s, content, g);
+    for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b)
+      if (*b != kNone) drop_ref(*b);
+  }
   seqs_.erase(seq);
 }
 
 uint32_t PagedBlockPool::release_front(SeqId seq, uint64_t bytes, uint32_t max_tokens) {
-  Seq* live = seqs_.find(seq);
-  if (!live || live->blocks.empty()) return 0;
-  Seq& s = *live;
+  SeqGroups* live = seqs_.find(seq);
+  if (!live || windows_ || (*live)[0].blocks.empty()) return 0;
+  Seq& s = (*live)[0];
   const uint64_t last = s.blocks.size() - 1;  // the block being written stays
   const uint32_t most = max_tokens / block_size();
   uint64_t freed = 0;
@@ -438,31 +511,41 @@ uint32_t PagedBlockPool::release_front(SeqId seq, uint64_t bytes, uint32_t max_t
 }
 
 uint32_t PagedBlockPool::front_gap(SeqId seq) const {
-  const Seq* s = seqs_.find(seq);
-  return s ? s->gap * block_size() : 0;
+  const SeqGroups* s = seqs_.find(seq);
+  return s ? (*s)[0].gap * block_size() : 0;
 }
 
 void PagedBlockPool::publish(SeqId seq, const TokenContent& content) {
-  Seq* s = seqs_.find(seq);
-  if (!s || s->hashed == s->marked) return;
-  cache_full_blocks(*s, content, true);  // `content` covers the sequence's tokens (the contract)
+  SeqGroups* live = seqs_.find(seq);
+  if (!live) return;
+  for (uint32_t g = 0; g < live->size(); ++g) {
+    Seq& s = (*live)[g];
+    // `content` covers the sequence's tokens (the contract)
+    if (s.hashed != s.marked) cache_full_blocks(s, content, g, true);
+  }
 }
 
 uint32_t PagedBlockPool::seq_tokens(SeqId seq) const {
-  const Seq* s = seqs_.find(seq);
-  return s ? s->tokens : 0;
+  const SeqGroups* s = seqs_.find(seq);
+  return s ? (*s)[0].tokens : 0;
 }
 
 uint64_t PagedBlockPool::seq_bytes(SeqId seq) const {
-  const Seq* s = seqs_.find(seq);
-  return s ? (s->blocks.size() - s->gap) * unit_bytes_ : 0;
+  const SeqGroups* live = seqs_.find(seq);
+  if (!live) return 0;
+  uint64_t held = 0;
+  for (const Seq& s : *live) held += s.blocks.size() - s.gap - s.skipped;
+  return held * unit_bytes_;
 }
 
 uint32_t PagedBlockPool::seq_capacity(SeqId seq) const {
-  const Seq* live = seqs_.find(seq);
+  const SeqGroups* live = seqs_.find(seq);
   if (!live) return 0;
-  const Seq& s = *live;
+  const Seq& s = (*live)[0];
   if (s.gap) return 0;  // the next grow allocates the freed front blocks again
+  // No slack with sliding windows: vLLM frees the blocks that left a window at every step's
+  // allocate_slots, so every step's growth reaches grow with the tokens computed so far.
+  if (windows_) return s.tokens;
   // A shared partial last block must be copied before it is written.
   if (s.tokens % block_size() && blocks_[s.blocks.back()].ref > 1) return s.tokens;
   return static_cast<uint32_t>(
@@ -470,7 +553,9 @@ uint32_t PagedBlockPool::seq_capacity(SeqId seq) const {
 }
 
 uint64_t PagedBlockPool::free_token_capacity() const {
-  return (queued_ + cap_units_ - blocks_.size()) * block_size();  // a growing pool's headroom too
+  // A growing pool's headroom too. With several groups a token takes a slot in each: vLLM's
+  // "GPU KV cache size" is num_blocks // groups x block_size (kv_cache_utils).
+  return (queued_ + cap_units_ - blocks_.size()) / groups_.size() * block_size();
 }
 
 std::vector<uint32_t> PagedBlockPool::layer_table(SeqId seq, uint32_t layer) const {
@@ -480,11 +565,16 @@ std::vector<uint32_t> PagedBlockPool::layer_table(SeqId seq, uint32_t layer) con
   return out;
 }
 
+std::vector<uint32_t> PagedBlockPool::group_table(SeqId seq, uint32_t group) const {
+  const SeqGroups* s = seqs_.find(seq);
+  return s && group < s->size() ? (*s)[group].blocks : std::vector<uint32_t>{};
+}
+
 std::vector<uint32_t> PagedBlockPool::block_table(SeqId seq) const {
-  const Seq* s = seqs_.find(seq);
+  const SeqGroups* s = seqs_.find(seq);
   if (!s) return {};
   std::vector<uint32_t> out;
-  for (uint32_t u : s->blocks)
+  for (uint32_t u : (*s)[0].blocks)
     out.push_back(u == kNone ? kNone : static_cast<uint32_t>(u * physical_per_unit()));
   return out;
 }
@@ -507,13 +597,49 @@ KvStats PagedBlockPool::stats() const {
   // Tables of int32 [max_num_seqs, layers (per_layer) x max blocks per sequence]: one on the
   // device for the kernels, its copy on the host where they are built (the seed's
   // block_table_cpu_, 16.7); the free list holds one int32 per physical block (free_list_).
-  s.metadata_bytes = uint64_t{init_.max_num_seqs} * units_for(init_.max_model_len) * 4 * ppu;
+  // One table per KV cache group (vLLM's MultiGroupBlockTable).
+  s.metadata_bytes =
+      uint64_t{init_.max_num_seqs} * units_for(init_.max_model_len) * 4 * ppu * groups_.size();
   s.host_table_bytes = s.metadata_bytes;
   s.free_list_bytes = s.total_blocks * 4;
   s.cow_copies = cow_copies_ * ppu;
   s.cow_bytes = cow_copies_ * unit_bytes_;
   s.evicted_blocks = evicted_ * ppu;
   return s;
+}
+
+bool PagedBlockPool::check_group(SeqId id, const Seq& s, uint32_t group,
+                                 std::vector<uint32_t>& refs, std::string* why) const {
+  auto fail = [&](std::string msg) {
+    if (why) *why = fmt::format("paged_block_pool: group {}: {}", group, msg);
+    return false;
+  };
+  const size_t n = blocks_.size();
+  if (s.blocks.size() != units_for(s.tokens))
+    return fail(fmt::format("seq {} has {} blocks for {} tokens", id, s.blocks.size(), s.tokens));
+  if (s.gap && s.gap >= s.blocks.size())
+    return fail(fmt::format("seq {} misses {} of its {} blocks", id, s.gap, s.blocks.size()));
+  // A window frees only blocks wholly before the window of the tokens it holds, never its last.
+  const uint32_t window = groups_[group].window;
+  if (s.skipped > skipped_blocks(window, s.tokens, s.blocks.size()) ||
+      (s.skipped && s.skipped >= s.blocks.size()))
+    return fail(fmt::format("seq {} skipped {} of its {} blocks at {} tokens (window {})", id,
+                            s.skipped, s.blocks.size(), s.tokens, window));
+  const uint32_t missing = std::max(s.gap, s.skipped);
+  for (size_t b = 0; b < s.blocks.size(); ++b) {
+    const uint32_t u = s.blocks[b];
+    if ((b < missing) != (u == kNone))
+      return fail(fmt::format("seq {} block {}: {} with a front gap of {}", id, b, u, missing));
+    if (u == kNone) continue;
+    if (u >= n || (config_.null_block && u == 0))
+      return fail(fmt::format("seq {} holds invalid block {}", id, u));
+    ++refs[u];
+    const uint32_t want = std::min<uint32_t>(block_size(), s.tokens - b * block_size());
+    if (blocks_[u].filled != want)
+      return fail(fmt::format("block {} holds {} tokens, seq {} expects {}", u, blocks_[u].filled,
+                              id, want));
+  }
+  return true;
 }
 
 bool PagedBlockPool::check_invariants(std::string* why) const {
@@ -524,24 +650,12 @@ bool PagedBlockPool::check_invariants(std::string* why) const {
   const size_t n = blocks_.size();
   std::vector<uint32_t> refs(n, 0);
   if (config_.null_block && n) refs[0] = 1;
-  const bool seqs_ok = seqs_.all([&](SeqId id, const Seq& s) {
-    if (s.blocks.size() != units_for(s.tokens))
-      return fail(fmt::format("seq {} has {} blocks for {} tokens", id, s.blocks.size(), s.tokens));
-    if (s.gap && s.gap >= s.blocks.size())
-      return fail(fmt::format("seq {} misses {} of its {} blocks", id, s.gap, s.blocks.size()));
-    for (size_t b = 0; b < s.blocks.size(); ++b) {
-      const uint32_t u = s.blocks[b];
-      if ((b < s.gap) != (u == kNone))
-        return fail(fmt::format("seq {} block {}: {} with a front gap of {}", id, b, u, s.gap));
-      if (u == kNone) continue;
-      if (u >= n || (config_.null_block && u == 0))
-        return fail(fmt::format("seq {} holds invalid block {}", id, u));
-      ++refs[u];
-      const uint32_t want = std::min<uint32_t>(block_size(), s.tokens - b * block_size());
-      if (blocks_[u].filled != want)
-        return fail(fmt::format("block {} holds {} tokens, seq {} expects {}", u, blocks_[u].filled,
-                                id, want));
-    }
+  const bool seqs_ok = seqs_.all([&](SeqId id, const SeqGroups& live) {
+    if (live.size() != groups_.size())
+      return fail(
+          fmt::format("seq {} has {} tables for {} groups", id, live.size(), groups_.size()));
+    for (uint32_t g = 0; g < live.size(); ++g)
+      if (!check_group(id, live[g], g, refs, why)) return false;
     return true;
   });
   if (!seqs_ok) return false;
@@ -590,6 +704,27 @@ KvLayout PagedBlockPool::layout() const {
   // unit's `layers` physical blocks, one per layer, in the same order).
   // A growing pool's addresses are reserved for its cap from init on.
   const DevPtr k = pools_.empty() ? 0 : pools_[0];
+  if (!config_.per_layer && groups_.size() > 1) {
+    // KV cache groups: a unit holds group_layers_ layers; layer i of whichever group owns the
+    // block sits at slot i (vLLM: tensor i is shared by layer i of every group), read through
+    // its group's table (group_table; seq_table gives group 0's).
+    KvInit slots = init_;
+    slots.layers = group_layers_;
+    slots.kv_bytes_per_token = init_.layer_kv_bytes_per_token() * group_layers_;
+    const KvLayout unit = block_major_layout(k, slots, block_size(), unit_bytes_, cap_units_);
+    KvLayout l = unit;
+    l.k.assign(init_.layers, 0);
+    l.v.assign(init_.layers, 0);
+    l.layer_group.assign(init_.layers, 0);
+    for (uint32_t g = 0; g < groups_.size(); ++g)
+      for (size_t i = 0; i < groups_[g].layers.size(); ++i) {
+        const uint32_t layer = groups_[g].layers[i];
+        l.k[layer] = unit.k[i];
+        l.v[layer] = unit.v[i];
+        l.layer_group[layer] = g;
+      }
+    return l;
+  }
   if (!config_.per_layer)
     return block_major_layout(k, init_, block_size(), unit_bytes_, cap_units_);
   // The seed's pools [physical blocks, block_size, kv_dim]: layer l of a unit is physical block
@@ -612,8 +747,8 @@ KvLayout PagedBlockPool::layout() const {
 
 void PagedBlockPool::seq_table(SeqId seq, std::vector<int32_t>* out) const {
   out->clear();
-  if (const Seq* s = seqs_.find(seq))
-    for (uint32_t u : s->blocks) out->push_back(u == kNone ? -1 : static_cast<int32_t>(u));
+  if (const SeqGroups* s = seqs_.find(seq))
+    for (uint32_t u : (*s)[0].blocks) out->push_back(u == kNone ? -1 : static_cast<int32_t>(u));
 }
 
 }  // namespace memsim

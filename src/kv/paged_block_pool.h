@@ -2,7 +2,9 @@
 // lazy allocation, an LRU free-block queue, prefix caching by chained block hashes, reference
 // counts and copy-on-write of a shared partial block. With copy-on-write, blocks of private
 // content (no lookup can reach them) are cached without being hashed; their hashes are
-// computed if the content is published.
+// computed if the content is published. Models with sliding-window layers: vLLM V1's hybrid KV
+// cache manager, one block table per KV cache group over the one pool, a sliding-window group
+// freeing the blocks that left its window (paged_block_pool_groups.cpp).
 #pragma once
 
 #include <cstdint>
@@ -61,6 +63,9 @@ class PagedBlockPool final : public KvCacheManager {
   uint64_t free_token_capacity() const override;
   bool caches_prefixes() const override { return config_.prefix_caching; }
   uint32_t block_table_tokens() const override { return config_.block_size; }
+  bool holds_kv_groups() const override { return true; }
+  // With sliding-window groups release_front frees nothing (their front is the window's to
+  // free): preemption by free_front then falls back to recompute.
   bool frees_front() const override { return true; }
   uint32_t release_front(SeqId seq, uint64_t bytes, uint32_t max_tokens) override;
   uint32_t front_gap(SeqId seq) const override;
@@ -76,6 +81,10 @@ class PagedBlockPool final : public KvCacheManager {
   // Layer `layer`'s row of the block table (the seed's block_table_cpu_[layer]): per_layer, the
   // physical block of each logical block in the key (and value) pool; shared, block_table.
   std::vector<uint32_t> layer_table(SeqId seq, uint32_t layer) const;
+  // KV cache group `group`'s block table of the sequence (kNone: a block its sliding window
+  // freed, vLLM's null block), and the groups the pool holds (one full group without windows).
+  std::vector<uint32_t> group_table(SeqId seq, uint32_t group) const;
+  const std::vector<KvCacheGroup>& groups() const { return groups_; }
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
@@ -93,6 +102,7 @@ class PagedBlockPool final : public KvCacheManager {
     bool in_queue = false;
   };
   static_assert(sizeof(Block) == 16);
+  // One KV cache group's table of a sequence (every group of a sequence holds `tokens`).
   struct Seq {
     std::vector<uint32_t> blocks;  // logical -> unit id
     uint32_t tokens = 0;
@@ -100,7 +110,9 @@ class PagedBlockPool final : public KvCacheManager {
     uint32_t marked = 0;     // leading full blocks hashed or pending (>= hashed)
     uint64_t last_hash = 0;  // chained hash of block hashed-1
     uint32_t gap = 0;        // leading logical blocks freed by release_front (kNone in blocks)
+    uint32_t skipped = 0;    // leading blocks a sliding window freed (kNone: vLLM's null block)
   };
+  using SeqGroups = std::vector<Seq>;  // one per KV cache group
 
   // Free queue (LRU): allocation pops the head, freed blocks append at the tail.
   void queue_push_back(uint32_t b);
@@ -113,7 +125,25 @@ class PagedBlockPool final : public KvCacheManager {
   void set_filled(uint32_t b, uint32_t filled);
   // Registers the sequence's full blocks under their chained hashes; unless `publish`, blocks
   // reaching past content.private_from() become pending instead.
-  void cache_full_blocks(Seq& s, const TokenContent& content, bool publish = false);
+  void cache_full_blocks(Seq& s, const TokenContent& content, uint32_t group, bool publish = false);
+  // The prefix-cache key of a block of chained hash `h` in `group` (vLLM BlockHashWithGroupId):
+  // group 0's is the hash itself.
+  static uint64_t group_key(uint64_t h, uint32_t group) {
+    return group ? h ^ (0x9e3779b97f4a7c15ull * group) : h;
+  }
+  // Sliding-window groups (paged_block_pool_groups.cpp):
+  // vLLM HybridKVCacheCoordinator.find_longest_cache_hit over the groups.
+  uint32_t lookup_groups(const TokenContent& content) const;
+  // SlidingWindowManager.remove_skipped_blocks(computed) for every sliding-window group.
+  void remove_skipped(SeqGroups& s, uint32_t computed);
+  // Blocks before the window of `computed` tokens (get_num_skipped_tokens / block_size), for a
+  // group of window `window`; at most `blocks`.
+  uint32_t skipped_blocks(uint32_t window, uint32_t computed, size_t blocks) const;
+  bool check_group(SeqId id, const Seq& s, uint32_t group, std::vector<uint32_t>& refs,
+                   std::string* why) const;
+  Status grow_new(SeqId seq, const TokenContent& content, uint32_t num_tokens,
+                  uint32_t prefix_tokens);
+  Status grow_live(SeqId seq, SeqGroups& live, const TokenContent& content, uint32_t num_tokens);
   static bool holds_cache(const Block& b) { return b.cached != Cached::kNo; }
   Status copy_unit(uint32_t dst, uint32_t src);
   // Growing pools: maps physical memory for units [blocks_.size(), units) and queues them free.
@@ -147,8 +177,11 @@ class PagedBlockPool final : public KvCacheManager {
   uint64_t stored_ = 0;      // sum of filled over used units
   uint64_t cow_copies_ = 0;  // in units
   uint64_t evicted_ = 0;     // in units
-  HashIndex cache_;          // hash -> unit
-  SlotMap<Seq> seqs_;
+  HashIndex cache_;          // group_key -> unit
+  SlotMap<SeqGroups> seqs_;
+  std::vector<KvCacheGroup> groups_;  // the KV cache groups (one full group without windows)
+  uint32_t group_layers_ = 0;         // layers a unit holds: the most of any group
+  bool windows_ = false;              // a group has a sliding window
 };
 
 }  // namespace memsim

@@ -508,6 +508,9 @@ bool Engine::start() {
   init.budget_bytes = c_.kv_budget_bytes;
   init.max_num_seqs = c_.serve.max_num_seqs;
   init.max_model_len = c_.serve.max_model_len;
+  init.groups = kv_cache_groups(kv_model.layer_windows(), c_.hybrid_kv_cache);
+  if (r_.error = kv_groups_refusal(*kv_, init, c_.executor != nullptr); !r_.error.empty())
+    return false;
   if (c_.backend) {
     auto made = c_.backend(c_.gpu, clock_);
     if (!made.ok()) {

@@ -53,6 +53,10 @@ struct EngineConfig {
   // the stages in turn (src/serve/engine_batch_queue.cpp).
   std::shared_ptr<const PipelineTime> pipeline;
   std::optional<ModelShape> kv_model;  // the KV pool's layers when not `model`'s
+  // vLLM's hybrid KV cache manager (false: --disable-hybrid-kv-cache-manager): the KV pool gets
+  // the model's KV cache groups (src/kv/kv_groups.h), which needs a strategy that
+  // holds_kv_groups() when a group has a sliding window (else the run fails at start).
+  bool hybrid_kv_cache = true;
   // Decode batch sizes captured as CUDA graphs (ascending; empty: every step eager). vLLM pads a
   // decode step of up to the largest size to the next captured size and replays its graph; the
   // step-time profile prices those steps from its graph profile, and an executor on the GPU

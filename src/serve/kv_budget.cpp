@@ -303,7 +303,14 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
 
   const uint64_t needed =
       b.weights + (sglang ? 0 : b.activation_peak + b.graph_memory);  // SGLang: in the reserve
-  const uint64_t block_bytes = uint64_t{in.kv_block_size} * b.kv_bytes_per_token;
+  // A block holds kv_block_size tokens of every layer, or with KV cache groups (sliding-window
+  // layers under the hybrid manager) of the group size's layers (vLLM
+  // get_kv_cache_config_from_groups: available_memory // page_size // group_size blocks).
+  b.kv_groups = kv_cache_groups(model.layer_windows(), in.hybrid_kv_cache);
+  b.kv_group_layers = kv_group_size(b.kv_groups);
+  const uint64_t block_bytes = uint64_t{in.kv_block_size} * b.kv_bytes_per_token / model.layers *
+                               std::max<uint32_t>(1, b.kv_group_layers);
+  b.kv_block_bytes = block_bytes;
   if (b.usable < needed + block_bytes)
     return make_error(
         ErrorCode::kOutOfMemory,
@@ -322,6 +329,11 @@ Result<KvBudget> compute_kv_budget(const KvBudgetInput& in) {
   b.kv_bytes = b.usable - needed;
   b.kv_tokens = b.kv_bytes_per_token ? b.kv_bytes / b.kv_bytes_per_token : 0;
   b.kv_blocks = block_bytes ? b.kv_bytes / block_bytes : 0;
+  // Several groups: every token takes a slot in each group's table (vLLM's "GPU KV cache size":
+  // num_blocks // groups x block_size).
+  if (b.kv_groups.size() > 1) b.kv_tokens = b.kv_blocks / b.kv_groups.size() * in.kv_block_size;
+  b.kv_max_blocks_per_request = max_blocks_per_request(b.kv_groups, in.kv_block_size,
+                                                       in.max_model_len, in.max_num_batched_tokens);
   return b;
 }
 
@@ -394,6 +406,10 @@ std::string format_kv_budget(const KvBudget& b) {
   out += line("= kv cache", b.kv_bytes,
               fmt::format("{} tokens at {} B/token, {} blocks of {}", b.kv_tokens,
                           b.kv_bytes_per_token, b.kv_blocks, b.kv_block_size));
+  if (any_window(b.kv_groups))
+    out +=
+        fmt::format("  KV cache groups: {}; blocks of {} B; a request holds at most {} blocks\n",
+                    describe_kv_groups(b.kv_groups), b.kv_block_bytes, b.kv_max_blocks_per_request);
   if (sglang) {
     const uint64_t free = b.capacity - std::min(b.capacity, b.context + b.comm.total());
     const uint64_t reserve = free - std::min(free, b.usable);

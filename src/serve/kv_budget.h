@@ -11,6 +11,7 @@
 #include "backends/sim/cost_model.h"
 #include "src/drivers/capture_runner.h"
 #include "src/graph/registry.h"
+#include "src/kv/kv_groups.h"
 #include "workload/collectives.h"
 #include "workload/model_shape.h"
 #include "workload/pipeline_parallel.h"
@@ -93,6 +94,9 @@ struct KvBudgetInput {
   uint64_t gemm_workspace_bytes = 32ull << 20;  // cuBLAS workspace (PyTorch's size on Hopper)
   uint32_t max_model_len = 8192;                // sizes the block-table input
   uint32_t kv_block_size = 16;                  // tokens per KV block
+  // vLLM's hybrid KV cache manager (false: --disable-hybrid-kv-cache-manager): a model with
+  // sliding-window layers gets KV cache groups (src/kv/kv_groups.h).
+  bool hybrid_kv_cache = true;
   ParallelConfig parallel;      // tensor > 1: `model` is the whole model, sharded here
   uint32_t pipeline_stage = 0;  // the stage compute_kv_budget sizes (< parallel.pipeline)
   CommOptions comm;
@@ -110,7 +114,17 @@ struct KvBudget {
   uint64_t kv_bytes = 0;  // usable - weights - activation_peak - graph_memory
   uint64_t kv_bytes_per_token = 0;
   uint64_t kv_tokens = 0;  // kv_bytes / kv_bytes_per_token
-  uint64_t kv_blocks = 0;  // kv_bytes / (kv_block_size x kv_bytes_per_token)
+  uint64_t kv_blocks = 0;  // kv_bytes / kv_block_bytes
+  // The KV cache groups (one full group of every layer without sliding windows), the layers a
+  // block holds (the most of any group) and its bytes: kv_block_size x kv_bytes_per_token /
+  // layers x kv_group_layers. With several groups kv_tokens is vLLM's "GPU KV cache size",
+  // kv_blocks / groups x kv_block_size (else kv_bytes / kv_bytes_per_token).
+  std::vector<KvCacheGroup> kv_groups;
+  uint32_t kv_group_layers = 0;
+  uint64_t kv_block_bytes = 0;
+  // The most blocks one request can hold (max_blocks_per_request, kv_groups.h): vLLM's
+  // "maximum concurrency" is kv_blocks over this.
+  uint64_t kv_max_blocks_per_request = 0;
   uint32_t kv_block_size = 0;
   double gpu_memory_utilization = 0;
   double mem_fraction_static = 0;       // > 0: SGLang's rule sized it (usable = that x free)
@@ -160,9 +174,7 @@ struct EngineKvBudget {
   uint32_t min_stage = 0;        // the (first) stage with that least count
   // KV bytes stage s allocates: kv_blocks_min blocks of its own layers (vLLM allocates the
   // engine's count on every worker; what a stage's budget holds beyond it stays unused).
-  uint64_t kv_allocated(size_t s) const {
-    return kv_blocks_min * stages[s].kv_block_size * stages[s].kv_bytes_per_token;
-  }
+  uint64_t kv_allocated(size_t s) const { return kv_blocks_min * stages[s].kv_block_bytes; }
 };
 
 // Every stage of the engine `in` describes (in.pipeline_stage is ignored); each distinct stage

@@ -39,7 +39,8 @@ const ConfigKeys& serving_config_keys() {
       {"engine",
        {"gpu_memory_utilization", "mem_fraction_static", "enforce_eager", "graph_memory",
         "kv_budget", "max_model_len", "validate_content", "validate_sample", "gpu_layers",
-        "step_time", "gpu_step", "export_snapshot", "kv_cache_dtype"}},
+        "step_time", "gpu_step", "export_snapshot", "kv_cache_dtype",
+        "disable_hybrid_kv_cache_manager"}},
       {"step_profile_scale", {"decode", "prefill"}},
       {"scheduler", {}, "schedulers()"},
       {"kv", {}, "kv_strategies()"},
@@ -64,6 +65,7 @@ struct EngineSettings {
   std::string gpu_step = "attention";
   bool export_snapshot = false;
   std::optional<DType> kv_cache_dtype;  // nullopt: "auto"
+  bool hybrid_kv_cache = true;          // !disable_hybrid_kv_cache_manager
 };
 
 // engine.kv_cache_dtype, vLLM's CacheDType values: auto (the model's dtype), fp8 (= fp8_e4m3,
@@ -91,6 +93,7 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys(keys_at(serving_config_keys(), "engine"));
   if (auto v = node.find("export_snapshot")) e.export_snapshot = v->as_bool();
   if (auto v = node.find("kv_cache_dtype")) e.kv_cache_dtype = parse_kv_cache_dtype(*v);
+  if (auto v = node.find("disable_hybrid_kv_cache_manager")) e.hybrid_kv_cache = !v->as_bool();
   if (auto v = node.find("step_time")) e.step_time = v->as_choice({"auto", "roofline", "profile"});
   if (auto v = node.find("gpu_step")) e.gpu_step = v->as_choice({"attention", "model"});
   if (auto v = node.find("gpu_memory_utilization")) {
@@ -129,6 +132,42 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
 }
 
 }  // namespace
+
+// A model with sliding-window layers: the run's KV strategy must hold vLLM's KV cache groups
+// (a trait), unless the hybrid manager is off and full-attention layers make every layer full;
+// content checks and pipeline stages are not modelled with windows.
+void check_kv_groups(const ServingConfig& c, const ConfigNode& root,
+                     const std::optional<ConfigNode>& node, const KvChoice& k,
+                     const EngineSettings& e) {
+  if (!c.model.sliding_window) return;
+  const ConfigNode& at = node ? *node : root;
+  auto key = [&](const char* map, const char* name) {
+    for (const ConfigNode* n : {node ? &*node : nullptr, &root})
+      if (n)
+        if (auto m = n->find(map))
+          if (auto v = m->find(name)) return *v;
+    return at;
+  };
+  const std::vector<KvCacheGroup> groups =
+      kv_cache_groups(c.model.layer_windows(), e.hybrid_kv_cache);
+  if (any_window(groups) && !k.factory()->holds_kv_groups())
+    key("kv", "impl")
+        .fail(fmt::format("{} has sliding-window layers ({}), and the KV strategy '{}' cannot hold "
+                          "KV cache groups "
+                          "that free the blocks outside a window (paged_block_pool can){}",
+                          c.model.name, describe_kv_groups(groups), k.impl,
+                          c.model.sliding_window_pattern
+                              ? "; engine.disable_hybrid_kv_cache_manager: true makes "
+                                "every layer full attention, as vLLM does"
+                              : ""));
+  if (any_window(groups) && e.validate_content)
+    key("engine", "validate_content")
+        .fail("content checks of sliding-window KV cache groups are not modelled yet");
+  if (c.parallel.sizes.pipeline > 1)
+    root["parallel"]["pipeline_parallel_size"].fail(
+        "pipeline stages of a model with sliding-window layers are not modelled (vLLM groups the "
+        "layers of the whole model, then gives each stage its part)");
+}
 
 std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu,
                                      const std::vector<uint32_t>& sizes, uint32_t max_model_len) {
@@ -422,6 +461,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
           .fail(fmt::format("preemption: free_front releases a request's earliest KV blocks, and "
                             "the KV strategy '{}' cannot (paged_block_pool can)",
                             k->impl));
+    check_kv_groups(c, root, node, *k, e);
     run.kv_impl = k->impl;
     run.kv_params = k->params;
     run.kv_factory = k->factory;
@@ -440,6 +480,7 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     run.gpu_layers = e.gpu_layers;
     run.gpu_step = e.gpu_step;
     run.kv_cache_dtype = checked_kv_cache_dtype(e, c.model, at);
+    run.hybrid_kv_cache = e.hybrid_kv_cache;
     if (e.step_time == "profile" && !c.step_profile)
       at.fail(
           fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
@@ -520,13 +561,14 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     in.max_model_len = r.serve.max_model_len;
     in.kv_block_size = r.budget_block_size;
     in.export_profile_snapshot = r.export_snapshot;
+    in.hybrid_kv_cache = r.hybrid_kv_cache;
     in.parallel = c.parallel.sizes;
     in.comm = c.parallel.comm;
-    const std::string key =
-        fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", in.mem_fraction_static,
-                    in.gpu_memory_utilization, in.max_num_batched_tokens, in.max_num_seqs,
-                    in.enforce_eager, in.graph_strategy, in.max_model_len, in.kv_block_size,
-                    in.export_profile_snapshot, to_string(in.model.kv_cache_dtype()));
+    const std::string key = fmt::format(
+        "{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", in.mem_fraction_static, in.gpu_memory_utilization,
+        in.max_num_batched_tokens, in.max_num_seqs, in.enforce_eager, in.graph_strategy,
+        in.max_model_len, in.kv_block_size, in.export_profile_snapshot,
+        to_string(in.model.kv_cache_dtype()), in.hybrid_kv_cache);
     auto it = budgets.find(key);
     if (it == budgets.end()) it = budgets.emplace(key, engine_budget(in)).first;
     if (it->second.ok()) {
@@ -570,6 +612,7 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     e.kv_impl = o.spec.kv_impl;
     e.kv_factory = o.spec.kv_factory;
     e.kv_budget_bytes = o.budget.kv_bytes;
+    e.hybrid_kv_cache = o.spec.hybrid_kv_cache;
     e.sample_interval = c.sample_interval;
     if (!o.spec.enforce_eager) e.graph_sizes = o.budget.capture_sizes;
     // Measured profiles price steps with the model's KV dtype: an fp8 cache takes the roofline.

@@ -51,6 +51,7 @@ struct ServingRunSpec {
   // engine.kv_cache_dtype: the KV cache's element type (vLLM's --kv-cache-dtype); nullopt is
   // "auto", the model's dtype. Budget, KV strategies and the roofline see its bytes per token.
   std::optional<DType> kv_cache_dtype;
+  bool hybrid_kv_cache = true;  // !engine.disable_hybrid_kv_cache_manager
 };
 
 // `model` with the run's KV cache element type (engine.kv_cache_dtype).
