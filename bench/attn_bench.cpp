@@ -1,6 +1,7 @@
 // memsim-attn-bench: decode attention bandwidth (paged and contiguous) against PyTorch SDPA over
 // contiguous K/V and a read-only bandwidth kernel, and causal prefill TFLOP/s, in one run on the
-// GPU; the same shapes over an fp8 KV cache against bf16. Exits 77 without a GPU.
+// GPU; the same shapes over an fp8 KV cache against bf16; short chunks over long prefixes
+// (split-KV prefill against a decode step over the same KV). Exits 77 without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <unistd.h>
@@ -267,6 +268,86 @@ PrefillRow bench_prefill(const AttentionShape& sh, uint32_t len, uint32_t page, 
   return r;
 }
 
+// A short prefill chunk over a long cached prefix (issue 33's split-KV rows): the chunk's
+// attention split as the planner decides and unsplit, and a batch-1 decode step over the same KV
+// (context = prefix + chunk).
+struct ChunkRow {
+  uint32_t q = 0, prefix = 0, items = 0, kv_chunk = 0;
+  double split_s = 0, unsplit_s = 0, decode_s = 0;
+};
+
+ChunkRow bench_chunk(const AttentionShape& sh, uint32_t q_len, uint32_t prefix, uint32_t page,
+                     const DeviceLimits& lim, cudaStream_t st) {
+  ChunkRow r;
+  r.q = q_len;
+  r.prefix = prefix;
+  const uint64_t row = sh.row_elems(), D = sh.head_dim;
+  const uint32_t ctx = prefix + q_len, blocks = (ctx + page - 1) / page;
+  Dev pk(uint64_t{blocks} * page * row * 2), pv(uint64_t{blocks} * page * row * 2);
+  Dev q(uint64_t{q_len} * sh.q_heads * D * 2), o(uint64_t{q_len} * sh.q_heads * D * 2);
+  CK(random_half(sh.dtype, pk.a(), uint64_t{blocks} * page * row, 21, st));
+  CK(random_half(sh.dtype, pv.a(), uint64_t{blocks} * page * row, 22, st));
+  CK(random_half(sh.dtype, q.a(), uint64_t{q_len} * sh.q_heads * D, 23, st));
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  const std::vector<int32_t> ql = {static_cast<int32_t>(q_len)}, kl = {static_cast<int32_t>(ctx)},
+                             indptr = {0, ql[0]};
+  Dev dt(blocks * 4), dl(4), di(8);
+  CK(cudaMemcpy(dt.p, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dl.p, kl.data(), 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(di.p, indptr.data(), 8, cudaMemcpyHostToDevice));
+  PrefillArgs a;
+  a.q = q.a();
+  a.o = o.a();
+  a.qo_indptr = di.as<int32_t>();
+  a.cache = {pk.a(), pv.a(), static_cast<int64_t>(uint64_t{page} * row), page,
+             KvAddressing::kPaged};
+  a.seqs = {dl.as<int32_t>(), dt.as<int32_t>(), blocks, nullptr, nullptr};
+  auto time_plan = [&](const PrefillPlan& plan) {
+    Dev dw(plan.work.size() * 4), ws(plan.workspace_bytes);
+    CK(cudaMemcpy(dw.p, plan.work.data(), plan.work.size() * 4, cudaMemcpyHostToDevice));
+    PrefillArgs b = a;
+    b.work = dw.as<int32_t>();
+    b.num_tiles = plan.num_tiles;
+    b.split = plan.split;
+    b.workspace = ws.a();
+    return time_calls(st, 20, 7, [&] { CK(paged_prefill(sh, b, st)); });
+  };
+  const PrefillPlan split = plan_prefill(sh, ql, kl, &lim);
+  r.items = split.num_tiles;
+  r.kv_chunk = split.split.kv_chunk;
+  r.split_s = time_plan(split);
+  r.unsplit_s = time_plan(plan_prefill(sh, ql, kl));
+  // The decode step: one query token of the same sequence, the bench's decode plan.
+  const DecodePlan dp = plan_decode(sh, 1, ctx, lim);
+  Dev ws(dp.workspace_bytes);
+  DecodeArgs d;
+  d.q = q.a();
+  d.o = o.a();
+  d.cache = a.cache;
+  d.seqs = a.seqs;
+  d.workspace = ws.a();
+  r.decode_s = time_calls(st, 20, 7, [&] { CK(paged_decode(sh, dp, d, st)); });
+  return r;
+}
+
+void print_chunks(const std::vector<ChunkRow>& rows, std::ofstream& out) {
+  if (rows.empty()) return;
+  std::printf(
+      "short chunks over long prefixes (us): split-KV prefill as planned, unsplit, a batch-1 "
+      "decode step over the same KV (goal: split <= 2x decode)\n");
+  std::printf("%-14s %6s %9s %10s %10s %10s %12s\n", "chunk x prefix", "items", "kv chunk", "split",
+              "unsplit", "decode", "split/decode");
+  for (const ChunkRow& r : rows) {
+    std::printf("%5u x %-6u %6u %9u %10.1f %10.1f %10.1f %11.2fx %s\n", r.q, r.prefix, r.items,
+                r.kv_chunk, r.split_s * 1e6, r.unsplit_s * 1e6, r.decode_s * 1e6,
+                r.split_s / r.decode_s, r.split_s <= 2 * r.decode_s ? "ok" : "over");
+    if (out)
+      out << fmt::format("chunk,{},{},{},{},{},{},{},0,\n", r.q, r.prefix, r.items, r.kv_chunk,
+                         r.split_s, r.unsplit_s, r.decode_s);
+  }
+}
+
 // Runs the SDPA side (tools/attn_sdpa.py) for the same shapes; lines "decode B L s backend" and
 // "prefill L s backend". Returns an explanation when it could not run.
 std::string run_sdpa(const std::string& script, const AttentionShape& sh,
@@ -360,6 +441,7 @@ int run(int argc, char** argv) {
   std::string dtype = "bf16", sdpa = "tools/attn_sdpa.py", csv, kv_fp8 = "fp8_e4m3";
   std::vector<uint32_t> sweep;
   std::vector<std::string> shapes = {"1x32768", "32x4096", "64x8192", "256x1024", "256x4096"};
+  std::vector<std::string> chunks = {"16x16384", "64x16384", "16x32768", "64x32768"};
   app.add_option("--q-heads", q_heads, "query heads (default Llama-3.1-8B: 32)");
   app.add_option("--kv-heads", kv_heads, "KV heads (8)");
   app.add_option("--head-dim", head_dim, "head dim (128)");
@@ -367,6 +449,9 @@ int run(int argc, char** argv) {
   app.add_option("--page", page, "tokens per block (16)");
   app.add_option("--decode", shapes, "decode shapes BATCHxCONTEXT")->delimiter(',');
   app.add_option("--prefill", prefill_len, "causal prefill length (4096; 0 = skip)");
+  app.add_option("--chunks", chunks,
+                 "short prefill chunks over cached prefixes TOKENSxPREFIX (split-KV rows; none)")
+      ->delimiter(',');
   app.add_option("--sdpa", sdpa, "SDPA script (tools/attn_sdpa.py); 'none' skips it");
   app.add_option("--csv", csv, "also write the figures to this CSV file");
   app.add_option("--kv-fp8", kv_fp8,
@@ -410,6 +495,16 @@ int run(int argc, char** argv) {
   }
   std::vector<PrefillRow> pre;
   if (prefill_len > 0) pre.push_back(bench_prefill(sh, prefill_len, page, st, fp8));
+  std::vector<ChunkRow> chunk_rows;
+  for (const std::string& c : chunks) {
+    uint32_t tq = 0, tp = 0;
+    if (c == "none") continue;
+    if (std::sscanf(c.c_str(), "%ux%u", &tq, &tp) != 2 || tq == 0) {
+      std::fprintf(stderr, "memsim-attn-bench: --chunks %s: expected TOKENSxPREFIX\n", c.c_str());
+      return 2;
+    }
+    chunk_rows.push_back(bench_chunk(sh, tq, tp, page, lim, st));
+  }
   const std::string sdpa_err =
       sdpa == "none" ? "skipped (--sdpa none)" : run_sdpa(sdpa, sh, dec, pre);
 
@@ -464,6 +559,7 @@ int run(int argc, char** argv) {
                            r.fp8_s);
     }
   }
+  print_chunks(chunk_rows, out);
   std::printf(
       "goals: decode paged >= 95%% of SDPA and >= 85%% of the ceiling, paged at most 3%% "
       "slower than contiguous; prefill >= 50%% of SDPA; fp8 decode >= 1.8x bf16's tokens/s at "

@@ -7,6 +7,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_fp8.cuh"
+#include "kernels/attention_merge.h"
 #include "kernels/attention_tiles.h"
 #include "kernels/dispatch.cuh"
 
@@ -177,11 +178,13 @@ struct CombineParams {
   const int32_t* work;           // optional: the decode's work list (`capacity` rows)
   const int32_t* kv_lens;        // with a work list: a sequence's chunks = its tiles / chunk
   uint32_t capacity;
+  const int32_t* indptr;  // optional (merge_states): row i's partials [indptr[i], indptr[i + 1])
 };
 
 constexpr int kCombineThreads = 128;
 
 // Grid (q_head, sequence), 128 threads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+// (merge_states: grid (q_head, token), a token's partials given by an indptr.)
 // The split weights are computed once into shared memory (block reductions over the splits),
 // then every thread sums its float4 of the output over a quarter of the splits (independent
 // loads in flight) and the four quarters are added in shared memory.
@@ -201,6 +204,10 @@ __global__ void __launch_bounds__(kCombineThreads)
     splits = (len + c - 1) / c;
     if (splits <= 1) return;
     row0 = wv.first(seq);
+  } else if (p.indptr) {  // rows of one partial (or none) were written by their kernel
+    row0 = static_cast<uint32_t>(p.indptr[seq]);
+    splits = static_cast<uint32_t>(p.indptr[seq + 1]) - row0;
+    if (splits <= 1) return;
   }
   const int64_t first = static_cast<int64_t>(row0) * p.q_heads + qh;
 
@@ -284,9 +291,9 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
                                        : dim3(plan.num_splits, shape.kv_heads, plan.max_batch);
   kernel<<<grid, TL::kThreads, TL::kSmemBytes, stream>>>(p);
   if (plan.num_splits > 1) {
-    CombineParams<T> c{p.partial_o, p.partial_lse, p.kv.o,
-                       p.num_seqs,  shape.q_heads, plan.num_splits,
-                       p.work,      p.kv.kv_lens,  plan.work_capacity};
+    CombineParams<T> c{p.partial_o,        p.partial_lse,   p.kv.o, p.num_seqs,
+                       shape.q_heads,      plan.num_splits, p.work, p.kv.kv_lens,
+                       plan.work_capacity, nullptr};
     constexpr auto combine = DecodeCombineKernel<T, D>;
     const size_t smem = combine_smem(plan.num_splits, D);
     if (smem > 48 * 1024) {
@@ -301,6 +308,32 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
 }
 
 }  // namespace
+
+namespace detail {
+
+cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaStream_t stream) {
+  if (a.tokens == 0) return cudaSuccess;
+  if (a.tokens > 65535 || a.max_parts == 0 || !a.partial_o || !a.partial_lse || !a.indptr)
+    return cudaErrorInvalidValue;
+  return dispatch(shape, KvAddressing::kPaged, [&]<typename T, int D, bool>() {
+    constexpr auto combine = DecodeCombineKernel<T, D>;
+    const size_t smem = combine_smem(a.max_parts, D);
+    if (smem > 48 * 1024) {
+      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+          e != cudaSuccess)
+        return e;
+    }
+    const CombineParams<T> c{a.partial_o, a.partial_lse, reinterpret_cast<T*>(a.o),
+                             nullptr,     shape.q_heads, a.max_parts,
+                             nullptr,     nullptr,       0,
+                             a.indptr};
+    combine<<<dim3(shape.q_heads, a.tokens), kCombineThreads, smem, stream>>>(c);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace detail
 
 cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
                          const DecodeArgs& args, cudaStream_t stream) {

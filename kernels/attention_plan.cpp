@@ -10,6 +10,11 @@
 
 namespace memsim::kernels {
 
+// attention_plan_split.cpp: cuts a plan's tiles into KV chunks when it decides (or is forced) to.
+void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
+                        const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
+                        uint32_t force_chunks, PrefillPlan* p);
+
 const char* to_string(KvDtype d) {
   return d == KvDtype::kBf16 ? "bf16" : "fp16";
 }
@@ -239,7 +244,8 @@ uint32_t prefill_tokens_per_tile(const AttentionShape& shape) {
 }
 
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
-                         const std::vector<int32_t>& kv_lens) {
+                         const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
+                         uint32_t force_chunks) {
   PrefillPlan p;
   const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
   struct Item {
@@ -262,6 +268,7 @@ PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>
     p.work.push_back(it.first);
   }
   p.num_tiles = static_cast<uint32_t>(items.size());
+  if (device || force_chunks) split_prefill_plan(shape, q_lens, kv_lens, device, force_chunks, &p);
   return p;
 }
 

@@ -1,5 +1,6 @@
 // PagedPrefillKernel: causal attention of each sequence's new tokens over its cached prefix and
-// themselves, ragged across the batch, tiles taken from a CPU-planned work list; host launcher.
+// themselves, ragged across the batch, tiles taken from a CPU-planned work list (split-KV: a
+// chunk of a tile's KV range per item, merged by log-sum-exp after); host launcher.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -7,6 +8,8 @@
 #include "kernels/attention.h"
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_fp8.cuh"
+#include "kernels/attention_merge.h"
+#include "kernels/attention_prefill_split.cuh"
 #include "kernels/attention_tiles.h"
 #include "kernels/dispatch.cuh"
 
@@ -19,8 +22,9 @@ template <typename T, typename KV>
 struct PrefillParams {
   detail::KvParams<T, KV> kv;
   const int32_t* qo_indptr;  // [batch + 1]
-  const int32_t* work;       // {sequence, first token} per CTA row
+  const int32_t* work;       // {sequence, first token} per CTA row ({.., KV chunk} when split)
   uint32_t tokens_per_tile;
+  detail::PrefillSplitView split;  // SPLIT kernels only
 };
 
 template <typename T, int D>
@@ -36,8 +40,9 @@ using PrefillTilesOf =
 
 // Grid (work item, kv_head), 128 threads. Query rows are (token, head of the group) pairs, row
 // r = token * group + head, so the group's heads share every K/V tile; each warp owns 16 x MT
-// rows and walks the whole causal KV range [0, last token's position].
-template <typename T, typename KV, int D, bool PAGED>
+// rows and walks the whole causal KV range [0, last token's position] (SPLIT: the item's chunk
+// of it, written as partial rows unless a token's keys lie in that one chunk).
+template <typename T, typename KV, int D, bool PAGED, bool SPLIT>
 __global__ void __launch_bounds__(128)
     PagedPrefillKernel(const __grid_constant__ PrefillParams<T, KV> p) {
   using TL = PrefillTiles<T, D>;  // Q's layout, and K/V's unless fp8
@@ -46,8 +51,9 @@ __global__ void __launch_bounds__(128)
   T* smem = reinterpret_cast<T*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, wm = tid >> 5;
   const uint32_t h = blockIdx.y;
-  const int32_t seq = p.work[2 * blockIdx.x];
-  const uint32_t t0 = static_cast<uint32_t>(p.work[2 * blockIdx.x + 1]);
+  constexpr int kWords = SPLIT ? 3 : 2;  // work words per item
+  const int32_t seq = p.work[kWords * blockIdx.x];
+  const uint32_t t0 = static_cast<uint32_t>(p.work[kWords * blockIdx.x + 1]);
   const uint32_t q0 = static_cast<uint32_t>(p.qo_indptr[seq]);
   const uint32_t q_len = static_cast<uint32_t>(p.qo_indptr[seq + 1]) - q0;
   const uint32_t kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
@@ -81,14 +87,19 @@ __global__ void __launch_bounds__(128)
   }
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
+  uint32_t kv_lo = 0, kv_hi = kv_end, chunk = 0;
+  if constexpr (SPLIT) {
+    chunk = static_cast<uint32_t>(p.work[3 * blockIdx.x + 2]);
+    p.split.chunk_range(chunk, kv_end, &kv_lo, &kv_hi);
+  }
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
   if constexpr (kFp8) {
     detail::attend_range_fp8<PrefillFp8Tiles<T, D>, T, KV>(
         st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
-        reinterpret_cast<const uint8_t*>(p.kv.v), loc, 0, kv_end, mask_from, limit,
+        reinterpret_cast<const uint8_t*>(p.kv.v), loc, kv_lo, kv_hi, mask_from, limit,
         p.kv.scale_log2);
   } else {
-    detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, 0, kv_end, mask_from, limit,
+    detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, kv_lo, kv_hi, mask_from, limit,
                              p.kv.scale_log2);
   }
 
@@ -101,6 +112,11 @@ __global__ void __launch_bounds__(128)
       if (row >= rows) continue;
       float inv = l > 0.f ? 1.f / l : 0.f;
       const uint32_t tok = row / p.kv.group, head = row % p.kv.group;
+      if constexpr (SPLIT)
+        if (detail::store_partial<D, TL::kDT, kFp8>(p.split, st[mt], r, t, chunk, q0 + t0 + tok,
+                                                    p.kv.q_heads, h * p.kv.group + head, l,
+                                                    kFp8 ? inv * p.kv.v_scale : inv))
+          continue;
       T* out =
           p.kv.o + (static_cast<int64_t>(q0 + t0 + tok) * p.kv.q_heads + h * p.kv.group + head) * D;
       if constexpr (kFp8) {
@@ -124,18 +140,46 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-template <typename T, typename KV, int D, bool PAGED>
+// The workspace of a split launch: partial_o [rows, q_heads, D], then partial_lse [rows,
+// q_heads]; the merge indptr follows the items' words in the work list.
+detail::PrefillSplitView split_view(const AttentionShape& shape, const PrefillArgs& a) {
+  detail::PrefillSplitView v{};
+  v.partial_o = reinterpret_cast<float*>(a.workspace);
+  v.partial_lse = v.partial_o + uint64_t{a.split.partial_rows} * shape.q_heads * shape.head_dim;
+  v.merge_indptr = a.work + 3 * uint64_t{a.num_tiles};
+  v.kv_chunk = a.split.kv_chunk;
+  return v;
+}
+
+template <typename T, typename KV, int D, bool PAGED, bool SPLIT>
 cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
   using TL = PrefillTilesOf<T, KV, D>;
-  constexpr auto kernel = PagedPrefillKernel<T, KV, D, PAGED>;
+  constexpr auto kernel = PagedPrefillKernel<T, KV, D, PAGED, SPLIT>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   PrefillParams<T, KV> p{};
   p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
   p.qo_indptr = a.qo_indptr;
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
+  if constexpr (SPLIT) p.split = split_view(shape, a);
   kernel<<<dim3(a.num_tiles, shape.kv_heads), TL::kThreads, TL::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// Split-KV prefill: the chunks' kernel, then the per-token merge (the decode combine's math).
+cudaError_t split_prefill(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
+  if (a.workspace == 0 || a.split.kv_chunk % prefill_kv_tile(shape.head_dim) != 0 ||
+      a.split.max_chunks < 2 || a.split.total_q == 0 || a.split.total_q > 65535)
+    return cudaErrorInvalidValue;
+  const cudaError_t e =
+      detail::dispatch_kv(shape, a.cache.addressing, [&]<typename T, typename KV, int D, bool P>() {
+        return launch_prefill<T, KV, D, P, true>(shape, a, stream);
+      });
+  if (e != cudaSuccess) return e;
+  const detail::PrefillSplitView v = split_view(shape, a);
+  return detail::merge_states(
+      shape, {v.partial_o, v.partial_lse, a.o, v.merge_indptr, a.split.total_q, a.split.max_chunks},
+      stream);
 }
 
 }  // namespace
@@ -147,9 +191,10 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
     return cudaErrorInvalidValue;
   if (!detail::tables_match(args.cache, args.seqs) || !detail::fp8_cache_aligned(shape, args.cache))
     return cudaErrorInvalidValue;
+  if (args.split.kv_chunk) return split_prefill(shape, args, stream);
   return detail::dispatch_kv(shape, args.cache.addressing,
                              [&]<typename T, typename KV, int D, bool PAGED>() {
-                               return launch_prefill<T, KV, D, PAGED>(shape, args, stream);
+                               return launch_prefill<T, KV, D, PAGED, false>(shape, args, stream);
                              });
 }
 
@@ -177,6 +222,8 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
   p.num_tiles = a.num_tiles;
   p.scale = a.scale;
   p.kv_scales = a.kv_scales;
+  p.split = a.psplit;
+  p.workspace = a.workspace;
   return paged_prefill(shape, p, stream);
 }
 

@@ -82,6 +82,9 @@ struct SeqTables {
 struct DeviceLimits {
   uint32_t num_sms = 132;
   uint32_t decode_ctas_per_sm = 2;  // resident decode CTAs per SM (occupancy)
+  // Prefill CTAs per SM the split-KV planner counts a wave in (FlashInfer's PrefillPlan takes 2;
+  // the prefill kernel's 255 registers x 128 threads allow 2 at head_dim 128 on Hopper).
+  uint32_t prefill_ctas_per_sm = 2;
 };
 
 struct DecodePlan {
@@ -164,17 +167,40 @@ struct DecodeArgs {
 // prefill_rows(head_dim) / group tokens (attention_tiles.h).
 uint32_t prefill_tokens_per_tile(const AttentionShape& shape);
 
+// Split-KV prefill (FlashInfer's split prefill, PrefillSplitQOKVIndptr): when a step's query
+// tiles alone leave the GPU idle (a short chunk over a long cached prefix), each tile's causal KV
+// range is cut into chunks of kv_chunk tokens, one CTA row a chunk. Chunks write partial outputs
+// and log-sum-exps into a workspace, which the decode combine's math merges per query token.
+// Eager only: the work list and workspace are sized per step (a graph would need FlashInfer's
+// padded, fixed-capacity lists; memsim's executor captures decode steps only).
+struct PrefillSplit {
+  uint32_t kv_chunk = 0;      // KV tokens per chunk, whole KV tiles; 0 = not split
+  uint32_t max_chunks = 0;    // most chunks one query token's keys span (the merge's bound)
+  uint32_t total_q = 0;       // query tokens (the merge's rows)
+  uint32_t partial_rows = 0;  // workspace rows: every token's chunk count, summed
+};
+
 struct PrefillPlan {
   // One work item per CTA row of the grid: {sequence, first query token of the tile}, longest KV
-  // range first (causal tiles late in a sequence do the most work).
-  std::vector<int32_t> work;  // 2 x num_tiles, upload to device memory for the launch
-  uint32_t num_tiles = 0;
+  // range first (causal tiles late in a sequence do the most work). Split: {sequence, first
+  // token, KV chunk} per item (each tile's chunks together), then the merge's indptr over the
+  // query tokens (total_q + 1 words: token i's partial rows start at indptr[i], one per chunk
+  // its causal range reaches).
+  std::vector<int32_t> work;  // upload to device memory for the launch
+  uint32_t num_tiles = 0;     // grid rows (work items)
   uint64_t total_q = 0;
+  PrefillSplit split;
+  uint64_t workspace_bytes = 0;  // split: partial outputs + log-sum-exp (fp32)
 };
 // q_lens: new tokens of each sequence (host copy of the indptr differences); kv_lens: KV tokens
-// after the chunk (prefix + q_len).
+// after the chunk (prefix + q_len). `device` null: never split (callers without a workspace);
+// given: the plan decides, splitting only when the tiles x KV heads fill less than one wave of
+// device->num_sms x prefill_ctas_per_sm CTAs (so long chunks keep the unsplit plan and its bits).
+// `force_chunks` > 0 (tests, benchmarks): the longest tile's range in that many chunks (the
+// others in chunks of the same length); 1, or a chunk past every range, is the unsplit plan.
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
-                         const std::vector<int32_t>& kv_lens);
+                         const std::vector<int32_t>& kv_lens, const DeviceLimits* device = nullptr,
+                         uint32_t force_chunks = 0);
 
 struct PrefillArgs {
   uint64_t q = 0;                      // [total_q, q_heads, head_dim], sequences back to back
@@ -185,14 +211,16 @@ struct PrefillArgs {
   const int32_t* work = nullptr;  // device copy of plan.work
   uint32_t num_tiles = 0;
   float scale = 0;
-  KvScales kv_scales;  // fp8 caches
+  KvScales kv_scales;      // fp8 caches
+  PrefillSplit split;      // plan.split (kv_chunk 0: the unsplit kernel)
+  uint64_t workspace = 0;  // split: plan.workspace_bytes of device memory
 };
 
 // ---- one layer of a step: decode or prefill -----------------------------------------------------
 
 // What an executor launches per layer: decode when every sequence has one query token (dplan,
 // workspace and work as for DecodeArgs), else prefill (qo_indptr, work, num_tiles as for
-// PrefillArgs).
+// PrefillArgs; psplit as PrefillArgs::split, with `workspace` its workspace).
 struct LayerAttentionArgs {
   bool decode = true;
   uint64_t q = 0, o = 0;
@@ -205,6 +233,7 @@ struct LayerAttentionArgs {
   uint32_t num_tiles = 0;
   float scale = 0;
   KvScales kv_scales;  // fp8 caches
+  PrefillSplit psplit;
 };
 
 // ---- KV write, block copies, swaps -------------------------------------------------------------

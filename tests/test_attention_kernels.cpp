@@ -1,6 +1,7 @@
 // Attention and KV-cache kernels on a real GPU against a float64 CPU reference: decode (split-K,
 // graphs with a device-resident batch), prefill (chunks over cached prefixes), paged vs
-// contiguous bit-identity, KV write, block copies and swaps. Small shapes, so it also runs under
+// contiguous bit-identity, split-KV prefill (short chunks over long prefixes), KV write, block
+// copies and swaps. Small shapes, so it also runs under
 // compute-sanitizer. Exits 77 (skipped) without a CUDA device.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
@@ -487,6 +488,94 @@ TEST_CASE("prefill matches a float64 reference over cached prefixes, ragged batc
       check_prefill_case(dt, D, 28, 4, 1, {9, 30}, {100, 0}, rng);       // group 7
       check_prefill_case(dt, D, 32, 4, 256, {130, 5}, {257, 256}, rng);  // group 8
       check_prefill_case(dt, D, 12, 4, 7, {64, 1}, {3, 200}, rng);       // group 3, odd page
+    }
+}
+
+// Split-KV prefill: the planner's split (`lim`) or a forced one against the float64 reference,
+// paged and contiguous bit-identical; an unsplit plan (the grid already full, or one chunk) must
+// give the unsplit launch's bits. Returns the plan's chunk length (0: not split).
+uint32_t check_split_prefill(const AttentionShape& sh, uint32_t page,
+                             const std::vector<int32_t>& q_lens,
+                             const std::vector<int32_t>& prefixes, const DeviceLimits* lim,
+                             uint32_t force, std::mt19937& rng) {
+  const uint32_t D = sh.head_dim;
+  std::vector<int32_t> kv_lens(q_lens.size());
+  for (size_t i = 0; i < q_lens.size(); ++i) kv_lens[i] = q_lens[i] + prefixes[i];
+  const Batch b = make_batch(sh, page, kv_lens, rng);
+  const PrefillPlan base = plan_prefill(sh, q_lens, kv_lens);
+  const PrefillPlan plan = plan_prefill(sh, q_lens, kv_lens, lim, force);
+  CAPTURE(to_string(sh.dtype), D, sh.q_heads, sh.kv_heads, q_lens[0], prefixes[0], force,
+          plan.num_tiles, plan.split.kv_chunk, plan.split.max_chunks);
+  if (plan.split.kv_chunk == 0) REQUIRE(plan.work == base.work);
+  std::vector<int32_t> indptr(q_lens.size() + 1, 0);
+  for (size_t i = 0; i < q_lens.size(); ++i) indptr[i + 1] = indptr[i] + q_lens[i];
+  std::vector<float> qf;
+  const auto q = random_half(sh.dtype, base.total_q * sh.q_heads * D, rng, &qf);
+  DevBuf<uint16_t> dq(q), pk(b.paged_k), pv(b.paged_v), ck(b.contig_k), cv(b.contig_v);
+  DevBuf<int32_t> lens(kv_lens), tables(b.tables), slots(b.slots), ind(indptr), w0(base.work),
+      w1(plan.work);
+  DevBuf<float> ws(plan.workspace_bytes / 4);
+  std::vector<DevBuf<uint16_t>> o;
+  for (int i = 0; i < 3; ++i) o.emplace_back(std::vector<uint16_t>(q.size(), 0x7fc0));
+  PrefillArgs a;
+  a.q = dq.addr();
+  a.qo_indptr = ind.p;
+  a.seqs = {lens.p, tables.p, std::max(1u, b.max_blocks), slots.p, nullptr};
+  a.cache = {pk.addr(), pv.addr(), b.block_stride, page, KvAddressing::kPaged};
+  a.work = w0.p;  // the unsplit launch
+  a.num_tiles = base.num_tiles;
+  a.o = o[0].addr();
+  CUDA_OK(paged_prefill(sh, a, nullptr));
+  a.work = w1.p;  // the plan's
+  a.num_tiles = plan.num_tiles;
+  a.split = plan.split;
+  a.workspace = ws.addr();
+  a.o = o[1].addr();
+  CUDA_OK(paged_prefill(sh, a, nullptr));
+  a.o = o[2].addr();
+  a.cache = {ck.addr(), cv.addr(), b.slot_stride, 0, KvAddressing::kContiguous};
+  CUDA_OK(paged_prefill(sh, a, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = o[1].download();
+  CHECK(got == o[2].download());
+  if (plan.split.kv_chunk == 0) CHECK(got == o[0].download());
+  std::vector<double> ref(q.size());
+  for (size_t s = 0; s < q_lens.size(); ++s)
+    for (int32_t i = 0; i < q_lens[s]; ++i)
+      for (uint32_t h = 0; h < sh.q_heads; ++h) {
+        const uint64_t at = (uint64_t(indptr[s] + i) * sh.q_heads + h) * D;
+        reference_row(b, static_cast<uint32_t>(s), h / sh.group(), &qf[at],
+                      static_cast<uint32_t>(prefixes[s] + i + 1), 1.0 / std::sqrt(double(D)),
+                      &ref[at]);
+      }
+  const Err e = compare(sh.dtype, got, ref);
+  CAPTURE(e.rel, e.max_abs);
+  CHECK(e.rel < rel_bound(sh.dtype));
+  CHECK(e.max_abs < abs_bound(sh.dtype));
+  return plan.split.kv_chunk;
+}
+
+TEST_CASE("split-KV prefill: short chunks over long prefixes match the reference") {
+  std::mt19937 rng(21);
+  const DeviceLimits h100{132, 2, 2};
+  const AttentionShape llama{8, 2, 128, KvDtype::kBf16};  // Llama-3.1-8B's group of 4
+  for (int32_t q : {1, 16, 64, 100})
+    for (int32_t prefix : {0, 1024, 16384}) {
+      const uint32_t chunk = check_split_prefill(llama, 16, {q}, {prefix}, &h100, 0, rng);
+      CHECK((chunk > 0) == (prefix > 0));  // one tile over 1K+ tokens is split, a bare chunk not
+    }
+  // Ragged: short over long with long chunks; then a full grid (16 SMs): the unsplit plan's bits.
+  CHECK(check_split_prefill(llama, 16, {16, 700, 3, 64}, {16384, 0, 4000, 1024}, &h100, 0, rng));
+  const DeviceLimits small{16, 2, 2};
+  CHECK(check_split_prefill(llama, 16, {2000, 16}, {0, 8000}, &small, 0, rng) == 0);
+  // Forced split counts, dtypes, head dims, groups 1 / 7 / 8, odd pages.
+  for (uint32_t force : {1u, 2u, 3u, 7u, 64u})
+    check_split_prefill(llama, 16, {16, 100, 1}, {3000, 500, 2500}, nullptr, force, rng);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16})
+    for (uint32_t D : {64u, 128u, 256u}) {
+      check_split_prefill({8, 8, D, dt}, 7, {5, 40}, {1500, 300}, nullptr, 5, rng);
+      check_split_prefill({28, 4, D, dt}, 1, {9}, {700}, nullptr, 3, rng);
+      check_split_prefill({32, 4, D, dt}, 256, {20, 1}, {2000, 257}, &h100, 0, rng);
     }
 }
 

@@ -1,0 +1,96 @@
+// CPU planning of split-KV prefill: cuts the KV ranges of a prefill work list into chunks across
+// CTAs when the query tiles alone leave the GPU idle, and lays out the merge's partial rows.
+#include <algorithm>
+
+#include "kernels/attention_tiles.h"
+#include "kernels/attention_types.h"
+
+namespace memsim::kernels {
+
+namespace {
+
+// Shortest chunk a planner picks (tokens): a CTA loads its 128 query rows and fills its tile
+// pipeline once per chunk, so a chunk of a few tiles would spend as long on that as on its KV.
+constexpr uint32_t kMinChunkTokens = 256;
+
+uint32_t ceil_div(uint64_t a, uint64_t b) {
+  return static_cast<uint32_t>((a + b - 1) / b);
+}
+
+// Chunk length in KV tiles (0 = no split) for items whose causal ranges are `tiles` KV tiles.
+// FlashInfer's PrefillSplitQOKVIndptr / PrefillBinarySearchKVChunkSize
+// (include/flashinfer/attention/scheduler.cuh): no split when the query tiles alone fill the grid
+// (num_sms x 2 CTAs, its PrefillPlan's num_blocks_per_sm); else the shortest chunk whose CTAs,
+// counted per KV head, still fit in that grid (binary search), at least kMinChunkTokens long.
+uint32_t chunk_tiles_for(const AttentionShape& shape, const std::vector<uint32_t>& tiles,
+                         uint32_t kv_tile, const DeviceLimits* device, uint32_t force_chunks) {
+  const uint32_t max_tiles = tiles.empty() ? 0 : *std::max_element(tiles.begin(), tiles.end());
+  if (max_tiles <= 1) return 0;
+  if (force_chunks > 0) return std::max(1u, ceil_div(max_tiles, force_chunks));
+  if (device == nullptr) return 0;
+  const uint64_t slots =
+      uint64_t{device->num_sms} * std::max(1u, device->prefill_ctas_per_sm) / shape.kv_heads;
+  if (tiles.size() >= slots) return 0;  // the grid is full already
+  auto items = [&](uint32_t c) {
+    uint64_t n = 0;
+    for (const uint32_t t : tiles) n += ceil_div(std::max(t, 1u), c);
+    return n;
+  };
+  uint32_t lo = std::max(1u, kMinChunkTokens / kv_tile), hi = max_tiles;
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (items(mid) > slots)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+}  // namespace
+
+void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
+                        const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
+                        uint32_t force_chunks, PrefillPlan* p) {
+  const uint32_t kv_tile = prefill_kv_tile(shape.head_dim);
+  const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
+  // Each item's causal KV range ends with its last query token: [0, prefix + last + 1).
+  std::vector<uint32_t> ends(p->num_tiles), tiles(p->num_tiles);
+  for (uint32_t i = 0; i < p->num_tiles; ++i) {
+    const int32_t s = p->work[2 * i], first = p->work[2 * i + 1];
+    const int32_t prefix = kv_lens[s] - q_lens[s];
+    ends[i] = static_cast<uint32_t>(prefix + std::min(q_lens[s], first + per_tile));
+    tiles[i] = ceil_div(ends[i], kv_tile);
+  }
+  const uint32_t chunk_tiles = chunk_tiles_for(shape, tiles, kv_tile, device, force_chunks);
+  const uint32_t max_tiles = tiles.empty() ? 0 : *std::max_element(tiles.begin(), tiles.end());
+  if (chunk_tiles == 0 || chunk_tiles >= max_tiles) return;  // one chunk each: not split
+  const uint32_t chunk = chunk_tiles * kv_tile;
+
+  // Items {sequence, first token, chunk}, each item's chunks together in the planned order.
+  std::vector<int32_t> work;
+  for (uint32_t i = 0; i < p->num_tiles; ++i)
+    for (uint32_t j = 0; j < ceil_div(ends[i], chunk); ++j)
+      work.insert(work.end(), {p->work[2 * i], p->work[2 * i + 1], static_cast<int32_t>(j)});
+  const auto items = static_cast<uint32_t>(work.size() / 3);
+  // Token i's partial rows: one per chunk its causal range [0, position + 1) reaches.
+  std::vector<int32_t> indptr = {0};
+  uint32_t most = 1;
+  for (size_t s = 0; s < q_lens.size(); ++s)
+    for (int32_t t = 0; t < q_lens[s]; ++t) {
+      const uint32_t n = ceil_div(static_cast<uint32_t>(kv_lens[s] - q_lens[s] + t + 1), chunk);
+      indptr.push_back(indptr.back() + static_cast<int32_t>(n));
+      most = std::max(most, n);
+    }
+  p->split.kv_chunk = chunk;
+  p->split.max_chunks = most;
+  p->split.total_q = static_cast<uint32_t>(indptr.size() - 1);
+  p->split.partial_rows = static_cast<uint32_t>(indptr.back());
+  p->workspace_bytes = uint64_t{p->split.partial_rows} * shape.q_heads *
+                       (uint64_t{shape.head_dim} + 1) * sizeof(float);
+  p->num_tiles = items;
+  p->work = std::move(work);
+  p->work.insert(p->work.end(), indptr.begin(), indptr.end());
+}
+
+}  // namespace memsim::kernels

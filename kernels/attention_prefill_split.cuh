@@ -1,0 +1,60 @@
+// Split-KV prefill's device side: a work item's chunk of its causal KV range, and the epilogue
+// that writes a query row's partial output and log-sum-exp for the merge (DecodeCombineKernel).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/attention_core.cuh"
+#include "kernels/attention_fp8.cuh"
+
+namespace memsim::kernels::detail {
+
+// What a split prefill launch adds to PrefillParams (zero when not split). Partial row
+// merge_indptr[i] + j holds query token i's attention over KV chunk j, normalized, for every
+// query head: partial_o [rows, q_heads, D] and partial_lse [rows, q_heads] (log2 domain).
+struct PrefillSplitView {
+  float* partial_o;
+  float* partial_lse;
+  const int32_t* merge_indptr;  // [total_q + 1]: token i's rows, one per chunk its keys reach
+  uint32_t kv_chunk;            // KV tokens per chunk, whole KV tiles
+
+  // KV range of chunk `chunk` within the tile's causal range [0, kv_end).
+  __device__ __forceinline__ void chunk_range(uint32_t chunk, uint32_t kv_end, uint32_t* lo,
+                                              uint32_t* hi) const {
+    *lo = min(kv_end, chunk * kv_chunk);
+    *hi = min(kv_end, *lo + kv_chunk);
+  }
+};
+
+// Writes query row r (of the thread's two) of token `token`, query head `qh`, computed over KV
+// chunk `chunk`: nothing when the token's keys end before the chunk; the partial output (o x inv)
+// and its log-sum-exp when the token's keys span several chunks. Returns false when the token
+// has one chunk (this one): the caller writes its output directly, as the unsplit kernel does.
+// `l` is the row's quad-summed denominator, `inv` = 1 / l (x v_scale for fp8 caches).
+template <int D, int DT, bool FP8>
+__device__ __forceinline__ bool store_partial(const PrefillSplitView& s, const RowState<DT>& st,
+                                              int r, int t, uint32_t chunk, uint32_t token,
+                                              uint32_t q_heads, uint32_t qh, float l, float inv) {
+  const int32_t first = s.merge_indptr[token];
+  const uint32_t count = static_cast<uint32_t>(s.merge_indptr[token + 1] - first);
+  if (chunk >= count) return true;  // the token's causal range ends before this chunk
+  if (count == 1) return false;
+  const int64_t idx = (static_cast<int64_t>(first) + chunk) * q_heads + qh;
+  float* out = s.partial_o + idx * D;
+#pragma unroll
+  for (int d = 0; d < DT; ++d) {
+    if constexpr (FP8) {
+      out[o_col_fp8(d, t, 0)] = st.o[d][2 * r] * inv;
+      out[o_col_fp8(d, t, 1)] = st.o[d][2 * r + 1] * inv;
+    } else {
+      *reinterpret_cast<float2*>(out + 8 * d + 2 * t) =
+          make_float2(st.o[d][2 * r] * inv, st.o[d][2 * r + 1] * inv);
+    }
+  }
+  if (t == 0) s.partial_lse[idx] = l > 0.f ? st.m[r] + __log2f(l) : -INFINITY;
+  return true;
+}
+
+}  // namespace memsim::kernels::detail
