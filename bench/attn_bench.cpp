@@ -331,6 +331,41 @@ ChunkRow bench_chunk(const AttentionShape& sh, uint32_t q_len, uint32_t prefix, 
   return r;
 }
 
+void print_prefill(const std::vector<PrefillRow>& pre, KvCacheDtype fp8, std::ofstream& out) {
+  for (const PrefillRow& r : pre) {
+    std::printf(
+        "prefill %u x %u causal: paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
+        "%s\n",
+        r.len, r.len, r.flops / r.paged_s / 1e12, r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0,
+        r.sdpa_backend.c_str(), pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
+    if (out)
+      out << fmt::format("prefill,1,{},1,{},{},0,{},0,{}\n", r.len, r.flops, r.paged_s, r.sdpa_s,
+                         r.sdpa_backend);
+    if (r.fp8_s > 0) {
+      std::printf("prefill %u x %u causal, %s KV cache: paged %.1f TFLOP/s (%.2fx bf16's time)\n",
+                  r.len, r.len, to_string(fp8), r.flops / r.fp8_s / 1e12, r.fp8_s / r.paged_s);
+      if (out)
+        out << fmt::format("prefill_{},1,{},1,{},{},0,0,0,\n", to_string(fp8), r.len, r.flops,
+                           r.fp8_s);
+    }
+  }
+}
+
+// The --chunks rows (TOKENSxPREFIX; "none" skips); false on a malformed one.
+bool bench_chunks(const AttentionShape& sh, const std::vector<std::string>& chunks, uint32_t page,
+                  const DeviceLimits& lim, cudaStream_t st, std::vector<ChunkRow>* rows) {
+  for (const std::string& c : chunks) {
+    uint32_t tq = 0, tp = 0;
+    if (c == "none") continue;
+    if (std::sscanf(c.c_str(), "%ux%u", &tq, &tp) != 2 || tq == 0) {
+      std::fprintf(stderr, "memsim-attn-bench: --chunks %s: expected TOKENSxPREFIX\n", c.c_str());
+      return false;
+    }
+    rows->push_back(bench_chunk(sh, tq, tp, page, lim, st));
+  }
+  return true;
+}
+
 void print_chunks(const std::vector<ChunkRow>& rows, std::ofstream& out) {
   if (rows.empty()) return;
   std::printf(
@@ -496,15 +531,7 @@ int run(int argc, char** argv) {
   std::vector<PrefillRow> pre;
   if (prefill_len > 0) pre.push_back(bench_prefill(sh, prefill_len, page, st, fp8));
   std::vector<ChunkRow> chunk_rows;
-  for (const std::string& c : chunks) {
-    uint32_t tq = 0, tp = 0;
-    if (c == "none") continue;
-    if (std::sscanf(c.c_str(), "%ux%u", &tq, &tp) != 2 || tq == 0) {
-      std::fprintf(stderr, "memsim-attn-bench: --chunks %s: expected TOKENSxPREFIX\n", c.c_str());
-      return 2;
-    }
-    chunk_rows.push_back(bench_chunk(sh, tq, tp, page, lim, st));
-  }
+  if (!bench_chunks(sh, chunks, page, lim, st, &chunk_rows)) return 2;
   const std::string sdpa_err =
       sdpa == "none" ? "skipped (--sdpa none)" : run_sdpa(sdpa, sh, dec, pre);
 
@@ -542,23 +569,7 @@ int run(int argc, char** argv) {
       std::printf(" %u:%.0f", splits, r.bytes / secs / 1e9);
     std::printf("\n");
   }
-  for (const PrefillRow& r : pre) {
-    std::printf(
-        "prefill %u x %u causal: paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
-        "%s\n",
-        r.len, r.len, r.flops / r.paged_s / 1e12, r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0,
-        r.sdpa_backend.c_str(), pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
-    if (out)
-      out << fmt::format("prefill,1,{},1,{},{},0,{},0,{}\n", r.len, r.flops, r.paged_s, r.sdpa_s,
-                         r.sdpa_backend);
-    if (r.fp8_s > 0) {
-      std::printf("prefill %u x %u causal, %s KV cache: paged %.1f TFLOP/s (%.2fx bf16's time)\n",
-                  r.len, r.len, to_string(fp8), r.flops / r.fp8_s / 1e12, r.fp8_s / r.paged_s);
-      if (out)
-        out << fmt::format("prefill_{},1,{},1,{},{},0,0,0,\n", to_string(fp8), r.len, r.flops,
-                           r.fp8_s);
-    }
-  }
+  print_prefill(pre, fp8, out);
   print_chunks(chunk_rows, out);
   std::printf(
       "goals: decode paged >= 95%% of SDPA and >= 85%% of the ceiling, paged at most 3%% "
