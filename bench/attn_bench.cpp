@@ -331,26 +331,6 @@ ChunkRow bench_chunk(const AttentionShape& sh, uint32_t q_len, uint32_t prefix, 
   return r;
 }
 
-void print_prefill(const std::vector<PrefillRow>& pre, KvCacheDtype fp8, std::ofstream& out) {
-  for (const PrefillRow& r : pre) {
-    std::printf(
-        "prefill %u x %u causal: paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
-        "%s\n",
-        r.len, r.len, r.flops / r.paged_s / 1e12, r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0,
-        r.sdpa_backend.c_str(), pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
-    if (out)
-      out << fmt::format("prefill,1,{},1,{},{},0,{},0,{}\n", r.len, r.flops, r.paged_s, r.sdpa_s,
-                         r.sdpa_backend);
-    if (r.fp8_s > 0) {
-      std::printf("prefill %u x %u causal, %s KV cache: paged %.1f TFLOP/s (%.2fx bf16's time)\n",
-                  r.len, r.len, to_string(fp8), r.flops / r.fp8_s / 1e12, r.fp8_s / r.paged_s);
-      if (out)
-        out << fmt::format("prefill_{},1,{},1,{},{},0,0,0,\n", to_string(fp8), r.len, r.flops,
-                           r.fp8_s);
-    }
-  }
-}
-
 // The --chunks rows (TOKENSxPREFIX; "none" skips); false on a malformed one.
 bool bench_chunks(const AttentionShape& sh, const std::vector<std::string>& chunks, uint32_t page,
                   const DeviceLimits& lim, cudaStream_t st, std::vector<ChunkRow>* rows) {
@@ -437,6 +417,26 @@ std::string run_sdpa(const std::string& script, const AttentionShape& sh,
 
 std::string pct(double x) {
   return x > 0 ? fmt::format("{:.1f}%", 100 * x) : "-";
+}
+
+void print_prefill(const std::vector<PrefillRow>& pre, KvCacheDtype fp8, std::ofstream& out) {
+  for (const PrefillRow& r : pre) {
+    std::printf(
+        "prefill %u x %u causal: paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
+        "%s\n",
+        r.len, r.len, r.flops / r.paged_s / 1e12, r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0,
+        r.sdpa_backend.c_str(), pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
+    if (out)
+      out << fmt::format("prefill,1,{},1,{},{},0,{},0,{}\n", r.len, r.flops, r.paged_s, r.sdpa_s,
+                         r.sdpa_backend);
+    if (r.fp8_s > 0) {
+      std::printf("prefill %u x %u causal, %s KV cache: paged %.1f TFLOP/s (%.2fx bf16's time)\n",
+                  r.len, r.len, to_string(fp8), r.flops / r.fp8_s / 1e12, r.fp8_s / r.paged_s);
+      if (out)
+        out << fmt::format("prefill_{},1,{},1,{},{},0,0,0,\n", to_string(fp8), r.len, r.flops,
+                           r.fp8_s);
+    }
+  }
 }
 
 // --kv-fp8: which fp8 format's rows to add (kAuto: none).
