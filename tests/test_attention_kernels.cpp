@@ -515,8 +515,8 @@ uint32_t check_split_prefill(const AttentionShape& sh, uint32_t page,
   DevBuf<int32_t> lens(kv_lens), tables(b.tables), slots(b.slots), ind(indptr), w0(base.work),
       w1(plan.work);
   DevBuf<float> ws(plan.workspace_bytes / 4);
-  std::vector<DevBuf<uint16_t>> o;
-  for (int i = 0; i < 3; ++i) o.emplace_back(std::vector<uint16_t>(q.size(), 0x7fc0));
+  const std::vector<uint16_t> nan(q.size(), 0x7fc0);
+  DevBuf<uint16_t> o0(nan), o1(nan), o2(nan);
   PrefillArgs a;
   a.q = dq.addr();
   a.qo_indptr = ind.p;
@@ -524,21 +524,21 @@ uint32_t check_split_prefill(const AttentionShape& sh, uint32_t page,
   a.cache = {pk.addr(), pv.addr(), b.block_stride, page, KvAddressing::kPaged};
   a.work = w0.p;  // the unsplit launch
   a.num_tiles = base.num_tiles;
-  a.o = o[0].addr();
+  a.o = o0.addr();
   CUDA_OK(paged_prefill(sh, a, nullptr));
   a.work = w1.p;  // the plan's
   a.num_tiles = plan.num_tiles;
   a.split = plan.split;
   a.workspace = ws.addr();
-  a.o = o[1].addr();
+  a.o = o1.addr();
   CUDA_OK(paged_prefill(sh, a, nullptr));
-  a.o = o[2].addr();
+  a.o = o2.addr();
   a.cache = {ck.addr(), cv.addr(), b.slot_stride, 0, KvAddressing::kContiguous};
   CUDA_OK(paged_prefill(sh, a, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
-  const auto got = o[1].download();
-  CHECK(got == o[2].download());
-  if (plan.split.kv_chunk == 0) CHECK(got == o[0].download());
+  const auto got = o1.download();
+  CHECK(got == o2.download());
+  if (plan.split.kv_chunk == 0) CHECK(got == o0.download());
   std::vector<double> ref(q.size());
   for (size_t s = 0; s < q_lens.size(); ++s)
     for (int32_t i = 0; i < q_lens[s]; ++i)
