@@ -21,6 +21,7 @@ struct PrefillParams {
   const int32_t* qo_indptr;  // [batch + 1]
   const int32_t* work;       // {sequence, first token} per CTA row
   uint32_t tokens_per_tile;
+  uint32_t window;  // sliding window, kNoWindow for full attention
 };
 
 template <typename T, int D>
@@ -36,7 +37,9 @@ using PrefillTilesOf =
 
 // Grid (work item, kv_head), 128 threads. Query rows are (token, head of the group) pairs, row
 // r = token * group + head, so the group's heads share every K/V tile; each warp owns 16 x MT
-// rows and walks the whole causal KV range [0, last token's position].
+// rows and walks the whole causal KV range [0, last token's position], or with a sliding window
+// [first token's position + 1 - window, last token's position] (tiles before it are not read;
+// those before the last token's window start are masked per row).
 template <typename T, typename KV, int D, bool PAGED>
 __global__ void __launch_bounds__(128)
     PagedPrefillKernel(const __grid_constant__ PrefillParams<T, KV> p) {
@@ -81,15 +84,18 @@ __global__ void __launch_bounds__(128)
   }
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
+  // Window: the first query's range starts at kv_begin, the last one's at mask_below.
+  const uint32_t kv_begin = mask_from > p.window ? mask_from - p.window : 0;
+  const uint32_t mask_below = kv_end > p.window ? kv_end - p.window : 0;
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
   if constexpr (kFp8) {
     detail::attend_range_fp8<PrefillFp8Tiles<T, D>, T, KV>(
         st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
-        reinterpret_cast<const uint8_t*>(p.kv.v), loc, 0, kv_end, mask_from, limit,
-        p.kv.scale_log2);
+        reinterpret_cast<const uint8_t*>(p.kv.v), loc, kv_begin, kv_end, mask_from, limit,
+        p.kv.scale_log2, mask_below, p.window);
   } else {
-    detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, 0, kv_end, mask_from, limit,
-                             p.kv.scale_log2);
+    detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, kv_begin, kv_end, mask_from, limit,
+                             p.kv.scale_log2, mask_below, p.window);
   }
 
 #pragma unroll
@@ -134,6 +140,7 @@ cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cu
   p.qo_indptr = a.qo_indptr;
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
+  p.window = a.window && a.window < detail::kNoWindow ? a.window : detail::kNoWindow;
   kernel<<<dim3(a.num_tiles, shape.kv_heads), TL::kThreads, TL::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -165,6 +172,7 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
     d.work = a.work;
     d.scale = a.scale;
     d.kv_scales = a.kv_scales;
+    d.window = a.window;
     return paged_decode(shape, a.dplan, d, stream);
   }
   PrefillArgs p;
@@ -177,6 +185,7 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
   p.num_tiles = a.num_tiles;
   p.scale = a.scale;
   p.kv_scales = a.kv_scales;
+  p.window = a.window;
   return paged_prefill(shape, p, stream);
 }
 
