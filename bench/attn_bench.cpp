@@ -417,38 +417,23 @@ void print_windows(const std::vector<DecodeRow>& dec, const std::vector<PrefillR
   for (const DecodeRow& r : dec) any = any || !r.windows.empty();
   for (const PrefillRow& r : pre) any = any || !r.windows.empty();
   if (!any) return;
-  std::printf("sliding window (paged): tokens/s = batch / time (prefill: chunk tokens / time)
-");
-  std::printf("%-12s %7s %6s %10s %12s %12s %9s %9s
-", "batch x ctx", "window", "splits",
+  std::printf("sliding window (paged): tokens/s = batch / time (prefill: chunk tokens / time)\n");
+  std::printf("%-12s %7s %6s %10s %12s %12s %9s %9s\n", "batch x ctx", "window", "splits",
               "window us", "tokens/s", "full tok/s", "vs full", "vs ctx=W");
   for (const DecodeRow& r : dec)
     for (const DecodeRow::Window& w : r.windows) {
-    std::printf(
-        "%5ux%-6u %7u %6u %10.1f %12.0f %12.0f %8.2fx %8.2fx
-        ", r.batch, r.ctx,
-        w.window,
-        w.splits, w.window_s * 1e6, r.batch / w.window_s, r.batch / r.paged_s,
-        r.paged_s / w.window_s, w.window_s / w.short_s);
-    if (out)
-      out << fmt::format(
-          "decode_window{},{},{},{},0,{},0,0,{},
-          ", w.window, r.batch, r.ctx,
-          w.splits,
-          w.window_s, w.short_s);
+      std::printf("%5ux%-6u %7u %6u %10.1f %12.0f %12.0f %8.2fx %8.2fx\n", r.batch, r.ctx, w.window,
+                  w.splits, w.window_s * 1e6, r.batch / w.window_s, r.batch / r.paged_s,
+                  r.paged_s / w.window_s, w.window_s / w.short_s);
+      if (out)
+        out << fmt::format("decode_window{},{},{},{},0,{},0,0,{},\n", w.window, r.batch, r.ctx,
+                           w.splits, w.window_s, w.short_s);
     }
   for (const PrefillRow& r : pre)
     for (const auto& [window, secs] : r.windows) {
-    std::printf(
-        "prefill %-4u %7u %6s %10.1f %12.0f %12.0f %8.2fx %9s
-        ", r.len, window, " -
-            ",
-                secs *
-                1e6,
-        r.len / secs, r.len / r.paged_s, r.paged_s / secs, "-");
-    if (out)
-        out << fmt::format("prefill_window{},1,{},1,0,{},0,0,0,
-", window, r.len, secs);
+      std::printf("prefill %-4u %7u %6s %10.1f %12.0f %12.0f %8.2fx %9s\n", r.len, window, "-",
+                  secs * 1e6, r.len / secs, r.len / r.paged_s, r.paged_s / secs, "-");
+      if (out) out << fmt::format("prefill_window{},1,{},1,0,{},0,0,0,\n", window, r.len, secs);
     }
 }
 
