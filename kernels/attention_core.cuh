@@ -321,7 +321,7 @@ __device__ __forceinline__ void online_softmax(RowState<TL::kDT> (&st)[TL::kMT],
         if (masked) {
           const uint32_t tok = tile_start + wtok + 8 * j + 2 * t + (e & 1);
           const uint32_t lim = limit[mt][e >> 1];
-          if (tok >= lim || tok + window < lim) v = -INFINITY;
+          if (tok >= lim || (window != kNoWindow && tok + window < lim)) v = -INFINITY;
         }
         s[mt][j][e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);

@@ -39,8 +39,9 @@ using PrefillTilesOf =
 // r = token * group + head, so the group's heads share every K/V tile; each warp owns 16 x MT
 // rows and walks the whole causal KV range [0, last token's position], or with a sliding window
 // [first token's position + 1 - window, last token's position] (tiles before it are not read;
-// those before the last token's window start are masked per row).
-template <typename T, typename KV, int D, bool PAGED>
+// those before the last token's window start are masked per row). WINDOW false: full attention
+// with compile-time bounds (the code of a kernel without windows: no registers spent on them).
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 __global__ void __launch_bounds__(128)
     PagedPrefillKernel(const __grid_constant__ PrefillParams<T, KV> p) {
   using TL = PrefillTiles<T, D>;  // Q's layout, and K/V's unless fp8
@@ -85,17 +86,18 @@ __global__ void __launch_bounds__(128)
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
   // Window: the first query's range starts at kv_begin, the last one's at mask_below.
-  const uint32_t kv_begin = mask_from > p.window ? mask_from - p.window : 0;
-  const uint32_t mask_below = kv_end > p.window ? kv_end - p.window : 0;
+  const uint32_t window = WINDOW ? p.window : detail::kNoWindow;
+  const uint32_t kv_begin = WINDOW && mask_from > window ? mask_from - window : 0;
+  const uint32_t mask_below = WINDOW && kv_end > window ? kv_end - window : 0;
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
   if constexpr (kFp8) {
     detail::attend_range_fp8<PrefillFp8Tiles<T, D>, T, KV>(
         st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
         reinterpret_cast<const uint8_t*>(p.kv.v), loc, kv_begin, kv_end, mask_from, limit,
-        p.kv.scale_log2, mask_below, p.window);
+        p.kv.scale_log2, mask_below, window);
   } else {
     detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, kv_begin, kv_end, mask_from, limit,
-                             p.kv.scale_log2, mask_below, p.window);
+                             p.kv.scale_log2, mask_below, window);
   }
 
 #pragma unroll
@@ -130,17 +132,17 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-template <typename T, typename KV, int D, bool PAGED>
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
   using TL = PrefillTilesOf<T, KV, D>;
-  constexpr auto kernel = PagedPrefillKernel<T, KV, D, PAGED>;
+  constexpr auto kernel = PagedPrefillKernel<T, KV, D, PAGED, WINDOW>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   PrefillParams<T, KV> p{};
   p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
   p.qo_indptr = a.qo_indptr;
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
-  p.window = a.window && a.window < detail::kNoWindow ? a.window : detail::kNoWindow;
+  p.window = WINDOW ? a.window : detail::kNoWindow;
   kernel<<<dim3(a.num_tiles, shape.kv_heads), TL::kThreads, TL::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -154,10 +156,13 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
     return cudaErrorInvalidValue;
   if (!detail::tables_match(args.cache, args.seqs) || !detail::fp8_cache_aligned(shape, args.cache))
     return cudaErrorInvalidValue;
-  return detail::dispatch_kv(shape, args.cache.addressing,
-                             [&]<typename T, typename KV, int D, bool PAGED>() {
-                               return launch_prefill<T, KV, D, PAGED>(shape, args, stream);
-                             });
+  return detail::dispatch_kv(
+      shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {
+        // A window the positions cannot reach is full attention.
+        return args.window > 0 && args.window < detail::kNoWindow
+                   ? launch_prefill<T, KV, D, PAGED, true>(shape, args, stream)
+                   : launch_prefill<T, KV, D, PAGED, false>(shape, args, stream);
+      });
 }
 
 cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArgs& a,
