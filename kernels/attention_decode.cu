@@ -59,8 +59,9 @@ using DecodeTilesOf =
 // head_dim 256). A CTA writes its output row directly when its sequence has one split (one
 // chunk), else a partial output at row `part` for the combine. With a sliding window the splits
 // (chunks) cut [window_begin, kv_len) as they cut [0, kv_len) without one: tiles before the
-// window are never read, and no token needs a lower mask.
-template <typename T, typename KV, int D, bool PAGED>
+// window are never read, and no token needs a lower mask. WINDOW false: full attention, the
+// window a compile-time 0 (the code of a kernel without windows).
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T, KV> p) {
   using TL = DecodeTiles<T, D>;  // Q's layout, and K/V's unless fp8
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     seq = wv.seq(item);
     if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
     kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
-    const uint32_t wb = window_begin(kv_len, p.window), len = kv_len - wb;
+    const uint32_t wb = window_begin(kv_len, WINDOW ? p.window : 0), len = kv_len - wb;
     const uint32_t c = wv.chunk_tokens();
     b = wv.chunk(item) * c;
     if (b > 0 && b >= len) return;  // past the end: only when kv_lens differ from the plan's
@@ -91,7 +92,7 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     seq = blockIdx.z;
     if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
     kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
-    const uint32_t wb = window_begin(kv_len, p.window);
+    const uint32_t wb = window_begin(kv_len, WINDOW ? p.window : 0);
     split_range(kv_len - wb, TL::kBN, p.num_splits, split, &b, &e);
     b += wb;
     e += wb;
@@ -274,11 +275,11 @@ size_t combine_smem(uint32_t splits, uint32_t head_dim) {
   return sizeof(float) * ((splits + 3) / 4 * 4 + kCombineThreads / (head_dim / 4) * head_dim);
 }
 
-template <typename T, typename KV, int D, bool PAGED>
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
                           cudaStream_t stream) {
   using TL = DecodeTilesOf<T, KV, D>;
-  constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED>;
+  constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED, WINDOW>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   DecodeParams<T, KV> p{};
   p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
@@ -322,10 +323,11 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
     return cudaErrorInvalidValue;
   if (!detail::tables_match(args.cache, args.seqs) || !detail::fp8_cache_aligned(shape, args.cache))
     return cudaErrorInvalidValue;
-  return detail::dispatch_kv(shape, args.cache.addressing,
-                             [&]<typename T, typename KV, int D, bool PAGED>() {
-                               return launch_decode<T, KV, D, PAGED>(shape, plan, args, stream);
-                             });
+  return detail::dispatch_kv(
+      shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {
+        return args.window ? launch_decode<T, KV, D, PAGED, true>(shape, plan, args, stream)
+                           : launch_decode<T, KV, D, PAGED, false>(shape, plan, args, stream);
+      });
 }
 
 cudaError_t query_device(DeviceLimits* out) {
@@ -335,7 +337,7 @@ cudaError_t query_device(DeviceLimits* out) {
       e != cudaSuccess)
     return e;
   using TL = DecodeTiles<__nv_bfloat16, 128>;
-  constexpr auto kernel = PagedDecodeKernel<__nv_bfloat16, __nv_bfloat16, 128, true>;
+  constexpr auto kernel = PagedDecodeKernel<__nv_bfloat16, __nv_bfloat16, 128, true, false>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, TL::kThreads,
                                                                     TL::kSmemBytes);
