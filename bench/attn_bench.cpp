@@ -1,7 +1,8 @@
 // memsim-attn-bench: decode attention bandwidth (paged and contiguous) against PyTorch SDPA over
 // contiguous K/V and a read-only bandwidth kernel, and causal prefill TFLOP/s, in one run on the
-// GPU; the same shapes over an fp8 KV cache against bf16; short chunks over long prefixes
-// (split-KV prefill against a decode step over the same KV). Exits 77 without a GPU.
+// GPU; the same shapes over an fp8 KV cache against bf16; sliding-window decode and prefill
+// against full attention; short chunks over long prefixes (split-KV prefill against a decode
+// step over the same KV). Exits 77 without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <unistd.h>
@@ -95,6 +96,13 @@ struct DecodeRow {
   std::string sdpa_backend;
   std::vector<std::pair<uint32_t, double>> sweep;  // (splits, paged seconds)
   Fp8Figures fp8;
+  // Sliding windows below ctx: paged decode with the window, and at full attention over a
+  // context of the window's length (the same blocks): what the window should cost.
+  struct Window {
+    uint32_t window = 0, splits = 0;
+    double window_s = 0, short_s = 0;
+  };
+  std::vector<Window> windows;
 };
 
 // Quantizes `rows` rows of the bf16/fp16 cache at `src` (row i at i x row elements) into the fp8
@@ -150,7 +158,8 @@ Fp8Figures bench_decode_fp8(const AttentionShape& sh8, const DecodePlan& plan, D
 
 DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, uint32_t page,
                        const DeviceLimits& lim, cudaStream_t st, std::mt19937& rng,
-                       const std::vector<uint32_t>& sweep, KvCacheDtype fp8) {
+                       const std::vector<uint32_t>& sweep, KvCacheDtype fp8,
+                       const std::vector<uint32_t>& windows) {
   DecodeRow r;
   r.batch = batch;
   r.ctx = ctx;
@@ -202,6 +211,29 @@ DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, u
     r.sweep.emplace_back(force,
                          time_calls(st, reps, 7, [&] { CK(paged_decode(sh, other, b, st)); }));
   }
+  for (const uint32_t w : windows) {  // sliding windows: plans and reps at the window's bytes
+    if (w == 0 || w >= ctx) continue;
+    const int wreps = static_cast<int>(
+        std::clamp<uint64_t>((8ull << 30) / (uint64_t{batch} * w * row * 4), 5, 400));
+    DecodeRow::Window x{w};
+    const DecodePlan wplan = plan_decode(sh, batch, ctx, lim, 0, 0, w);
+    x.splits = wplan.num_splits;
+    Dev ws2(wplan.workspace_bytes);
+    DecodeArgs b = a;
+    b.cache = {pk.a(), pv.a(), static_cast<int64_t>(block_elems), page, KvAddressing::kPaged};
+    b.workspace = ws2.a();
+    b.window = w;
+    x.window_s = time_calls(st, wreps, 7, [&] { CK(paged_decode(sh, wplan, b, st)); });
+    const DecodePlan splan = plan_decode(sh, batch, w, lim);
+    Dev ws3(splan.workspace_bytes), dls(batch * 4);
+    const std::vector<int32_t> short_lens(batch, static_cast<int32_t>(w));
+    CK(cudaMemcpy(dls.p, short_lens.data(), batch * 4, cudaMemcpyHostToDevice));
+    b.workspace = ws3.a();
+    b.window = 0;
+    b.seqs.kv_lens = dls.as<int32_t>();
+    x.short_s = time_calls(st, wreps, 7, [&] { CK(paged_decode(sh, splan, b, st)); });
+    r.windows.push_back(x);
+  }
   Dev sink(4096 * 4);
   CK(cudaMemset(sink.p, 0, 4096 * 4));
   r.ceiling_s = time_calls(st, reps, 7, [&] {
@@ -221,10 +253,11 @@ struct PrefillRow {
   uint32_t len = 0;
   double flops = 0, paged_s = 0, sdpa_s = 0, fp8_s = 0;
   std::string sdpa_backend;
+  std::vector<std::pair<uint32_t, double>> windows;  // (sliding window, paged seconds)
 };
 
 PrefillRow bench_prefill(const AttentionShape& sh, uint32_t len, uint32_t page, cudaStream_t st,
-                         KvCacheDtype fp8) {
+                         KvCacheDtype fp8, const std::vector<uint32_t>& windows) {
   PrefillRow r;
   r.len = len;
   const uint64_t row = sh.row_elems(), D = sh.head_dim;
@@ -255,6 +288,12 @@ PrefillRow bench_prefill(const AttentionShape& sh, uint32_t len, uint32_t page, 
   // Causal: each query row attends its position + 1 keys; two matmuls of 2 FLOP per MAC.
   r.flops = 4.0 * sh.q_heads * D * (double(len) * (len + 1) / 2);
   r.paged_s = time_calls(st, 10, 7, [&] { CK(paged_prefill(sh, a, st)); });
+  for (const uint32_t w : windows) {
+    if (w == 0 || w >= len) continue;
+    PrefillArgs b = a;
+    b.window = w;
+    r.windows.emplace_back(w, time_calls(st, 10, 7, [&] { CK(paged_prefill(sh, b, st)); }));
+  }
   if (fp8 != KvCacheDtype::kAuto) {
     AttentionShape sh8 = sh;
     sh8.kv_cache = fp8;
@@ -468,13 +507,59 @@ void print_fp8_decode(const std::vector<DecodeRow>& dec, KvCacheDtype fp8, std::
   }
 }
 
+// The decode rows of the shape's dtype: GB/s of paged, contiguous, SDPA and the ceiling.
+void print_decode(const std::vector<DecodeRow>& dec, std::ofstream& out) {
+  std::printf("%-12s %6s %10s %10s %10s %10s %9s %9s %9s  %s\n", "batch x ctx", "splits", "paged",
+              "contig", "SDPA", "ceiling", "p/SDPA", "p/ceil", "p vs c", "SDPA backend");
+  for (const DecodeRow& r : dec) {
+    auto gbs = [&](double s) { return s > 0 ? r.bytes / s / 1e9 : 0.0; };
+    std::printf("%5ux%-6u %6u %10.0f %10.0f %10.0f %10.0f %9s %9s %+8.1f%%  %s\n", r.batch, r.ctx,
+                r.splits, gbs(r.paged_s), gbs(r.contig_s), gbs(r.sdpa_s), gbs(r.ceiling_s),
+                pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str(),
+                pct(r.ceiling_s / r.paged_s).c_str(), 100 * (r.paged_s / r.contig_s - 1),
+                r.sdpa_backend.c_str());
+    if (out)
+      out << fmt::format("decode,{},{},{},{},{},{},{},{},{}\n", r.batch, r.ctx, r.splits, r.bytes,
+                         r.paged_s, r.contig_s, r.sdpa_s, r.ceiling_s, r.sdpa_backend);
+  }
+}
+
+// The sliding-window rows: tokens/s = batch (prefill: chunk tokens) / time; "vs full" = the full
+// attention time at the same context over the window's; "vs ctx=W" = the window's time over
+// full attention at a context of the window's length (1.00: the window costs what a W decode does).
+void print_windows(const std::vector<DecodeRow>& dec, const std::vector<PrefillRow>& pre,
+                   std::ofstream& out) {
+  bool any = false;
+  for (const DecodeRow& r : dec) any = any || !r.windows.empty();
+  for (const PrefillRow& r : pre) any = any || !r.windows.empty();
+  if (!any) return;
+  std::printf("sliding window (paged): tokens/s = batch / time (prefill: chunk tokens / time)\n");
+  std::printf("%-12s %7s %6s %10s %12s %12s %9s %9s\n", "batch x ctx", "window", "splits",
+              "window us", "tokens/s", "full tok/s", "vs full", "vs ctx=W");
+  for (const DecodeRow& r : dec)
+    for (const DecodeRow::Window& w : r.windows) {
+      std::printf("%5ux%-6u %7u %6u %10.1f %12.0f %12.0f %8.2fx %8.2fx\n", r.batch, r.ctx, w.window,
+                  w.splits, w.window_s * 1e6, r.batch / w.window_s, r.batch / r.paged_s,
+                  r.paged_s / w.window_s, w.window_s / w.short_s);
+      if (out)
+        out << fmt::format("decode_window{},{},{},{},0,{},0,0,{},\n", w.window, r.batch, r.ctx,
+                           w.splits, w.window_s, w.short_s);
+    }
+  for (const PrefillRow& r : pre)
+    for (const auto& [window, secs] : r.windows) {
+      std::printf("prefill %-4u %7u %6s %10.1f %12.0f %12.0f %8.2fx %9s\n", r.len, window, "-",
+                  secs * 1e6, r.len / secs, r.len / r.paged_s, r.paged_s / secs, "-");
+      if (out) out << fmt::format("prefill_window{},1,{},1,0,{},0,0,0,\n", window, r.len, secs);
+    }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "memsim-attn-bench: paged decode/prefill attention vs PyTorch SDPA and the "
       "read-bandwidth ceiling"};
   uint32_t q_heads = 32, kv_heads = 8, head_dim = 128, page = 16, prefill_len = 4096;
   std::string dtype = "bf16", sdpa = "tools/attn_sdpa.py", csv, kv_fp8 = "fp8_e4m3";
-  std::vector<uint32_t> sweep;
+  std::vector<uint32_t> sweep, windows = {1024, 4096};
   std::vector<std::string> shapes = {"1x32768", "32x4096", "64x8192", "256x1024", "256x4096"};
   std::vector<std::string> chunks = {"16x16384", "64x16384", "16x32768", "64x32768"};
   app.add_option("--q-heads", q_heads, "query heads (default Llama-3.1-8B: 32)");
@@ -493,6 +578,10 @@ int run(int argc, char** argv) {
                  "fp8 KV cache rows: fp8_e4m3 (vLLM's fp8, the default), fp8_e5m2, or none")
       ->check(CLI::IsMember({"fp8_e4m3", "fp8_e5m2", "none"}));
   app.add_option("--sweep-splits", sweep, "also time paged decode at these split counts")
+      ->delimiter(',');
+  app.add_option("--windows", windows,
+                 "sliding-window rows: these windows on every shape longer than them "
+                 "(1024,4096; 0 = none)")
       ->delimiter(',');
   try {
     app.parse(argc, argv);
@@ -526,10 +615,10 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "memsim-attn-bench: --decode %s: expected BATCHxCONTEXT\n", s.c_str());
       return 2;
     }
-    dec.push_back(bench_decode(sh, b, l, page, lim, st, rng, sweep, fp8));
+    dec.push_back(bench_decode(sh, b, l, page, lim, st, rng, sweep, fp8, windows));
   }
   std::vector<PrefillRow> pre;
-  if (prefill_len > 0) pre.push_back(bench_prefill(sh, prefill_len, page, st, fp8));
+  if (prefill_len > 0) pre.push_back(bench_prefill(sh, prefill_len, page, st, fp8, windows));
   std::vector<ChunkRow> chunk_rows;
   if (!bench_chunks(sh, chunks, page, lim, st, &chunk_rows)) return 2;
   const std::string sdpa_err =
@@ -543,25 +632,14 @@ int run(int argc, char** argv) {
   std::printf(
       "decode: GB/s = bytes of Q, K, V and O / time; ceiling = read-only kernel over the "
       "same K/V bytes\n");
-  std::printf("%-12s %6s %10s %10s %10s %10s %9s %9s %9s  %s\n", "batch x ctx", "splits", "paged",
-              "contig", "SDPA", "ceiling", "p/SDPA", "p/ceil", "p vs c", "SDPA backend");
   std::ofstream out;
   if (!csv.empty()) {
     out.open(csv);
     out << "kind,batch,ctx,splits,bytes_or_flops,paged_s,contig_s,sdpa_s,ceiling_s,sdpa_backend\n";
   }
-  for (const DecodeRow& r : dec) {
-    auto gbs = [&](double s) { return s > 0 ? r.bytes / s / 1e9 : 0.0; };
-    std::printf("%5ux%-6u %6u %10.0f %10.0f %10.0f %10.0f %9s %9s %+8.1f%%  %s\n", r.batch, r.ctx,
-                r.splits, gbs(r.paged_s), gbs(r.contig_s), gbs(r.sdpa_s), gbs(r.ceiling_s),
-                pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str(),
-                pct(r.ceiling_s / r.paged_s).c_str(), 100 * (r.paged_s / r.contig_s - 1),
-                r.sdpa_backend.c_str());
-    if (out)
-      out << fmt::format("decode,{},{},{},{},{},{},{},{},{}\n", r.batch, r.ctx, r.splits, r.bytes,
-                         r.paged_s, r.contig_s, r.sdpa_s, r.ceiling_s, r.sdpa_backend);
-  }
+  print_decode(dec, out);
   print_fp8_decode(dec, fp8, out);
+  print_windows(dec, pre, out);
   for (const DecodeRow& r : dec) {
     if (r.sweep.empty()) continue;
     std::printf("splits sweep %ux%u (paged GB/s):", r.batch, r.ctx);

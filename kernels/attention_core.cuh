@@ -295,15 +295,19 @@ __device__ __forceinline__ void load_q_frag(uint32_t a[4], const T* qs, int row0
   ldmatrix_x4(a, qs + TL::swz(row, 2 * kk + (mi >> 1)));
 }
 
+// A sliding window no sequence reaches (positions are below 2^31): full attention in the masks.
+inline constexpr uint32_t kNoWindow = 1u << 31;
+
 // Scale, mask, row max and the online softmax update of one tile's scores (rows g: e = 0, 1;
 // g + 8: e = 2, 3); leaves P in `s`. Score column j, element e is KV token tile_start + wtok +
-// 8 j + 2 t + (e & 1).
+// 8 j + 2 t + (e & 1). A row of limit L sees tokens L - window <= tok < L (window kNoWindow:
+// every token below L).
 template <class TL>
 __device__ __forceinline__ void online_softmax(RowState<TL::kDT> (&st)[TL::kMT],
                                                float (&s)[TL::kMT][TL::kNT][4], int lane, int wtok,
                                                uint32_t tile_start,
                                                const uint32_t (&limit)[TL::kMT][2], bool masked,
-                                               float scale_log2) {
+                                               float scale_log2, uint32_t window) {
   constexpr int MT = TL::kMT;
   const int t = lane & 3;
 #pragma unroll
@@ -316,7 +320,8 @@ __device__ __forceinline__ void online_softmax(RowState<TL::kDT> (&st)[TL::kMT],
         float v = s[mt][j][e] * scale_log2;
         if (masked) {
           const uint32_t tok = tile_start + wtok + 8 * j + 2 * t + (e & 1);
-          if (tok >= limit[mt][e >> 1]) v = -INFINITY;
+          const uint32_t lim = limit[mt][e >> 1];
+          if (tok >= lim || (window != kNoWindow && tok + window < lim)) v = -INFINITY;
         }
         s[mt][j][e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -357,15 +362,15 @@ __device__ __forceinline__ void online_softmax(RowState<TL::kDT> (&st)[TL::kMT],
 
 // One KV tile for one warp: S = Q K^T over its kWarpTokens tokens for each of its MT m-tiles,
 // mask, online softmax update, O += P V. `limit[mt][r]` is the first KV position that row r of
-// m-tile mt may not see; `masked` says whether any token of the tile can reach a limit (skips the
-// compare otherwise).
+// m-tile mt may not see (and limit - window the first it sees); `masked` says whether any token
+// of the tile can fall outside a row's range (skips the compare otherwise).
 template <class TL, typename T>
 __device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
                                             const uint32_t (&qf)[TL::kQInRegs ? TL::kKS : 1][4],
                                             const T* qs, const T* ks, const T* vs, int wm, int wn,
                                             int lane, uint32_t tile_start,
                                             const uint32_t (&limit)[TL::kMT][2], bool masked,
-                                            float scale_log2) {
+                                            float scale_log2, uint32_t window) {
   constexpr int MT = TL::kMT;
   float s[MT][TL::kNT][4];
 #pragma unroll
@@ -402,7 +407,7 @@ __device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
     }
   }
 
-  online_softmax<TL>(st, s, lane, wtok, tile_start, limit, masked, scale_log2);
+  online_softmax<TL>(st, s, lane, wtok, tile_start, limit, masked, scale_log2, window);
 
   // O += P V, 16 tokens per k-step; each V fragment serves every m-tile.
 #pragma unroll
@@ -431,13 +436,15 @@ __device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
 
 // Runs the two-stage pipeline over KV tokens [kv_begin, kv_end) for every warp of the CTA; Q's
 // cp.async group must be committed (and nothing else pending). `mask_from`: tiles ending at or
-// before it cannot reach any row's limit and skip the mask. Leaves shared memory free (synced).
+// before it cannot reach any row's limit and skip the mask; with a sliding `window`, tiles
+// starting before `mask_below` (the highest first-visible position of any row) are masked too.
+// Leaves shared memory free (synced).
 template <class TL, typename T, class Loc>
 __device__ __forceinline__ void attend_range(RowState<TL::kDT> (&st)[TL::kMT], T* smem, const T* k,
                                              const T* v, const Loc& loc, uint32_t kv_begin,
                                              uint32_t kv_end, uint32_t mask_from,
-                                             const uint32_t (&limit)[TL::kMT][2],
-                                             float scale_log2) {
+                                             const uint32_t (&limit)[TL::kMT][2], float scale_log2,
+                                             uint32_t mask_below = 0, uint32_t window = kNoWindow) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / TL::kWarpsN, wn = warp % TL::kWarpsN;
   T* qs = smem;
@@ -473,7 +480,7 @@ __device__ __forceinline__ void attend_range(RowState<TL::kDT> (&st)[TL::kMT], T
     cp_async_wait<1>();
     __syncthreads();
     attend_tile<TL>(st, qf, qs, ks(i & 1), vs(i & 1), wm, wn, lane, start, limit,
-                    start + TL::kBN > mask_from, scale_log2);
+                    start + TL::kBN > mask_from || start < mask_below, scale_log2, window);
     __syncthreads();
   }
   cp_async_wait<0>();

@@ -25,6 +25,7 @@ struct DecodeParams {
   uint32_t capacity;
   float* partial_o;    // [max_batch, splits, q_heads, D], with a work list [capacity, q_heads, D]
   float* partial_lse;  // [max_batch, splits, q_heads] (log2 domain), or [capacity, q_heads]
+  uint32_t window;     // sliding window (0 = full): splits and chunks cover the last window only
 };
 
 // A work list's view of chunk rows: item i covers chunk item_chunk[i] of sequence item_seq[i].
@@ -57,8 +58,11 @@ using DecodeTilesOf =
 // four warps take 16 tokens each of every 64-token KV tile for the group's query rows, then
 // merge their softmax states in shared memory. Three CTAs per SM (shared memory allows one at
 // head_dim 256). A CTA writes its output row directly when its sequence has one split (one
-// chunk), else a partial output at row `part` for the combine.
-template <typename T, typename KV, int D, bool PAGED>
+// chunk), else a partial output at row `part` for the combine. With a sliding window the splits
+// (chunks) cut [window_begin, kv_len) as they cut [0, kv_len) without one: tiles before the
+// window are never read, and no token needs a lower mask. WINDOW false: full attention, the
+// window a compile-time 0 (the code of a kernel without windows).
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T, KV> p) {
   using TL = DecodeTiles<T, D>;  // Q's layout, and K/V's unless fp8
@@ -76,18 +80,23 @@ __global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
     seq = wv.seq(item);
     if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
     kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
+    const uint32_t wb = window_begin(kv_len, WINDOW ? p.window : 0), len = kv_len - wb;
     const uint32_t c = wv.chunk_tokens();
     b = wv.chunk(item) * c;
-    if (b > 0 && b >= kv_len) return;  // past the end: only when kv_lens differ from the plan's
-    e = min(kv_len, b + c);
-    direct = kv_len <= c;
+    if (b > 0 && b >= len) return;  // past the end: only when kv_lens differ from the plan's
+    e = wb + min(len, b + c);
+    b += wb;
+    direct = len <= c;
     part = item;
   } else {
     const uint32_t split = blockIdx.x;
     seq = blockIdx.z;
     if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
     kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
-    split_range(kv_len, TL::kBN, p.num_splits, split, &b, &e);
+    const uint32_t wb = window_begin(kv_len, WINDOW ? p.window : 0);
+    split_range(kv_len - wb, TL::kBN, p.num_splits, split, &b, &e);
+    b += wb;
+    e += wb;
     direct = p.num_splits == 1;
     part = seq * p.num_splits + split;
   }
@@ -179,6 +188,7 @@ struct CombineParams {
   const int32_t* kv_lens;        // with a work list: a sequence's chunks = its tiles / chunk
   uint32_t capacity;
   const int32_t* indptr;  // optional (merge_states): row i's partials [indptr[i], indptr[i + 1])
+  uint32_t window;        // sliding window (0 = full): chunks cover window_len tokens
 };
 
 constexpr int kCombineThreads = 128;
@@ -199,7 +209,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   uint32_t splits = p.num_splits, row0 = seq * p.num_splits;
   if (p.work) {  // a sequence of one chunk (or none: past the live batch) wrote its output
     const WorkView wv{p.work, p.capacity};
-    const uint32_t c = wv.chunk_tokens(), len = static_cast<uint32_t>(p.kv_lens[seq]);
+    const uint32_t c = wv.chunk_tokens();
+    const uint32_t len = window_len(static_cast<uint32_t>(p.kv_lens[seq]), p.window);
     if (!wv.listed(seq)) return;
     splits = (len + c - 1) / c;
     if (splits <= 1) return;
@@ -271,11 +282,11 @@ size_t combine_smem(uint32_t splits, uint32_t head_dim) {
   return sizeof(float) * ((splits + 3) / 4 * 4 + kCombineThreads / (head_dim / 4) * head_dim);
 }
 
-template <typename T, typename KV, int D, bool PAGED>
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
                           cudaStream_t stream) {
   using TL = DecodeTilesOf<T, KV, D>;
-  constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED>;
+  constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED, WINDOW>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   DecodeParams<T, KV> p{};
   p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
@@ -283,6 +294,7 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
   p.num_splits = plan.num_splits;
   p.work = plan.work_capacity ? a.work : nullptr;
   p.capacity = plan.work_capacity;
+  p.window = a.window;
   const uint64_t rows =
       plan.work_capacity ? plan.work_capacity : uint64_t{plan.max_batch} * plan.num_splits;
   p.partial_o = reinterpret_cast<float*>(a.workspace);
@@ -291,9 +303,9 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
                                        : dim3(plan.num_splits, shape.kv_heads, plan.max_batch);
   kernel<<<grid, TL::kThreads, TL::kSmemBytes, stream>>>(p);
   if (plan.num_splits > 1) {
-    CombineParams<T> c{p.partial_o,        p.partial_lse,   p.kv.o, p.num_seqs,
-                       shape.q_heads,      plan.num_splits, p.work, p.kv.kv_lens,
-                       plan.work_capacity, nullptr};
+    CombineParams<T> c{p.partial_o,        p.partial_lse,   p.kv.o,  p.num_seqs,
+                       shape.q_heads,      plan.num_splits, p.work,  p.kv.kv_lens,
+                       plan.work_capacity, nullptr,         a.window};
     constexpr auto combine = DecodeCombineKernel<T, D>;
     const size_t smem = combine_smem(plan.num_splits, D);
     if (smem > 48 * 1024) {
@@ -344,10 +356,11 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
     return cudaErrorInvalidValue;
   if (!detail::tables_match(args.cache, args.seqs) || !detail::fp8_cache_aligned(shape, args.cache))
     return cudaErrorInvalidValue;
-  return detail::dispatch_kv(shape, args.cache.addressing,
-                             [&]<typename T, typename KV, int D, bool PAGED>() {
-                               return launch_decode<T, KV, D, PAGED>(shape, plan, args, stream);
-                             });
+  return detail::dispatch_kv(
+      shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {
+        return args.window ? launch_decode<T, KV, D, PAGED, true>(shape, plan, args, stream)
+                           : launch_decode<T, KV, D, PAGED, false>(shape, plan, args, stream);
+      });
 }
 
 cudaError_t query_device(DeviceLimits* out) {
@@ -357,7 +370,7 @@ cudaError_t query_device(DeviceLimits* out) {
       e != cudaSuccess)
     return e;
   using TL = DecodeTiles<__nv_bfloat16, 128>;
-  constexpr auto kernel = PagedDecodeKernel<__nv_bfloat16, __nv_bfloat16, 128, true>;
+  constexpr auto kernel = PagedDecodeKernel<__nv_bfloat16, __nv_bfloat16, 128, true, false>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, TL::kThreads,
                                                                     TL::kSmemBytes);

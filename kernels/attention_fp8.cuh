@@ -126,7 +126,7 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
                                                 const uint8_t* ks, const uint8_t* vs, int wm,
                                                 int wn, int lane, uint32_t tile_start,
                                                 const uint32_t (&limit)[TL::kMT][2], bool masked,
-                                                float scale_log2) {
+                                                float scale_log2, uint32_t window) {
   constexpr int MT = TL::kMT;
   float s[MT][TL::kNT][4];
 #pragma unroll
@@ -168,7 +168,7 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
     }
   }
 
-  online_softmax<TL>(st, s, lane, wtok, tile_start, limit, masked, scale_log2);
+  online_softmax<TL>(st, s, lane, wtok, tile_start, limit, masked, scale_log2, window);
 
   // O += P V: each ldmatrix_x4.trans covers 16 tokens x 32 dims (two chunks, four n-tiles).
 #pragma unroll
@@ -205,14 +205,16 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
   }
 }
 
-// The kStages-deep pipeline over KV tokens [kv_begin, kv_end) (as attend_range; Q's cp.async
-// group committed, nothing else pending). One barrier per tile: the stage a tile is issued into
-// was last read in the previous iteration, which every warp has left at the barrier.
+// The kStages-deep pipeline over KV tokens [kv_begin, kv_end) (as attend_range, mask_below and
+// window included; Q's cp.async group committed, nothing else pending). One barrier per tile: the
+// stage a tile is issued into was last read in the previous iteration, which every warp has left at
+// the barrier.
 template <class TL, typename T, typename KV, class Loc>
 __device__ __forceinline__ void attend_range_fp8(
     RowState<TL::kDT> (&st)[TL::kMT], unsigned char* smem, const uint8_t* k, const uint8_t* v,
     const Loc& loc, uint32_t kv_begin, uint32_t kv_end, uint32_t mask_from,
-    const uint32_t (&limit)[TL::kMT][2], float scale_log2) {
+    const uint32_t (&limit)[TL::kMT][2], float scale_log2, uint32_t mask_below = 0,
+    uint32_t window = kNoWindow) {
   constexpr int S = TL::kStages;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / TL::kWarpsN, wn = warp % TL::kWarpsN;
@@ -245,7 +247,8 @@ __device__ __forceinline__ void attend_range_fp8(
     if (TL::kPrefetchRows && next + 1 < ntiles)
       fetch_rows<TL>(f, loc, start(next + 1), kv_end, tid);
     attend_tile_fp8<TL, T, KV>(st, qs, ks(i % S), vs(i % S), wm, wn, lane, start(i), limit,
-                               start(i) + TL::kBN > mask_from, scale_log2);
+                               start(i) + TL::kBN > mask_from || start(i) < mask_below, scale_log2,
+                               window);
   }
   cp_async_wait<0>();
   __syncthreads();

@@ -56,7 +56,10 @@ double wave_efficiency(uint64_t ctas, uint64_t slots) {
 }  // namespace
 
 DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
-                       const DeviceLimits& device, uint32_t force_splits, uint64_t sum_kv_len) {
+                       const DeviceLimits& device, uint32_t force_splits, uint64_t sum_kv_len,
+                       uint32_t window) {
+  max_kv_len = window_len(max_kv_len, window);  // only the window is read and split
+  sum_kv_len = std::min(sum_kv_len, uint64_t{max_batch} * max_kv_len);
   DecodePlan p;
   p.max_batch = max_batch;
   p.kv_tile = kDecodeTile;
@@ -118,10 +121,11 @@ uint64_t decode_work_words(uint32_t capacity, uint32_t max_batch) {
 }
 
 DecodePlan plan_decode_graph(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
-                             const DeviceLimits& device) {
+                             const DeviceLimits& device, uint32_t window) {
   DecodePlan p;
   p.max_batch = max_batch;
   if (max_batch == 0) return p;
+  max_kv_len = window_len(max_kv_len, window);
   // The uniform batch's rows, or one wave at two CTAs per SM (plan_decode's under-one-wave
   // fill), as FlashInfer pads a graph's decode grid to a wave: rows past the live count are CTAs
   // that exit at once, but they still take SM slots at launch (measured on the H200: a capture
@@ -137,8 +141,17 @@ DecodePlan plan_decode_graph(const AttentionShape& shape, uint32_t max_batch, ui
   return p;
 }
 
-DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32_t>& kv_lens,
-                            const DeviceLimits& device, const DecodePlan* fixed) {
+DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32_t>& all_lens,
+                            const DeviceLimits& device, const DecodePlan* fixed, uint32_t window) {
+  // A windowed batch is listed as the batch of its window lengths (the kernel offsets the chunks).
+  std::vector<int32_t> windowed;
+  if (window) {
+    windowed.reserve(all_lens.size());
+    for (const int32_t len : all_lens)
+      windowed.push_back(
+          static_cast<int32_t>(window_len(static_cast<uint32_t>(std::max(len, 0)), window)));
+  }
+  const std::vector<int32_t>& kv_lens = window ? windowed : all_lens;
   const auto batch = static_cast<uint32_t>(kv_lens.size());
   if (fixed && batch > fixed->max_batch) return {};
   uint32_t max_len = 0;
@@ -235,8 +248,11 @@ DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32
 }
 
 void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split, uint32_t* begin,
-                        uint32_t* end) {
-  split_range(kv_len, plan.kv_tile, plan.num_splits, split, begin, end);
+                        uint32_t* end, uint32_t window) {
+  const uint32_t wb = window_begin(kv_len, window);
+  split_range(kv_len - wb, plan.kv_tile, plan.num_splits, split, begin, end);
+  *begin += wb;
+  *end += wb;
 }
 
 uint32_t prefill_tokens_per_tile(const AttentionShape& shape) {

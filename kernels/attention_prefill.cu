@@ -25,6 +25,7 @@ struct PrefillParams {
   const int32_t* work;       // {sequence, first token} per CTA row ({.., KV chunk} when split)
   uint32_t tokens_per_tile;
   detail::PrefillSplitView split;  // SPLIT kernels only
+  uint32_t window;                 // sliding window, kNoWindow for full attention
 };
 
 template <typename T, int D>
@@ -40,9 +41,13 @@ using PrefillTilesOf =
 
 // Grid (work item, kv_head), 128 threads. Query rows are (token, head of the group) pairs, row
 // r = token * group + head, so the group's heads share every K/V tile; each warp owns 16 x MT
-// rows and walks the whole causal KV range [0, last token's position] (SPLIT: the item's chunk
-// of it, written as partial rows unless a token's keys lie in that one chunk).
-template <typename T, typename KV, int D, bool PAGED, bool SPLIT>
+// rows and walks the whole causal KV range [0, last token's position], or with a sliding window
+// [first token's position + 1 - window, last token's position] (tiles before it are not read;
+// those before the last token's window start are masked per row). WINDOW false: full attention
+// with compile-time bounds (the code of a kernel without windows: no registers spent on them).
+// SPLIT: the item's chunk of the causal range, written as partial rows unless a token's keys lie
+// in that one chunk. A split launch has no window (paged_prefill refuses the two together).
+template <typename T, typename KV, int D, bool PAGED, bool SPLIT, bool WINDOW>
 __global__ void __launch_bounds__(128)
     PagedPrefillKernel(const __grid_constant__ PrefillParams<T, KV> p) {
   using TL = PrefillTiles<T, D>;  // Q's layout, and K/V's unless fp8
@@ -87,7 +92,12 @@ __global__ void __launch_bounds__(128)
   }
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
-  uint32_t kv_lo = 0, kv_hi = kv_end, chunk = 0;
+  static_assert(!(SPLIT && WINDOW), "split prefill has no sliding window");
+  // Window: the first query's range starts at kv_begin, the last one's at mask_below.
+  const uint32_t window = WINDOW ? p.window : detail::kNoWindow;
+  const uint32_t kv_begin = WINDOW && mask_from > window ? mask_from - window : 0;
+  const uint32_t mask_below = WINDOW && kv_end > window ? kv_end - window : 0;
+  uint32_t kv_lo = kv_begin, kv_hi = kv_end, chunk = 0;
   if constexpr (SPLIT) {
     chunk = static_cast<uint32_t>(p.work[3 * blockIdx.x + 2]);
     p.split.chunk_range(chunk, kv_end, &kv_lo, &kv_hi);
@@ -97,10 +107,10 @@ __global__ void __launch_bounds__(128)
     detail::attend_range_fp8<PrefillFp8Tiles<T, D>, T, KV>(
         st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
         reinterpret_cast<const uint8_t*>(p.kv.v), loc, kv_lo, kv_hi, mask_from, limit,
-        p.kv.scale_log2);
+        p.kv.scale_log2, mask_below, window);
   } else {
     detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, kv_lo, kv_hi, mask_from, limit,
-                             p.kv.scale_log2);
+                             p.kv.scale_log2, mask_below, window);
   }
 
 #pragma unroll
@@ -151,10 +161,10 @@ detail::PrefillSplitView split_view(const AttentionShape& shape, const PrefillAr
   return v;
 }
 
-template <typename T, typename KV, int D, bool PAGED, bool SPLIT>
+template <typename T, typename KV, int D, bool PAGED, bool SPLIT, bool WINDOW>
 cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
   using TL = PrefillTilesOf<T, KV, D>;
-  constexpr auto kernel = PagedPrefillKernel<T, KV, D, PAGED, SPLIT>;
+  constexpr auto kernel = PagedPrefillKernel<T, KV, D, PAGED, SPLIT, WINDOW>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   PrefillParams<T, KV> p{};
   p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
@@ -162,6 +172,7 @@ cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cu
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
   if constexpr (SPLIT) p.split = split_view(shape, a);
+  p.window = WINDOW ? a.window : detail::kNoWindow;
   kernel<<<dim3(a.num_tiles, shape.kv_heads), TL::kThreads, TL::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -173,7 +184,7 @@ cudaError_t split_prefill(const AttentionShape& shape, const PrefillArgs& a, cud
     return cudaErrorInvalidValue;
   const cudaError_t e =
       detail::dispatch_kv(shape, a.cache.addressing, [&]<typename T, typename KV, int D, bool P>() {
-        return launch_prefill<T, KV, D, P, true>(shape, a, stream);
+        return launch_prefill<T, KV, D, P, true, false>(shape, a, stream);
       });
   if (e != cudaSuccess) return e;
   const detail::PrefillSplitView v = split_view(shape, a);
@@ -191,11 +202,17 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
     return cudaErrorInvalidValue;
   if (!detail::tables_match(args.cache, args.seqs) || !detail::fp8_cache_aligned(shape, args.cache))
     return cudaErrorInvalidValue;
-  if (args.split.kv_chunk) return split_prefill(shape, args, stream);
-  return detail::dispatch_kv(shape, args.cache.addressing,
-                             [&]<typename T, typename KV, int D, bool PAGED>() {
-                               return launch_prefill<T, KV, D, PAGED, false>(shape, args, stream);
-                             });
+  // A window the positions cannot reach is full attention.
+  const bool window = args.window > 0 && args.window < detail::kNoWindow;
+  if (args.split.kv_chunk) {
+    if (window) return cudaErrorInvalidValue;  // split prefill has no sliding window yet
+    return split_prefill(shape, args, stream);
+  }
+  return detail::dispatch_kv(
+      shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {
+        return window ? launch_prefill<T, KV, D, PAGED, false, true>(shape, args, stream)
+                      : launch_prefill<T, KV, D, PAGED, false, false>(shape, args, stream);
+      });
 }
 
 cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArgs& a,
@@ -210,6 +227,7 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
     d.work = a.work;
     d.scale = a.scale;
     d.kv_scales = a.kv_scales;
+    d.window = a.window;
     return paged_decode(shape, a.dplan, d, stream);
   }
   PrefillArgs p;
@@ -224,6 +242,7 @@ cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArg
   p.kv_scales = a.kv_scales;
   p.split = a.psplit;
   p.workspace = a.workspace;
+  p.window = a.window;
   return paged_prefill(shape, p, stream);
 }
 

@@ -21,6 +21,17 @@ constexpr uint32_t prefill_kv_tile(uint32_t head_dim) {
   return head_dim >= 256 ? 32 : 64;
 }
 
+// Sliding-window attention (vLLM's sliding_window, FlashAttention's window_size = (window - 1,
+// 0)): a query at position p sees keys at positions k with p - window < k <= p; window 0 is full
+// attention. A decode query (p = kv_len - 1) so sees the last window_len(kv_len, window) tokens,
+// starting at window_begin(kv_len, window).
+MEMSIM_HD uint32_t window_begin(uint32_t kv_len, uint32_t window) {
+  return window != 0 && kv_len > window ? kv_len - window : 0;
+}
+MEMSIM_HD uint32_t window_len(uint32_t kv_len, uint32_t window) {
+  return kv_len - window_begin(kv_len, window);
+}
+
 // KV range [*begin, *end) of decode split `split` of `splits` for a sequence of kv_len tokens:
 // contiguous, tile-aligned splits covering [0, kv_len); late splits may be empty (begin = end =
 // kv_len). The decode kernel and the planner's decode_split_range share it.

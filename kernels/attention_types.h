@@ -105,9 +105,12 @@ struct DecodePlan {
 // heuristic then counts the CTAs the work fills at the longest length (kv_heads x sum /
 // max_kv_len), so a long sequence among short ones is split as if it ran alone, as FlashInfer's
 // balanced decode scheduling does; launches stay within 16 waves.
+//
+// `window` (> 0: sliding-window attention, attention_tiles.h) splits only the window: max_kv_len
+// counts as at most `window`, and sum_kv_len should then count each sequence's window_len.
 DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
                        const DeviceLimits& device, uint32_t force_splits = 0,
-                       uint64_t sum_kv_len = 0);
+                       uint64_t sum_kv_len = 0, uint32_t window = 0);
 
 // ---- decode work lists: balanced splits, re-planned before every step -------------------------
 //
@@ -132,23 +135,28 @@ uint64_t decode_work_words(uint32_t capacity, uint32_t max_batch);
 // The launch a captured decode step of `max_batch` sequences of up to `max_kv_len` tokens fixes:
 // work_capacity = max(max_batch x the uniform split of plan_decode, one wave of two CTAs per SM
 // / kv_heads), num_splits = the most chunks of at least two tiles one sequence can have (within
-// the capacity), and the workspace for them. Every later plan of that graph must fit it.
+// the capacity), and the workspace for them. Every later plan of that graph must fit it (and
+// use its window: a windowed launch is planned at max_kv_len capped to the window).
 DecodePlan plan_decode_graph(const AttentionShape& shape, uint32_t max_batch, uint32_t max_kv_len,
-                             const DeviceLimits& device);
+                             const DeviceLimits& device, uint32_t window = 0);
 
 // The work list of a batch with these KV lengths. The chunk length takes plan_decode's split of
 // the longest sequence, balanced by the batch's sum (a uniform batch is cut exactly as
 // plan_decode's split_range cuts it). `fixed` (a plan_decode_graph launch): the list fits its
 // capacity and combine bound, longer chunks where needed (FlashInfer's binary search); its
 // words are then sized for it (and empty when the batch exceeds its max_batch). Null: an eager
-// launch of exactly the list's rows.
+// launch of exactly the list's rows. `window` (> 0): each sequence's chunks cover only its last
+// window_len tokens (chunk j from window_begin + j x chunk), so the list is the one of a batch
+// of window_len lengths; the launch must pass the same window.
 DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32_t>& kv_lens,
-                            const DeviceLimits& device, const DecodePlan* fixed = nullptr);
+                            const DeviceLimits& device, const DecodePlan* fixed = nullptr,
+                            uint32_t window = 0);
 
 // KV range [begin, end) of split `split` for a sequence of kv_len tokens: splits are contiguous,
 // tile-aligned and cover [0, kv_len); late splits may be empty. (The kernels use the same rule.)
+// With a window the splits cover [window_begin, kv_len) the same way, tiles counted from there.
 void decode_split_range(const DecodePlan& plan, uint32_t kv_len, uint32_t split, uint32_t* begin,
-                        uint32_t* end);
+                        uint32_t* end, uint32_t window = 0);
 
 struct DecodeArgs {
   uint64_t q = 0;  // [max_batch, q_heads, head_dim]
@@ -159,6 +167,9 @@ struct DecodeArgs {
   const int32_t* work = nullptr;  // device copy of DecodeWork::words when plan.work_capacity > 0
   float scale = 0;                // softmax scale (0 = 1/sqrt(head_dim))
   KvScales kv_scales;             // fp8 caches
+  // Sliding window (0 = full attention): the query sees the last `window` tokens only, and the
+  // kernel reads no tile before them. The plan must come from the planners with this window.
+  uint32_t window = 0;
 };
 
 // ---- prefill: a chunk of new tokens per sequence, causal over its cached prefix and itself ------
@@ -214,6 +225,9 @@ struct PrefillArgs {
   KvScales kv_scales;      // fp8 caches
   PrefillSplit split;      // plan.split (kv_chunk 0: the unsplit kernel)
   uint64_t workspace = 0;  // split: plan.workspace_bytes of device memory
+  // Sliding window (0 = full attention): query position p sees keys p - window < k <= p; a CTA
+  // reads no KV before its first query's window.
+  uint32_t window = 0;
 };
 
 // ---- one layer of a step: decode or prefill -----------------------------------------------------
@@ -234,6 +248,7 @@ struct LayerAttentionArgs {
   float scale = 0;
   KvScales kv_scales;  // fp8 caches
   PrefillSplit psplit;
+  uint32_t window = 0;  // sliding window (0 = full attention), as in DecodeArgs and PrefillArgs
 };
 
 // ---- KV write, block copies, swaps -------------------------------------------------------------

@@ -23,14 +23,15 @@ KvLayerView view_of(uint64_t k, uint64_t v, int64_t block_stride, uint32_t block
 
 extern "C" {
 
-// Fills *num_splits and *workspace_bytes for a decode launch; force_splits 0 = heuristic.
+// Fills *num_splits and *workspace_bytes for a decode launch; force_splits 0 = heuristic; window:
+// sliding window (0 = full attention), here and in the launches below.
 int memsim_plan_decode(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,
                        uint32_t max_batch, uint32_t max_kv_len, uint32_t force_splits,
-                       uint32_t* num_splits, uint64_t* workspace_bytes) {
+                       uint32_t* num_splits, uint64_t* workspace_bytes, uint32_t window) {
   DeviceLimits lim;
   if (cudaError_t e = query_device(&lim); e != cudaSuccess) return e;
   const DecodePlan p = plan_decode(shape_of(q_heads, kv_heads, head_dim, fp16), max_batch,
-                                   max_kv_len, lim, force_splits);
+                                   max_kv_len, lim, force_splits, 0, window);
   *num_splits = p.num_splits;
   *workspace_bytes = p.workspace_bytes;
   return 0;
@@ -41,7 +42,7 @@ int memsim_decode(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp
                   uint32_t block_size, const int32_t* kv_lens, const int32_t* block_tables,
                   uint32_t bt_stride, const int32_t* slots, const int32_t* num_seqs,
                   uint32_t max_batch, uint32_t num_splits, uint64_t workspace, float scale,
-                  uint64_t stream) {
+                  uint64_t stream, uint32_t window) {
   const AttentionShape sh = shape_of(q_heads, kv_heads, head_dim, fp16);
   DecodePlan plan;
   plan.max_batch = max_batch;
@@ -53,6 +54,7 @@ int memsim_decode(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp
   a.seqs = {kv_lens, block_tables, bt_stride, slots, num_seqs};
   a.workspace = workspace;
   a.scale = scale;
+  a.window = window;
   return paged_decode(sh, plan, a, reinterpret_cast<cudaStream_t>(stream));
 }
 
@@ -73,7 +75,8 @@ int memsim_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int f
                    uint64_t q, uint64_t o, uint64_t k, uint64_t v, int64_t block_stride,
                    uint32_t block_size, const int32_t* qo_indptr, const int32_t* kv_lens,
                    const int32_t* block_tables, uint32_t bt_stride, const int32_t* slots,
-                   const int32_t* work, uint32_t num_tiles, float scale, uint64_t stream) {
+                   const int32_t* work, uint32_t num_tiles, float scale, uint64_t stream,
+                   uint32_t window) {
   PrefillArgs a;
   a.q = q;
   a.o = o;
@@ -83,6 +86,7 @@ int memsim_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int f
   a.work = work;
   a.num_tiles = num_tiles;
   a.scale = scale;
+  a.window = window;
   return paged_prefill(shape_of(q_heads, kv_heads, head_dim, fp16), a,
                        reinterpret_cast<cudaStream_t>(stream));
 }

@@ -147,22 +147,28 @@ std::vector<uint16_t> random_q(KvDtype d, size_t n, std::mt19937& rng, std::vect
   return h;
 }
 
-// float64 attention of one query row over KV positions [0, limit) of sequence s, KV head kh.
+// Sliding window (vLLM / FlashAttention: position p sees p - window < k <= p; 0 = full): the
+// first KV position a query at `pos` sees.
+uint32_t first_visible(uint32_t pos, uint32_t window) {
+  return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+// float64 attention of one query row over KV positions [first, limit) of sequence s, KV head kh.
 void reference_row(const Fp8Batch& b, uint32_t s, uint32_t kh, const float* q, uint32_t limit,
-                   double* out) {
+                   double* out, uint32_t first = 0) {
   const uint32_t D = b.shape.head_dim;
   const uint64_t row = b.shape.row_elems();
   std::fill(out, out + D, 0.0);
   if (limit == 0) return;
   std::vector<double> w(limit);
   double mx = -INFINITY, den = 0;
-  for (uint32_t pos = 0; pos < limit; ++pos) {
+  for (uint32_t pos = first; pos < limit; ++pos) {
     double dot = 0;
     for (uint32_t d = 0; d < D; ++d) dot += double(q[d]) * b.k[s][pos * row + kh * D + d];
     mx = std::max(mx, w[pos] = dot / std::sqrt(double(D)));
   }
-  for (double& x : w) den += (x = std::exp(x - mx));
-  for (uint32_t pos = 0; pos < limit; ++pos)
+  for (uint32_t pos = first; pos < limit; ++pos) den += (w[pos] = std::exp(w[pos] - mx));
+  for (uint32_t pos = first; pos < limit; ++pos)
     for (uint32_t d = 0; d < D; ++d) out[d] += w[pos] * b.v[s][pos * row + kh * D + d] / den;
 }
 
@@ -185,13 +191,15 @@ void check_close(KvDtype dt, const std::vector<uint16_t>& got, const std::vector
   CHECK(mx < (dt == KvDtype::kBf16 ? 2e-2 : 4e-3));
 }
 
-// Decode both ways (splits 0: the planner's; work_list: plan_decode_work's list).
+// Decode both ways (splits 0: the planner's; work_list: plan_decode_work's list), with a
+// sliding window (0 = full).
 void check_decode(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uint32_t kv_heads,
                   uint32_t page, const std::vector<int32_t>& lens, uint32_t splits,
-                  std::mt19937& rng, bool work_list = false) {
+                  std::mt19937& rng, bool work_list = false, uint32_t window = 0) {
   AttentionShape sh{q_heads, kv_heads, D, dt};
   sh.kv_cache = kv;
-  CAPTURE(to_string(dt), to_string(kv), D, q_heads, kv_heads, page, splits, work_list, lens[0]);
+  CAPTURE(to_string(dt), to_string(kv), D, q_heads, kv_heads, page, splits, work_list, lens[0],
+          window);
   const Fp8Batch b = make_batch(sh, page, lens, rng);
   std::vector<float> qf;
   const uint32_t n = static_cast<uint32_t>(lens.size());
@@ -199,8 +207,9 @@ void check_decode(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uin
   DeviceLimits lim;
   REQUIRE(query_device(&lim) == cudaSuccess);
   DecodeWork w;
-  if (work_list) w = plan_decode_work(sh, lens, lim);
-  const DecodePlan plan = work_list ? w.plan : plan_decode(sh, n, b.max_len, lim, splits);
+  if (work_list) w = plan_decode_work(sh, lens, lim, nullptr, window);
+  const DecodePlan plan =
+      work_list ? w.plan : plan_decode(sh, n, b.max_len, lim, splits, 0, window);
   DevBuf<uint16_t> dq(q);
   DevBuf<uint8_t> pk(b.paged_k), pv(b.paged_v), ck(b.contig_k), cv(b.contig_v);
   DevBuf<int32_t> dl(lens), tables(b.tables), slots(b.slots), work(w.words);
@@ -217,6 +226,7 @@ void check_decode(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uin
   a.workspace = ws.addr();
   a.work = work_list ? work.p : nullptr;
   a.kv_scales = kScales;
+  a.window = window;
   a.o = o1.addr();
   a.cache = {pk.addr(), pv.addr(), b.block_stride, page, KvAddressing::kPaged};
   CUDA_OK(paged_decode(sh, plan, a, nullptr));
@@ -230,7 +240,8 @@ void check_decode(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uin
   for (uint32_t s = 0; s < n; ++s)
     for (uint32_t h = 0; h < q_heads; ++h)
       reference_row(b, s, h / sh.group(), &qf[(uint64_t{s} * q_heads + h) * D],
-                    static_cast<uint32_t>(lens[s]), &ref[(uint64_t{s} * q_heads + h) * D]);
+                    static_cast<uint32_t>(lens[s]), &ref[(uint64_t{s} * q_heads + h) * D],
+                    lens[s] ? first_visible(static_cast<uint32_t>(lens[s]) - 1, window) : 0);
   check_close(dt, paged, ref);
 }
 
@@ -258,10 +269,10 @@ TEST_CASE("fp8 decode over long ranges, split-K and a ragged work list") {
 // Prefill: chunk i of sequence s has q_lens[s] new tokens after prefixes[s] cached ones.
 void check_prefill(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uint32_t kv_heads,
                    uint32_t page, const std::vector<int32_t>& q_lens,
-                   const std::vector<int32_t>& prefixes, std::mt19937& rng) {
+                   const std::vector<int32_t>& prefixes, std::mt19937& rng, uint32_t window = 0) {
   AttentionShape sh{q_heads, kv_heads, D, dt};
   sh.kv_cache = kv;
-  CAPTURE(to_string(dt), to_string(kv), D, q_heads, kv_heads, page);
+  CAPTURE(to_string(dt), to_string(kv), D, q_heads, kv_heads, page, window);
   std::vector<int32_t> lens(q_lens.size()), indptr{0};
   for (size_t s = 0; s < q_lens.size(); ++s) {
     lens[s] = prefixes[s] + q_lens[s];
@@ -286,6 +297,7 @@ void check_prefill(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, ui
   a.work = work.p;
   a.num_tiles = plan.num_tiles;
   a.kv_scales = kScales;
+  a.window = window;
   a.o = o1.addr();
   a.cache = {pk.addr(), pv.addr(), b.block_stride, page, KvAddressing::kPaged};
   CUDA_OK(paged_prefill(sh, a, nullptr));
@@ -300,8 +312,9 @@ void check_prefill(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, ui
     for (int32_t i = 0; i < q_lens[s]; ++i)
       for (uint32_t h = 0; h < q_heads; ++h) {
         const uint64_t at = ((indptr[s] + i) * uint64_t{q_heads} + h) * D;
-        reference_row(b, static_cast<uint32_t>(s), h / sh.group(), &qf[at],
-                      static_cast<uint32_t>(prefixes[s] + i + 1), &ref[at]);
+        const uint32_t pos = static_cast<uint32_t>(prefixes[s] + i);
+        reference_row(b, static_cast<uint32_t>(s), h / sh.group(), &qf[at], pos + 1, &ref[at],
+                      first_visible(pos, window));
       }
   check_close(dt, paged, ref);
 }
@@ -314,6 +327,21 @@ TEST_CASE("fp8 prefill matches a float64 reference over cached prefixes, ragged 
         check_prefill(dt, kv, D, 8, 8, 16, {1, 16, 17, 70}, {0, 0, 15, 33}, rng);
         check_prefill(dt, kv, D, 28, 4, 1, {9, 30}, {100, 0}, rng);       // group 7
         check_prefill(dt, kv, D, 32, 4, 256, {130, 5}, {257, 256}, rng);  // group 8
+      }
+}
+
+TEST_CASE("fp8 sliding-window decode and prefill match a float64 reference") {
+  std::mt19937 rng(21);
+  // Windows below, at and past the contexts; decode split, listed and through the four-stage
+  // pipeline; prefill chunks over prefixes the window cuts into.
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16})
+    for (uint32_t D : {64u, 128u, 256u})
+      for (uint32_t window : {1u, 16u, 65u, 300u, 2000u}) {
+        const KvCacheDtype kv = D == 128 ? KvCacheDtype::kFp8E5m2 : KvCacheDtype::kFp8E4m3;
+        check_decode(dt, kv, D, 32, 8, 16, {1, 100, 300, 1500}, 0, rng, false, window);
+        check_decode(dt, kv, D, 12, 4, 7, {700, 64, 9}, 3, rng, false, window);
+        check_decode(dt, kv, D, 28, 4, 1, {1500, 40, 300}, 0, rng, true, window);
+        check_prefill(dt, kv, D, 32, 8, 16, {1, 70, 150}, {400, 33, 0}, rng, window);
       }
 }
 

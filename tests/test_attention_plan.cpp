@@ -302,6 +302,73 @@ TEST_CASE("decode split ranges tile [0, kv_len) exactly, in order, tile-aligned"
   }
 }
 
+TEST_CASE("sliding-window decode plans split only the window") {
+  // vLLM / FlashAttention semantics: the query at position kv_len - 1 sees the last `window`.
+  CHECK(window_begin(32768, 1024) == 31744);
+  CHECK(window_len(32768, 1024) == 1024);
+  CHECK(window_len(1024, 1024) == 1024);
+  CHECK(window_begin(1023, 1024) == 0);
+  CHECK(window_len(1023, 1024) == 1023);
+  CHECK(window_len(5000, 0) == 5000);  // 0: full attention
+  CHECK(window_len(0, 7) == 0);
+  // A window plans as the context of its length, whatever the context behind it.
+  for (uint32_t b : {1u, 32u, 256u})
+    for (uint32_t window : {1u, 64u, 1000u, 1024u, 4096u}) {
+      const DecodePlan full = plan_decode(kLlama8B, b, window, kH200);
+      const DecodePlan w = plan_decode(kLlama8B, b, 32768, kH200, 0, 0, window);
+      CHECK(w.num_splits == full.num_splits);
+      CHECK(w.workspace_bytes == full.workspace_bytes);
+      const DecodePlan g = plan_decode_graph(kLlama8B, b, 32768, kH200, window);
+      CHECK(g.work_capacity == plan_decode_graph(kLlama8B, b, window, kH200).work_capacity);
+      CHECK(g.num_splits == plan_decode_graph(kLlama8B, b, window, kH200).num_splits);
+    }
+  // 1 x 32K at window 1024 splits as 1 x 1K does, not as 1 x 32K (33 splits on the H200).
+  CHECK(plan_decode(kLlama8B, 1, 32768, kH200, 0, 0, 1024).num_splits ==
+        plan_decode(kLlama8B, 1, 1024, kH200).num_splits);
+  CHECK(plan_decode(kLlama8B, 1, 32768, kH200).num_splits > 16);
+  // A window at least the context changes nothing.
+  CHECK(plan_decode(kLlama8B, 1, 4096, kH200, 0, 0, 4096).num_splits ==
+        plan_decode(kLlama8B, 1, 4096, kH200).num_splits);
+  CHECK(plan_decode(kLlama8B, 1, 4096, kH200, 0, 0, 9000).num_splits ==
+        plan_decode(kLlama8B, 1, 4096, kH200).num_splits);
+
+  // Split ranges tile [window_begin, kv_len) exactly, tiles counted from the window's start.
+  for (uint32_t splits : {1u, 2u, 3u, 16u})
+    for (uint32_t window : {1u, 63u, 64u, 65u, 1000u, 4096u})
+      for (uint32_t len : {1u, 64u, 65u, 1000u, 4097u, 32768u}) {
+        const DecodePlan p = plan_decode(kLlama8B, 1, len, kH200, splits, 0, window);
+        uint32_t next = window_begin(len, window);
+        for (uint32_t s = 0; s < p.num_splits; ++s) {
+          uint32_t b, e;
+          decode_split_range(p, len, s, &b, &e, window);
+          REQUIRE(b == next);
+          REQUIRE(e <= len);
+          if (e < len) REQUIRE((e - window_begin(len, window)) % p.kv_tile == 0);
+          next = e;
+        }
+        REQUIRE(next == len);
+      }
+
+  // Work lists: a windowed batch is listed exactly as the batch of its window lengths.
+  const std::vector<int32_t> lens = {32768, 100, 5000, 1024, 0, 70000, 1025};
+  for (uint32_t window : {1u, 64u, 1024u, 4096u, 100000u}) {
+    std::vector<int32_t> wl;
+    for (int32_t l : lens) wl.push_back(static_cast<int32_t>(window_len(l, window)));
+    const DecodeWork w = plan_decode_work(kLlama8B, lens, kH200, nullptr, window);
+    const DecodeWork ref = plan_decode_work(kLlama8B, wl, kH200);
+    CHECK(w.words == ref.words);
+    CHECK(w.plan.num_splits == ref.plan.num_splits);
+    CHECK(w.plan.workspace_bytes == ref.plan.workspace_bytes);
+    const DecodePlan launch = plan_decode_graph(kLlama8B, 8, 70000, kH200, window);
+    const DecodeWork g = plan_decode_work(kLlama8B, lens, kH200, &launch, window);
+    CHECK(g.words == plan_decode_work(kLlama8B, wl, kH200, &launch).words);
+    CHECK(g.num_items <= launch.work_capacity);
+  }
+  // Window 1024 over 32K: the list of a 1K sequence (one or a few chunks, not 33).
+  CHECK(plan_decode_work(kLlama8B, {32768}, kH200, nullptr, 1024).num_items ==
+        plan_decode_work(kLlama8B, {1024}, kH200).num_items);
+}
+
 TEST_CASE("prefill work lists cover every query token once, longest KV range first") {
   for (uint32_t group : {1u, 3u, 4u, 7u, 8u}) {
     const AttentionShape sh{8 * group, 8, 128, KvDtype::kBf16};

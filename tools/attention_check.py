@@ -32,13 +32,13 @@ u32, i32, i64, u64, f32, vp = C.c_uint32, C.c_int32, C.c_int64, C.c_uint64, C.c_
 def load(path):
     lib = C.CDLL(path)
     lib.memsim_plan_decode.argtypes = [u32, u32, u32, C.c_int, u32, u32, u32, C.POINTER(u32),
-                                       C.POINTER(u64)]
+                                       C.POINTER(u64), u32]
     lib.memsim_decode.argtypes = [u32, u32, u32, C.c_int, C.c_int, u64, u64, u64, u64, i64, u32,
-                                  vp, vp, u32, vp, vp, u32, u32, u64, f32, u64]
+                                  vp, vp, u32, vp, vp, u32, u32, u64, f32, u64, u32]
     lib.memsim_plan_prefill.argtypes = [u32, u32, u32, C.c_int, vp, vp, u32, vp, u64]
     lib.memsim_plan_prefill.restype = C.c_int64
     lib.memsim_prefill.argtypes = [u32, u32, u32, C.c_int, C.c_int, u64, u64, u64, u64, i64, u32,
-                                   vp, vp, vp, u32, vp, vp, u32, f32, u64]
+                                   vp, vp, vp, u32, vp, vp, u32, f32, u64, u32]
     lib.memsim_kv_write.argtypes = [u32, u32, u32, C.c_int, u64, u64, i64, vp, u32, u64, u64, i64,
                                     u32, C.c_int, u32, u64]
     return lib
@@ -125,35 +125,46 @@ def errors(out, ref):
     return (diff.norm() / ref.norm().clamp_min(1e-30)).item(), diff.abs().max().item()
 
 
-def decode_case(lib, name, lens, page, hq, hkv, d, dtype, gen, splits=0):
+def window_mask(qpos, n_kv, window):
+    """Keys each query position sees: causal, and with a sliding window (vLLM's sliding_window,
+    flash_attn's window_size=(window - 1, 0)) only qpos - window < k."""
+    k = torch.arange(n_kv, device="cuda")[None, :]
+    mask = k <= qpos
+    if window:
+        mask &= k > qpos - window
+    return mask
+
+
+def decode_case(lib, name, lens, page, hq, hkv, d, dtype, gen, splits=0, window=0):
     c = Caches(lib, lens, page, hq, hkv, d, dtype, gen)
     b = len(lens)
     q = (torch.rand(b, hq, d, device="cuda", generator=gen) * 2 - 1).to(dtype)
     ns, ws_bytes = u32(), u64()
     ok(lib.memsim_plan_decode(hq, hkv, d, c.fp16, b, max(lens), splits, C.byref(ns),
-                              C.byref(ws_bytes)), "plan_decode")
+                              C.byref(ws_bytes), window), "plan_decode")
     ws = torch.empty(max(1, ws_bytes.value), dtype=torch.uint8, device="cuda")
     outs = []
     for contiguous, k, v, stride, bs in c.views():
         o = torch.full_like(q, float("nan"))
         ok(lib.memsim_decode(hq, hkv, d, c.fp16, contiguous, q.data_ptr(), o.data_ptr(), k, v,
                              stride, bs, c.kv_lens.data_ptr(), c.tables.data_ptr(), c.max_blocks,
-                             c.slots.data_ptr(), None, b, ns.value, ws.data_ptr(), 0.0, 0),
-           "decode")
+                             c.slots.data_ptr(), None, b, ns.value, ws.data_ptr(), 0.0, 0,
+                             window), "decode")
         outs.append(o)
     torch.cuda.synchronize()
     ref = torch.empty(b, hq, d, device="cuda")
     with sdpa_kernel([SDPBackend.MATH]):
         for i in range(b):
             k, v = c.seq_kv(i)
+            mask = window_mask(torch.tensor([[lens[i] - 1]], device="cuda"), lens[i], window)
             ref[i] = F.scaled_dot_product_attention(q[i].float()[None, :, None, :], k, v,
-                                                    enable_gqa=True)[0, :, 0, :]
+                                                    attn_mask=mask, enable_gqa=True)[0, :, 0, :]
     rel, mx = errors(outs[0], ref)
     same = torch.equal(outs[0], outs[1])
     return report(name, dtype, rel, mx, same and c.check_kv_write(), f"splits={ns.value}")
 
 
-def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen):
+def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen, window=0):
     kv_lens = [q + p for q, p in zip(q_lens, prefixes)]
     c = Caches(lib, kv_lens, page, hq, hkv, d, dtype, gen)
     total = sum(q_lens)
@@ -176,7 +187,7 @@ def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen):
         ok(lib.memsim_prefill(hq, hkv, d, c.fp16, contiguous, q.data_ptr(), o.data_ptr(), k, v,
                               stride, bs, indptr.data_ptr(), c.kv_lens.data_ptr(),
                               c.tables.data_ptr(), c.max_blocks, c.slots.data_ptr(),
-                              work.data_ptr(), tiles, 0.0, 0), "prefill")
+                              work.data_ptr(), tiles, 0.0, 0, window), "prefill")
         outs.append(o)
     torch.cuda.synchronize()
     ref = torch.empty(total, hq, d, device="cuda")
@@ -186,7 +197,7 @@ def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen):
             k, v = c.seq_kv(i)
             qi = q[at:at + n].float().permute(1, 0, 2).unsqueeze(0)  # [1, hq, n, d]
             qpos = torch.arange(p, p + n, device="cuda")[:, None]
-            mask = torch.arange(p + n, device="cuda")[None, :] <= qpos  # causal over the prefix
+            mask = window_mask(qpos, p + n, window)  # causal over the prefix
             ref[at:at + n] = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask,
                                                             enable_gqa=True)[0].permute(1, 0, 2)
             at += n
@@ -281,6 +292,15 @@ def main():
                                  dtype, gen)
     prefill_case(lib, "prefill d=256 g=4 page=16", [300, 40], [100, 1000], 16, 16, 4, 256,
                  torch.bfloat16, gen)
+    # Sliding windows (gemma-3's 1024 and others) below, at and past the contexts.
+    for window in [1, 64, 1000, 1024, 4096]:
+        lens = [32768, 1024, 1025, 5, 3000]
+        for splits in [0, 3]:
+            decode_case(lib, f"decode window={window} splits={splits} b={len(lens)}", lens, 16,
+                        32, 8, 128, torch.bfloat16, gen, splits, window)
+        prefill_case(lib, f"prefill window={window} q=[2048, 100, 7]", [2048, 100, 7],
+                     [30720, 1000, 0], 16, 16, 8, 256 if window == 1024 else 128,
+                     torch.bfloat16, gen, window)
     w = STATS["worst"]
     print(f"attention_check: {STATS['pass']} passed, {STATS['fail']} failed; worst rel/max: " +
           ", ".join(f"{k} {v[0]:.2e}/{v[1]:.2e} (bounds {REL_BOUND[getattr(torch, k)]:.0e}/"
