@@ -30,11 +30,14 @@ constexpr int kThreads = 384;
 constexpr uint32_t kHalfBytes = kBN * 64 * 2;
 constexpr uint32_t kTileBytes = 2 * kHalfBytes;
 constexpr uint32_t kQBytes = kRows * kD * 2;
-constexpr uint32_t kBarBytes = 8 * (1 + 2 * kStages);  // q_full, full[kStages], empty[kStages]
-constexpr uint32_t kOffsAt = kQBytes + 2 * kStages * kTileBytes + 64;  // row offsets [2][kBN]
+// Barriers: Q full, then per stage K full, V full, K empty, V empty (K and V apart: a stage's K
+// is free once its Q K^T is done, a tile before its V, whose P V runs in the next iteration).
+constexpr uint32_t kBarAt = kQBytes + 2 * kStages * kTileBytes;
+constexpr uint32_t kBarBytes = 8 * (1 + 4 * kStages);
+constexpr uint32_t kOffsAt = kBarAt + 128;  // row offsets [2][kBN]
 constexpr size_t kSmemBytes = kOffsAt + 2 * kBN * 8 + 1024;            // + alignment slack
 static_assert(kHalfBytes == kRows * 64 * 2, "Q halves and K/V halves share the stride");
-static_assert(kBarBytes <= 64, "barriers fit before the row offsets");
+static_assert(kBarBytes <= 128, "barriers fit before the row offsets");
 
 template <typename T>
 struct Sm90Params {
@@ -48,6 +51,13 @@ struct Sm90Params {
 // Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a swizzled tile.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return (chunk >> 3) * kHalfBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// Barrier of stage s: kKFull, kVFull (the producer's 128 threads arrive through their cp.async
+// copies), kKEmpty, kVEmpty (the consumers' 256 threads arrive).
+enum : int { kKFull, kVFull, kKEmpty, kVEmpty };
+__device__ __forceinline__ uint32_t stage_bar(uint32_t base, int which, uint32_t s) {
+  return base + kBarAt + 8 * (1 + which * kStages + s);
 }
 
 // What every thread of a CTA knows about its work item.
@@ -75,6 +85,18 @@ __device__ __forceinline__ Item make_item(const Sm90Params<T>& p) {
   return it;
 }
 
+// One K or V tile: 16 threads a row, row offsets from `offs` (< 0: past kv_end, zero-filled).
+template <typename T>
+__device__ __forceinline__ void copy_rows(unsigned char* dst, const T* src, const int64_t* offs,
+                                          int r0, int chunk) {
+#pragma unroll 4
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int row = 8 * j + r0;
+    const int64_t o = offs[row];
+    detail::cp_async_16(dst + swz(row, chunk), src + (o >= 0 ? o + chunk * 8 : 0), o >= 0);
+  }
+}
+
 // Producer warpgroup (tid 0..127): Q once, then every K/V tile into the stage ring. Each thread
 // looks up one token's row address per tile (block table), shares it through shared memory, and
 // copies 16-byte chunks 16 threads to a row (coalesced 256-byte rows), zero-filling rows past
@@ -82,7 +104,6 @@ __device__ __forceinline__ Item make_item(const Sm90Params<T>& p) {
 template <typename T, class Loc>
 __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, const Loc& loc,
                                         unsigned char* sm, uint32_t base, int tid) {
-  const uint32_t bar = base + kQBytes + 2 * kStages * kTileBytes;
   const int chunk = tid & 15, r0 = tid >> 4;
   const uint32_t h = blockIdx.y;
 #pragma unroll 4
@@ -98,7 +119,7 @@ __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, 
     }
     detail::cp_async_16(sm + swz(row, chunk), p.kv.q + off, ok);
   }
-  cp_async_arrive(bar);
+  cp_async_arrive(base + kBarAt);
   int64_t* offs = reinterpret_cast<int64_t*>(sm + kOffsAt);
   for (uint32_t i = 0; i < it.ntiles; ++i) {
     const int s = static_cast<int>(i % kStages);
@@ -111,26 +132,29 @@ __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, 
     }
     offs[(i & 1) * kBN + tid] = off;
     named_sync(1, 128);
-    if (i >= kStages) mbar_wait(bar + 8 * (1 + kStages + s), ((i / kStages) + 1) & 1);
     unsigned char* ks = sm + kQBytes + (2 * s) * kTileBytes;
-    unsigned char* vs = ks + kTileBytes;
-#pragma unroll 4
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int row = 8 * j + r0;
-      const int64_t o = offs[(i & 1) * kBN + row];
-      const int64_t src = o >= 0 ? o + chunk * 8 : 0;
-      detail::cp_async_16(ks + swz(row, chunk), p.kv.k + src, o >= 0);
-      detail::cp_async_16(vs + swz(row, chunk), p.kv.v + src, o >= 0);
-    }
-    cp_async_arrive(bar + 8 * (1 + s));
+    const uint32_t parity = ((i / kStages) + 1) & 1;  // the stage's previous release
+    if (i >= kStages) mbar_wait(stage_bar(base, kKEmpty, s), parity);
+    copy_rows(ks, p.kv.k, offs + (i & 1) * kBN, r0, chunk);
+    cp_async_arrive(stage_bar(base, kKFull, s));
+    if (i >= kStages) mbar_wait(stage_bar(base, kVEmpty, s), parity);
+    copy_rows(ks + kTileBytes, p.kv.v, offs + (i & 1) * kBN, r0, chunk);
+    cp_async_arrive(stage_bar(base, kVFull, s));
   }
   detail::cp_async_wait<0>();
 }
 
-// Scale, mask and the online-softmax update of one tile's scores for a thread's two rows (g and
-// g + 8 of its warp's 16: accumulator elements 4j + e, e >> 1 the row, token 8j + 2t + (e & 1)).
-// Leaves P (unnormalized, fp32) in `s` and the rescale factor of O in alpha; O is not touched
-// (P x V of the previous tile may still be in flight).
+__device__ __forceinline__ float ex2(float x) {  // 2^x, denormal results flushed to zero
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Mask and the online-softmax update of one tile's scores for a thread's two rows (g and g + 8
+// of its warp's 16: accumulator elements 4j + e, e >> 1 the row, token 8j + 2t + (e & 1)). The
+// row max m is kept in log2 units (scores x scale_log2), so p = 2^(s x scale - m) is one FFMA and
+// one EX2. Leaves P (unnormalized, fp32) in `s` and the rescale factor of O in alpha; O is not
+// touched (P x V of the previous tile may still be in flight).
 __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], bool masked, uint32_t start,
                                              const uint32_t (&limit)[2], float scale_log2,
@@ -140,31 +164,30 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&m)[2], floa
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float v = s[4 * j + e] * scale_log2;
       if (masked) {
         const uint32_t tok = start + 8 * j + 2 * t + (e & 1);
         const uint32_t lim = limit[e >> 1];
-        if (tok >= lim || (window != kNoWindow && tok + window < lim)) v = -INFINITY;
+        if (tok >= lim || (window != kNoWindow && tok + window < lim)) s[4 * j + e] = -INFINITY;
       }
-      s[4 * j + e] = v;
-      mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
     }
-  float m_use[2];
+  float neg_m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(m[r], mx[r]);
-    m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep zeros
-    alpha[r] = exp2f(m[r] - m_use[r]);
+    const float m_new = fmaxf(m[r], mx[r] * scale_log2);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: keep zeros
+    alpha[r] = ex2(m[r] - m_use);
     m[r] = m_new;
     l[r] *= alpha[r];
+    neg_m[r] = -m_use;
   }
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float pv = exp2f(s[4 * j + e] - m_use[e >> 1]);
+      const float pv = ex2(fmaf(s[4 * j + e], scale_log2, neg_m[e >> 1]));
       s[4 * j + e] = pv;
       l[e >> 1] += pv;
     }
@@ -220,9 +243,6 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
                                         int ctid) {
   const int wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const uint32_t bar = base + kQBytes + 2 * kStages * kTileBytes;
-  auto full = [&](uint32_t s) { return bar + 8 * (1 + s); };
-  auto empty = [&](uint32_t s) { return bar + 8 * (1 + kStages + s); };
   auto k_at = [&](uint32_t s) { return base + kQBytes + 2 * s * kTileBytes; };
   uint32_t limit[2];
 #pragma unroll
@@ -238,21 +258,23 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
   auto masked = [&](uint32_t start) {
     return start + kBN > it.mask_from || start < it.mask_below;
   };
-  mbar_wait(bar, 0);
-  mbar_wait(full(0), 0);
+  mbar_wait(base + kBarAt, 0);
+  mbar_wait(stage_bar(base, kKFull, 0), 0);
   fence_proxy_async();
   wgmma_fence();
   issue_qk<T>(s, qa, k_at(0));
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(s);
+  mbar_arrive(stage_bar(base, kKEmpty, 0));
   softmax_tile(s, m, l, alpha, masked(it.kv_begin), it.kv_begin, limit, p.kv.scale_log2,
                p.window, t);
   pack_p<T>(pa, s);
   for (uint32_t i = 1; i < it.ntiles; ++i) {
     const uint32_t st = i % kStages, prev = (i - 1) % kStages;
     const uint32_t start = it.kv_begin + i * kBN;
-    mbar_wait(full(st), (i / kStages) & 1);
+    mbar_wait(stage_bar(base, kKFull, st), (i / kStages) & 1);
+    mbar_wait(stage_bar(base, kVFull, prev), ((i - 1) / kStages) & 1);
     fence_proxy_async();
     wgmma_fence();
     issue_qk<T>(s, qa, k_at(st));
@@ -261,16 +283,20 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
     wgmma_commit();
     wgmma_wait<1>();
     fence_regs(s);
+    mbar_arrive(stage_bar(base, kKEmpty, st));
     softmax_tile(s, m, l, alpha, masked(start), start, limit, p.kv.scale_log2, p.window, t);
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
-    mbar_arrive(empty(prev));
+    mbar_arrive(stage_bar(base, kVEmpty, prev));
     rescale(o, alpha);
     pack_p<T>(pa, s);
   }
+  const uint32_t last = it.ntiles - 1;
+  mbar_wait(stage_bar(base, kVFull, last % kStages), (last / kStages) & 1);
+  fence_proxy_async();
   wgmma_fence();
-  issue_pv<T>(o, pa, k_at((it.ntiles - 1) % kStages) + kTileBytes);
+  issue_pv<T>(o, pa, k_at(last % kStages) + kTileBytes);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(o);
@@ -307,12 +333,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* sm = smem_raw + (base - raw);
   const int tid = threadIdx.x;
   const Item it = make_item(p);
-  const uint32_t bar = base + kQBytes + 2 * kStages * kTileBytes;
   if (tid == 0) {
-    mbar_init(bar, 128);  // Q: the producer's threads
+    mbar_init(base + kBarAt, 128);  // Q: the producer's threads
     for (uint32_t s = 0; s < kStages; ++s) {
-      mbar_init(bar + 8 * (1 + s), 128);             // full: the producer's threads
-      mbar_init(bar + 8 * (1 + kStages + s), 256);  // empty: the consumers' threads
+      mbar_init(stage_bar(base, kKFull, s), 128);
+      mbar_init(stage_bar(base, kVFull, s), 128);
+      mbar_init(stage_bar(base, kKEmpty, s), 256);
+      mbar_init(stage_bar(base, kVEmpty, s), 256);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
