@@ -464,8 +464,9 @@ void print_prefill(const std::vector<PrefillRow>& pre, KvCacheDtype fp8, std::of
     std::printf(
         "prefill %u x %u causal (%s): paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
         "%s\n",
-        r.len, r.len, kernel, r.flops / r.paged_s / 1e12, r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0,
-        r.sdpa_backend.c_str(), pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
+        r.len, r.len, kernel, r.flops / r.paged_s / 1e12,
+        r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0, r.sdpa_backend.c_str(),
+        pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
     if (out)
       out << fmt::format("prefill,1,{},1,{},{},0,{},0,{}\n", r.len, r.flops, r.paged_s, r.sdpa_s,
                          r.sdpa_backend);
