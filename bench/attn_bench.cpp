@@ -458,13 +458,15 @@ std::string pct(double x) {
   return x > 0 ? fmt::format("{:.1f}%", 100 * x) : "-";
 }
 
-void print_prefill(const std::vector<PrefillRow>& pre, KvCacheDtype fp8, std::ofstream& out) {
+void print_prefill(const std::vector<PrefillRow>& pre, KvCacheDtype fp8, std::ofstream& out,
+                   const char* kernel) {
   for (const PrefillRow& r : pre) {
     std::printf(
-        "prefill %u x %u causal: paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
+        "prefill %u x %u causal (%s): paged %.1f TFLOP/s, SDPA %.1f TFLOP/s (%s), paged/SDPA "
         "%s\n",
-        r.len, r.len, r.flops / r.paged_s / 1e12, r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0,
-        r.sdpa_backend.c_str(), pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
+        r.len, r.len, kernel, r.flops / r.paged_s / 1e12,
+        r.sdpa_s > 0 ? r.flops / r.sdpa_s / 1e12 : 0.0, r.sdpa_backend.c_str(),
+        pct(r.sdpa_s > 0 ? r.sdpa_s / r.paged_s : 0).c_str());
     if (out)
       out << fmt::format("prefill,1,{},1,{},{},0,{},0,{}\n", r.len, r.flops, r.paged_s, r.sdpa_s,
                          r.sdpa_backend);
@@ -647,7 +649,7 @@ int run(int argc, char** argv) {
       std::printf(" %u:%.0f", splits, r.bytes / secs / 1e9);
     std::printf("\n");
   }
-  print_prefill(pre, fp8, out);
+  print_prefill(pre, fp8, out, prefill_sm90_eligible(sh, false) ? "sm90 wgmma" : "mma.sync");
   print_chunks(chunk_rows, out);
   std::printf(
       "goals: decode paged >= 95%% of SDPA and >= 85%% of the ceiling, paged at most 3%% "

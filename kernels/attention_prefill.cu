@@ -9,6 +9,7 @@
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_fp8.cuh"
 #include "kernels/attention_merge.h"
+#include "kernels/attention_prefill_sm90.h"
 #include "kernels/attention_prefill_split.cuh"
 #include "kernels/attention_tiles.h"
 #include "kernels/dispatch.cuh"
@@ -208,6 +209,7 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
     if (window) return cudaErrorInvalidValue;  // split prefill has no sliding window yet
     return split_prefill(shape, args, stream);
   }
+  if (prefill_sm90_eligible(shape, false)) return paged_prefill_sm90(shape, args, stream);
   return detail::dispatch_kv(
       shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {
         return window ? launch_prefill<T, KV, D, PAGED, false, true>(shape, args, stream)

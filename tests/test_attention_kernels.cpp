@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -534,6 +535,30 @@ TEST_CASE("prefill matches a float64 reference over cached prefixes, ragged batc
       check_prefill_case(dt, D, 32, 4, 256, {130, 5}, {257, 256}, rng);  // group 8
       check_prefill_case(dt, D, 12, 4, 7, {64, 1}, {3, 200}, rng);       // group 3, odd page
     }
+}
+
+// The Hopper wgmma kernel takes head_dim 128 (bf16, fp16) on compute capability 9.0 unless
+// MEMSIM_PREFILL_SM90=0: long chunks over long prefixes, many KV tiles through its two-stage ring,
+// pages of 1, 5 and 16 tokens, groups 1, 4 and 6 (GQA rows r = token * group + head).
+TEST_CASE("prefill at head_dim 128: long ranges through the Hopper kernel where it runs") {
+  int dev = 0, major = 0, minor = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const char* env = std::getenv("MEMSIM_PREFILL_SM90");
+  const bool want = major == 9 && minor == 0 && !(env && env[0] == '0');
+  CHECK(prefill_sm90_eligible({32, 8, 128, KvDtype::kBf16}, false) == want);
+  CHECK(prefill_sm90_eligible({32, 8, 128, KvDtype::kFp16}, false) == want);
+  CHECK_FALSE(prefill_sm90_eligible({32, 8, 128, KvDtype::kBf16}, true));  // split: mma.sync
+  CHECK_FALSE(prefill_sm90_eligible({32, 8, 64, KvDtype::kBf16}, false));
+  std::printf("prefill at head_dim 128 runs the %s kernel\n", want ? "sm90 wgmma" : "mma.sync");
+  std::mt19937 rng(29);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16}) {
+    check_prefill_case(dt, 128, 8, 2, 5, {300, 2, 129}, {900, 1500, 0}, rng);  // group 4
+    check_prefill_case(dt, 128, 6, 1, 1, {40, 257}, {700, 3}, rng);            // group 6
+    check_prefill_case(dt, 128, 4, 4, 16, {520}, {0}, rng);                    // group 1
+  }
+  check_prefill_case(KvDtype::kBf16, 128, 8, 2, 16, {300, 64}, {900, 20}, rng, 200);  // window
 }
 
 // Split-KV prefill: the planner's split (`lim`) or a forced one against the float64 reference,

@@ -1,0 +1,16 @@
+// The Hopper prefill kernel's launcher (kernels/attention_prefill_sm90.cu, built for sm_90a):
+// paged_prefill hands it the launches prefill_sm90_eligible (attention.h) accepts.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention_types.h"
+
+namespace memsim::kernels {
+
+// Unsplit causal prefill of bf16/fp16 Q and K/V at head_dim 128 (sliding window allowed), paged
+// or contiguous; arguments as checked by paged_prefill.
+cudaError_t paged_prefill_sm90(const AttentionShape& shape, const PrefillArgs& args,
+                               cudaStream_t stream);
+
+}  // namespace memsim::kernels
