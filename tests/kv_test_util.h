@@ -12,11 +12,11 @@
 
 #include "backends/sim/sim_backend.h"
 #include "core/clock.h"
-#include "workload/model_shape.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/kv/kv_cache_manager.h"
 #include "src/kv/registry.h"
+#include "workload/model_shape.h"
 
 namespace memsim::test {
 
@@ -112,6 +112,10 @@ class LyingTable final : public KvCacheManager {
   KvLayout layout() const override { return inner_->layout(); }
   void seq_table(SeqId s, std::vector<int32_t>* out) const override {
     inner_->seq_table(s, out);
+    if (lie) lie(s, out);
+  }
+  void seq_group_table(SeqId s, uint32_t g, std::vector<int32_t>* out) const override {
+    inner_->seq_group_table(s, g, out);
     if (lie) lie(s, out);
   }
   KvStats stats() const override { return inner_->stats(); }

@@ -22,11 +22,17 @@ namespace memsim {
 class TpGroup;
 
 struct CudaExecutorConfig {
-  kernels::AttentionShape shape;  // the model's attention (one layer)
-  uint32_t layers = 0;            // the model's layers
-  uint32_t layers_run = 0;        // layers whose work runs each step (0 = all)
-  uint32_t max_tokens = 0;        // tokens one step computes at most (max_num_batched_tokens)
-  uint32_t max_seqs = 0;          // sequences one step runs at most
+  kernels::AttentionShape shape;  // the model's attention (one layer); kv_cache: its KV storage
+  // An fp8 cache's per-tensor k_scale and v_scale: 1.0, vLLM's default without calibrated
+  // scales (--calculate-kv-scales or a checkpoint's). Unused for a cache of the model's dtype.
+  kernels::KvScales kv_scales;
+  // Each layer's sliding window (ModelShape::layer_windows; 0 = full attention; empty: none).
+  // A layer reads its KV cache group's block table (KvLayout::layer_group) with its window.
+  std::vector<uint32_t> layer_windows;
+  uint32_t layers = 0;      // the model's layers
+  uint32_t layers_run = 0;  // layers whose work runs each step (0 = all)
+  uint32_t max_tokens = 0;  // tokens one step computes at most (max_num_batched_tokens)
+  uint32_t max_seqs = 0;    // sequences one step runs at most
   // engine.gpu_step: model: each step runs the whole model (src/exec/model_step.h) over the
   // strategy's KV pool instead of synthesized K/V and attention, with no content checks; the
   // executor times it (host wall clock) for the engine's measured clock.

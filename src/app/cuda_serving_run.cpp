@@ -81,13 +81,17 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
     return make_error(
         ErrorCode::kNotSupported,
         fmt::format("model {}: KV dtype must be bf16 or fp16 for the GPU kernels", m.name));
-  for (const ServingRunSpec& run : config.runs)
-    if (run.kv_cache_dtype)
+  for (const ServingRunSpec& run : config.runs) {
+    // Sliding windows: the attention executor reads each group's table with each layer's
+    // window; the model step packs one block table for every layer and launches no window.
+    if (run.gpu_step == "model" && m.sliding_window)
       return make_error(
           ErrorCode::kNotSupported,
-          fmt::format("run '{}': engine.kv_cache_dtype {} is simulated only: the CUDA serving "
-                      "executor writes and reads the model's {} KV cache (run with --backend sim)",
-                      run.label, to_string(*run.kv_cache_dtype), to_string(m.dtype)));
+          fmt::format("run '{}': engine.gpu_step: model with {}'s sliding-window layers: the "
+                      "model step reads one block table with full attention in every layer "
+                      "(gpu_step: attention runs the windows and KV cache groups)",
+                      run.label, m.name));
+  }
   CudaExecutorConfig base;
   base.shape = {attention.heads, attention.kv_heads, static_cast<uint32_t>(m.head_dim),
                 m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16};
@@ -95,6 +99,7 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("model {}: attention kernels: {}", m.name, why));
   base.layers = m.layers;
+  base.layer_windows = m.layer_windows();
   ServingRunHooks hooks;
   hooks.serial = true;  // one GPU
   const int device = std::max(rank, 0);
@@ -110,7 +115,12 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
     c.tp = member ? member->group.get() : nullptr;
     c.layers_run = spec.gpu_layers;
     c.model_step = spec.gpu_step == "model";
-    c.model = m;
+    c.model = with_kv_cache_dtype(m, spec.kv_cache_dtype);
+    // engine.kv_cache_dtype fp8: one byte per element in the pool (the engine sizes it from
+    // the model's KV dtype), quantized by the KV write with scales of 1.0 (kv_scales).
+    if (spec.kv_cache_dtype)
+      c.shape.kv_cache = *spec.kv_cache_dtype == DType::kFP8E5M2 ? kernels::KvCacheDtype::kFp8E5m2
+                                                                 : kernels::KvCacheDtype::kFp8E4m3;
     e.measured_clock = c.model_step;
     c.max_tokens = spec.serve.max_num_batched_tokens;
     c.max_seqs = spec.serve.max_num_seqs;

@@ -76,12 +76,6 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
         "--backend cuda runs each step to its end before scheduling the next; async "
         "scheduling runs on the sim backend only");
   }
-  if (ctx.cuda && config.model.sliding_window)
-    root["model"].fail(fmt::format(
-        "--backend cuda: {} has sliding-window layers and memsim's attention kernels have no "
-        "window mask yet (issue 33): they would attend over every token; run it on the sim "
-        "backend",
-        config.model.name));
   if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
   const uint32_t tp = config.parallel.sizes.tensor;
   if (ctx.cuda && tp > 1 && ctx.rank < 0) {  // one process per rank, this command again

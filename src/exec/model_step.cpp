@@ -124,7 +124,7 @@ Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const 
   KvLayerView view;
   view.k = kv.k[l];
   view.v = kv.v[l];
-  view.block_stride = static_cast<int64_t>(kv.block_stride / kElem);
+  view.block_stride = static_cast<int64_t>(kv.block_stride / shape.kv_elem_bytes());
   view.block_size = kv.block_tokens;
   view.addressing = kv.paged ? KvAddressing::kPaged : KvAddressing::kContiguous;
   KvWriteArgs w;
@@ -135,10 +135,12 @@ Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const 
   w.num_tokens = T;
   w.cache = view;
   w.slot_tokens = kv.block_tokens;
+  w.kv_scales = kv_scales;
   MEMSIM_STEP_CU(paged_kv_write(shape, w, stream));
   MEMSIM_ASSIGN_OR_RETURN(DevPtr attn, act(uint64_t{T} * q_cols * kElem));
   LayerAttentionArgs a;
   a.cache = view;
+  a.kv_scales = kv_scales;
   if (v.D) {  // rows [0, D)
     a.decode = true;
     a.q = q;

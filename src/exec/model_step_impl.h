@@ -149,7 +149,8 @@ struct ModelStep::Impl {
   DeviceSegmentSource source;
   TorchCachingAllocator alloc;
   kernels::KvDtype dtype = kernels::KvDtype::kBf16;
-  kernels::AttentionShape shape;
+  kernels::AttentionShape shape;  // shape.kv_cache: the KV cache's element type
+  kernels::KvScales kv_scales;    // an fp8 cache's k_scale and v_scale: 1.0 (not calibrated)
   uint32_t layers = 0;
   // Widths of this rank's tensors; `vocab` is the model's (the argmax's width), `vocab_rows` the
   // embedding and LM head rows the rank holds, `vocab_padded` the gathered logits' row width.

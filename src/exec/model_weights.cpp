@@ -55,6 +55,16 @@ Status ModelStep::Impl::init() {
   }
   const ModelShape& r = rank_shape;
   shape = {r.heads, r.kv_heads, static_cast<uint32_t>(m.head_dim), dtype};
+  // engine.kv_cache_dtype: an fp8 cache the KV write quantizes into and attention dequantizes,
+  // with per-tensor scales of 1.0 (kv_scales: vLLM's default when the checkpoint has none).
+  const DType kv = m.kv_cache_dtype();
+  if (kv == DType::kFP8 || kv == DType::kFP8E5M2)
+    shape.kv_cache = kv == DType::kFP8 ? KvCacheDtype::kFp8E4m3 : KvCacheDtype::kFp8E5m2;
+  else if (kv != m.dtype)
+    return make_error(ErrorCode::kNotSupported,
+                      fmt::format("model {}: a {} KV cache (the executor stores the model's "
+                                  "dtype or fp8)",
+                                  m.name, to_string(kv)));
   if (std::string why = check_shape(shape); !why.empty())
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("model {}: attention kernels: {}", m.name, why));
@@ -71,8 +81,8 @@ Status ModelStep::Impl::init() {
   MEMSIM_STEP_CU(cudaEventCreate(&ev0));
   MEMSIM_STEP_CU(cudaEventCreate(&ev1));
   MEMSIM_STEP_CU(query_device(&limits));
-  packer =
-      StepPacker({cfg.max_seqs, cfg.max_tokens, layers, kv_cols * kElem, vocab, shape, limits});
+  packer = StepPacker({cfg.max_seqs, cfg.max_tokens, layers, kv_cols * shape.kv_elem_bytes(), vocab,
+                       shape, limits});
 
   layer.resize(layers);
   for (uint32_t l = 0; l < layers; ++l) MEMSIM_TRY(init_layer(l));

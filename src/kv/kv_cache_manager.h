@@ -78,9 +78,17 @@ struct KvLayout {
   uint64_t blocks = 0;        // block ids (slots) are in [0, blocks)
   std::vector<DevPtr> k, v;   // per layer: row 0 of block (slot) 0
   // Per layer, the KV cache group whose block table addresses it (KvInit::groups); empty: every
-  // layer reads seq_table's. No kernel path reads a pool of several groups yet (the engine
-  // refuses content checks and the CUDA backend a model with sliding windows).
+  // layer reads seq_table's. Read a group's table with KvCacheManager::seq_group_table.
   std::vector<uint32_t> layer_group;
+  // Per KV cache group, its sliding window in tokens (0: full attention); empty: no windows.
+  std::vector<uint32_t> group_window;
+  uint32_t group_of(uint32_t layer) const {
+    return layer < layer_group.size() ? layer_group[layer] : 0;
+  }
+  uint32_t window_of(uint32_t layer) const {
+    const uint32_t g = group_of(layer);
+    return g < group_window.size() ? group_window[g] : 0;
+  }
   // The row of position `pos` (K, or V when `value`) in layer `layer` for table `table`.
   DevPtr row(const std::vector<int32_t>& table, bool value, uint32_t layer, uint32_t pos) const {
     const DevPtr base = (value ? v : k)[layer];
@@ -228,13 +236,20 @@ class KvCacheManager {
 
   virtual KvLayout layout() const = 0;
   virtual void seq_table(SeqId seq, std::vector<int32_t>* out) const = 0;
+  // KV cache group `group`'s block table of the sequence (vLLM: one block table per group; the
+  // layers of KvLayout::layer_group read it), -1 for a block its sliding window freed (vLLM's
+  // null block: never read). Strategies of one group: seq_table's.
+  virtual void seq_group_table(SeqId seq, uint32_t /*group*/, std::vector<int32_t>* out) const {
+    seq_table(seq, out);
+  }
 
   virtual KvStats stats() const = 0;
   virtual bool check_invariants(std::string* why) const = 0;
 };
 
 // Why `kv` cannot be given `init`'s KV cache groups (empty: it can): groups with a sliding window
-// need a strategy that holds_kv_groups(), and no step executor reads them yet (`executor`).
+// need a strategy that holds_kv_groups(), and a step executor that reads each group's table with
+// its window (`executor`: the run has one that does not, StepExecutor::reads_kv_groups).
 std::string kv_groups_refusal(const KvCacheManager& kv, const KvInit& init, bool executor);
 
 }  // namespace memsim

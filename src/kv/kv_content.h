@@ -19,7 +19,8 @@ class KvContentShadow {
   // table are then both exercised) of the pool `layout` describes.
   KvContentShadow(KvLayout layout, std::vector<uint32_t> layers);
 
-  // The engine computed tokens [from, to) of `seq` and wrote their K/V through its table;
+  // The engine computed tokens [from, to) of `seq` and wrote their K/V through its tables
+  // (each layer's group's; positions in blocks a sliding window freed are skipped);
   // `stamp` (e.g. the engine step) is reported with a row that a check finds wrong. Returns what
   // is wrong when a position lies beyond the sequence's table (nothing is written then).
   std::string write(const KvCacheManager& kv, SeqId seq, const TokenContent& content, uint32_t from,
@@ -29,15 +30,21 @@ class KvContentShadow {
   // start on a row (every strategy copies whole blocks, pages or token ranges of a slot).
   void copy(DevPtr dst, DevPtr src, uint64_t bytes);
   // Empty when every tracked row of positions [0, tokens) of `seq` holds (its token, that
-  // position); else what the first mismatch reads.
+  // position); else what the first mismatch reads. Each layer is read through its KV cache
+  // group's table (KvLayout::layer_group); a layer of a sliding window (KvLayout::group_window)
+  // only at the positions the queries from `first_query` on see (p - window < k <= p), and
+  // each of those must lie in a block the window did not free.
   std::string check(const KvCacheManager& kv, SeqId seq, const TokenContent& content,
-                    uint32_t tokens) const;
+                    uint32_t tokens, uint32_t first_query = 0) const;
 
   size_t rows() const { return rows_.size(); }
 
  private:
-  // Empty when positions [0, end) of a sequence with table_ lie inside it.
-  std::string beyond_table(SeqId seq, uint32_t end) const;
+  // Empty when positions [0, end) of a sequence with `table` lie inside it.
+  std::string beyond_table(SeqId seq, uint32_t end, const std::vector<int32_t>& table) const;
+  // The table `layer` reads (its group's), fetched once per write or check (fresh_).
+  const std::vector<int32_t>& table_of(const KvCacheManager& kv, SeqId seq, uint32_t layer) const;
+  bool freed(const std::vector<int32_t>& table, uint32_t pos) const;  // a window freed its block
   struct Row {
     uint32_t token, pos;
     SeqId writer;
@@ -45,8 +52,9 @@ class KvContentShadow {
   };
   KvLayout layout_;
   std::vector<uint32_t> layers_;
-  std::unordered_map<DevPtr, Row> rows_;  // row address -> what was written there
-  mutable std::vector<int32_t> table_;
+  std::unordered_map<DevPtr, Row> rows_;              // row address -> what was written there
+  mutable std::vector<std::vector<int32_t>> tables_;  // per KV cache group
+  mutable std::vector<bool> fresh_;
 };
 
 }  // namespace memsim

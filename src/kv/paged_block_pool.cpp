@@ -723,10 +723,14 @@ KvLayout PagedBlockPool::layout() const {
         l.v[layer] = unit.v[i];
         l.layer_group[layer] = g;
       }
+    for (const KvCacheGroup& g : groups_) l.group_window.push_back(g.window);
     return l;
   }
-  if (!config_.per_layer)
-    return block_major_layout(k, init_, block_size(), unit_bytes_, cap_units_);
+  if (!config_.per_layer) {  // one group (a sliding one: every layer of the model windowed)
+    KvLayout l = block_major_layout(k, init_, block_size(), unit_bytes_, cap_units_);
+    if (windows_) l.group_window = {groups_[0].window};
+    return l;
+  }
   // The seed's pools [physical blocks, block_size, kv_dim]: layer l of a unit is physical block
   // unit x layers + l, so layer l's rows start l physical blocks in and a table entry (the
   // unit) steps over a unit's `layers` blocks.
@@ -749,6 +753,12 @@ void PagedBlockPool::seq_table(SeqId seq, std::vector<int32_t>* out) const {
   out->clear();
   if (const SeqGroups* s = seqs_.find(seq))
     for (uint32_t u : (*s)[0].blocks) out->push_back(u == kNone ? -1 : static_cast<int32_t>(u));
+}
+
+void PagedBlockPool::seq_group_table(SeqId seq, uint32_t group, std::vector<int32_t>* out) const {
+  out->clear();
+  if (const SeqGroups* s = seqs_.find(seq); s && group < s->size())
+    for (uint32_t u : (*s)[group].blocks) out->push_back(u == kNone ? -1 : static_cast<int32_t>(u));
 }
 
 }  // namespace memsim

@@ -84,6 +84,7 @@ class PagedBlockPool final : public KvCacheManager {
   // KV cache group `group`'s block table of the sequence (kNone: a block its sliding window
   // freed, vLLM's null block), and the groups the pool holds (one full group without windows).
   std::vector<uint32_t> group_table(SeqId seq, uint32_t group) const;
+  void seq_group_table(SeqId seq, uint32_t group, std::vector<int32_t>* out) const override;
   const std::vector<KvCacheGroup>& groups() const { return groups_; }
 
  private:

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "backends/sim/sim_backend.h"
 
 namespace memsim {
@@ -21,8 +23,14 @@ Status ContentExecutor::begin(KvCacheManager& kv, Backend& backend, DevPtr swap_
   swap_space_ = swap_space;
   swap_bytes_ = swap_bytes;
   const KvLayout layout = kv.layout();
-  const uint32_t last = static_cast<uint32_t>(layout.k.size()) - 1;
-  shadow_ = std::make_unique<KvContentShadow>(layout, std::vector<uint32_t>{0, last});
+  // The first and the last layer, and the first of every KV cache group (each group's table).
+  std::vector<uint32_t> layers{0, static_cast<uint32_t>(layout.k.size()) - 1};
+  for (uint32_t l = 0; l < layout.layer_group.size(); ++l) {
+    bool seen = false;
+    for (uint32_t t : layers) seen = seen || layout.group_of(t) == layout.group_of(l);
+    if (!seen) layers.push_back(l);
+  }
+  shadow_ = std::make_unique<KvContentShadow>(layout, std::move(layers));
   sim->set_copy_observer(
       [this](DevPtr dst, DevPtr src, uint64_t bytes) { shadow_->copy(dst, src, bytes); });
   report_ = {};
@@ -44,7 +52,8 @@ Status ContentExecutor::run_step(const StepWork& work) {
   if (!work.validate) return {};
   ++report_.checked_steps;
   for (const StepSeq& s : work.seqs) {
-    const std::string bad = shadow_->check(*kv_, s.id, *s.content, s.computed + s.new_tokens);
+    const std::string bad =
+        shadow_->check(*kv_, s.id, *s.content, s.computed + s.new_tokens, s.computed);
     if (!bad.empty()) {
       report_.failure = fmt::format("request {} sample {}, step {} (checked after {}): {}",
                                     s.request, s.sample, work.step, work.reason, bad);
@@ -61,7 +70,7 @@ Status ContentExecutor::swap_out(SeqId seq, SeqId source, const TokenContent& co
     return make_error(ErrorCode::kInvalidState,
                       fmt::format("swap-out of seq {}: the engine allocated no swap space", seq));
   // What goes to host memory must be the sequence's own tokens: check the rows read for it.
-  const std::string bad = shadow_->check(*kv_, source, content, tokens);
+  const std::string bad = shadow_->check(*kv_, source, content, tokens, tokens);
   if (!bad.empty())
     return make_error(ErrorCode::kInvalidState, fmt::format("swap-out of seq {}: {}", seq, bad));
   swapped_[seq] = tokens;

@@ -22,6 +22,7 @@ class ContentExecutor final : public StepExecutor {
   Status swap_drop(SeqId seq) override;
   void end() override;
   ExecutorReport report() const override { return report_; }
+  bool reads_kv_groups() const override { return true; }  // each layer's group, its window
 
  private:
   KvCacheManager* kv_ = nullptr;

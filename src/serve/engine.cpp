@@ -509,8 +509,9 @@ bool Engine::start() {
   init.max_num_seqs = c_.serve.max_num_seqs;
   init.max_model_len = c_.serve.max_model_len;
   init.groups = kv_cache_groups(kv_model.layer_windows(), c_.hybrid_kv_cache);
-  if (r_.error = kv_groups_refusal(*kv_, init, c_.executor != nullptr); !r_.error.empty())
-    return false;
+  // Whether the run's step executor reads sliding-window groups (asked of a throwaway one).
+  const bool blind = c_.executor && !c_.executor()->reads_kv_groups();
+  if (r_.error = kv_groups_refusal(*kv_, init, blind); !r_.error.empty()) return false;
   if (c_.backend) {
     auto made = c_.backend(c_.gpu, clock_);
     if (!made.ok()) {

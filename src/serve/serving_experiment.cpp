@@ -135,7 +135,8 @@ EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
 
 // A model with sliding-window layers: the run's KV strategy must hold vLLM's KV cache groups
 // (a trait), unless the hybrid manager is off and full-attention layers make every layer full;
-// content checks and pipeline stages are not modelled with windows.
+// pipeline stages are not modelled with windows (content checks are: each group's table, each
+// window's positions).
 void check_kv_groups(const ServingConfig& c, const ConfigNode& root,
                      const std::optional<ConfigNode>& node, const KvChoice& k,
                      const EngineSettings& e) {
@@ -160,9 +161,6 @@ void check_kv_groups(const ServingConfig& c, const ConfigNode& root,
                               ? "; engine.disable_hybrid_kv_cache_manager: true makes "
                                 "every layer full attention, as vLLM does"
                               : ""));
-  if (any_window(groups) && e.validate_content)
-    key("engine", "validate_content")
-        .fail("content checks of sliding-window KV cache groups are not modelled yet");
   if (c.parallel.sizes.pipeline > 1)
     root["parallel"]["pipeline_parallel_size"].fail(
         "pipeline stages of a model with sliding-window layers are not modelled (vLLM groups the "

@@ -95,6 +95,9 @@ class StepExecutor {
   virtual Status swap_in(SeqId seq, const TokenContent& content, uint32_t tokens) = 0;
   virtual Status swap_drop(SeqId seq) = 0;
   virtual void end() = 0;
+  // Whether it reads a pool of several KV cache groups (KvLayout::layer_group), each layer
+  // through its group's table with its window; the engine refuses sliding-window groups otherwise.
+  virtual bool reads_kv_groups() const { return false; }
   virtual ExecutorReport report() const = 0;
   // Executors that time their steps: the host wall time of the last run_step, which the engine
   // then uses as the step's compute time (EngineConfig::measured_clock); 0 = not measured.
