@@ -87,7 +87,9 @@ double time_calls(cudaStream_t st, int reps, int trials, F&& fn) {
 
 // An fp8 KV cache's rows of a decode or prefill shape (kv_cache kAuto: none).
 struct Fp8Figures {
+  uint32_t splits = 0;
   double bytes = 0, paged_s = 0, contig_s = 0, ceiling_s = 0;
+  std::vector<std::pair<uint32_t, double>> sweep;  // (splits, paged seconds)
 };
 
 struct DecodeRow {
@@ -127,12 +129,18 @@ void quantize_rows(const AttentionShape& sh8, uint64_t src_k, uint64_t src_v, ui
   CK(cudaStreamSynchronize(st));
 }
 
-// The fp8 rows of a decode shape: the bf16 caches quantized (scales 1, vLLM's default), the same
-// plan, paged and contiguous decode and the read ceiling over the fp8 bytes.
-Fp8Figures bench_decode_fp8(const AttentionShape& sh8, const DecodePlan& plan, DecodeArgs a,
+// The fp8 rows of a decode shape: the bf16 caches quantized (scales 1, vLLM's default), the fp8
+// shape's plan, paged and contiguous decode, the split sweep and the read ceiling over the fp8
+// bytes.
+Fp8Figures bench_decode_fp8(const AttentionShape& sh8, const DeviceLimits& lim, DecodeArgs a,
                             uint64_t pk, uint64_t pv, uint64_t ck, uint64_t cv, uint64_t blocks,
-                            uint32_t page, uint32_t batch, uint32_t ctx, cudaStream_t st) {
+                            uint32_t page, uint32_t batch, uint32_t ctx, cudaStream_t st,
+                            const std::vector<uint32_t>& sweep) {
   Fp8Figures f;
+  const DecodePlan plan = plan_decode(sh8, batch, ctx, lim);
+  f.splits = plan.num_splits;
+  Dev ws(plan.workspace_bytes);
+  a.workspace = ws.a();
   const uint64_t row = sh8.row_elems(), block = uint64_t{page} * row;
   Dev qk(blocks * block), qv(blocks * block), rk(uint64_t{batch} * ctx * row),
       rv(uint64_t{batch} * ctx * row);
@@ -147,6 +155,16 @@ Fp8Figures bench_decode_fp8(const AttentionShape& sh8, const DecodePlan& plan, D
   a.cache = {rk.a(), rv.a(), static_cast<int64_t>(uint64_t{ctx} * row), 0,
              KvAddressing::kContiguous};
   f.contig_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh8, plan, a, st)); });
+  for (uint32_t force : sweep) {  // paged decode at other split counts (same data)
+    const DecodePlan other = plan_decode(sh8, batch, ctx, lim, force);
+    if (other.num_splits != force) continue;
+    Dev ws2(other.workspace_bytes);
+    DecodeArgs b = a;
+    b.workspace = ws2.a();
+    b.cache = {qk.a(), qv.a(), static_cast<int64_t>(block), page, KvAddressing::kPaged};
+    f.sweep.emplace_back(force,
+                         time_calls(st, reps, 7, [&] { CK(paged_decode(sh8, other, b, st)); }));
+  }
   Dev sink(4096 * 4);
   CK(cudaMemset(sink.p, 0, 4096 * 4));
   f.ceiling_s = time_calls(st, reps, 7, [&] {
@@ -243,8 +261,8 @@ DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, u
   if (fp8 != KvCacheDtype::kAuto) {
     AttentionShape sh8 = sh;
     sh8.kv_cache = fp8;
-    r.fp8 = bench_decode_fp8(sh8, plan, a, pk.a(), pv.a(), ck.a(), cv.a(), blocks, page, batch, ctx,
-                             st);
+    r.fp8 = bench_decode_fp8(sh8, lim, a, pk.a(), pv.a(), ck.a(), cv.a(), blocks, page, batch, ctx,
+                             st, sweep);
   }
   return r;
 }
@@ -490,22 +508,29 @@ KvCacheDtype kv_fp8_rows(const std::string& name) {
 void print_fp8_decode(const std::vector<DecodeRow>& dec, KvCacheDtype fp8, std::ofstream& out) {
   if (fp8 != KvCacheDtype::kAuto) {
     std::printf(
-        "%s KV cache decode (k/v scales 1, the same plan): tokens/s = batch / time; GB/s over "
-        "Q, fp8 K/V and O\n",
+        "%s KV cache decode (k/v scales 1, the fp8 shape's plan): tokens/s = batch / time; GB/s "
+        "over Q, fp8 K/V and O\n",
         to_string(fp8));
-    std::printf("%-12s %10s %10s %10s %10s %9s %9s %12s %12s\n", "batch x ctx", "paged us",
-                "bf16 us", "fp8 GB/s", "ceiling", "p/ceil", "p vs c", "fp8/bf16 p", "fp8/bf16 c");
+    std::printf("%-12s %6s %10s %10s %10s %10s %9s %9s %12s %12s\n", "batch x ctx", "splits",
+                "paged us", "bf16 us", "fp8 GB/s", "ceiling", "p/ceil", "p vs c", "fp8/bf16 p",
+                "fp8/bf16 c");
   }
   for (const DecodeRow& r : dec) {
     const Fp8Figures& f = r.fp8;
     if (f.paged_s <= 0) continue;
-    std::printf("%5ux%-6u %10.1f %10.1f %10.0f %10.0f %9s %+8.1f%% %11.2fx %11.2fx\n", r.batch,
-                r.ctx, f.paged_s * 1e6, r.paged_s * 1e6, f.bytes / f.paged_s / 1e9,
+    std::printf("%5ux%-6u %6u %10.1f %10.1f %10.0f %10.0f %9s %+8.1f%% %11.2fx %11.2fx\n", r.batch,
+                r.ctx, f.splits, f.paged_s * 1e6, r.paged_s * 1e6, f.bytes / f.paged_s / 1e9,
                 f.bytes / f.ceiling_s / 1e9, pct(f.ceiling_s / f.paged_s).c_str(),
                 100 * (f.paged_s / f.contig_s - 1), r.paged_s / f.paged_s, r.contig_s / f.contig_s);
     if (out)
       out << fmt::format("decode_{},{},{},{},{},{},{},0,{},\n", to_string(fp8), r.batch, r.ctx,
-                         r.splits, f.bytes, f.paged_s, f.contig_s, f.ceiling_s);
+                         f.splits, f.bytes, f.paged_s, f.contig_s, f.ceiling_s);
+  }
+  for (const DecodeRow& r : dec) {
+    if (r.fp8.sweep.empty()) continue;
+    std::printf("fp8 splits sweep %ux%u (paged us):", r.batch, r.ctx);
+    for (const auto& [splits, secs] : r.fp8.sweep) std::printf(" %u:%.1f", splits, secs * 1e6);
+    std::printf("\n");
   }
 }
 

@@ -360,6 +360,17 @@ __device__ __forceinline__ void online_softmax(RowState<TL::kDT> (&st)[TL::kMT],
   }
 }
 
+// P's A fragment of one 16-token k-step (score n-tiles 2p and 2p + 1 of a row pair), rounded to
+// T: the accumulator layout of S is the A layout of P x V.
+template <typename T>
+__device__ __forceinline__ void pack_p_frag(uint32_t a[4], const float (&s0)[4],
+                                            const float (&s1)[4]) {
+  a[0] = Elem<T>::pack(s0[0], s0[1]);
+  a[1] = Elem<T>::pack(s0[2], s0[3]);
+  a[2] = Elem<T>::pack(s1[0], s1[1]);
+  a[3] = Elem<T>::pack(s1[2], s1[3]);
+}
+
 // One KV tile for one warp: S = Q K^T over its kWarpTokens tokens for each of its MT m-tiles,
 // mask, online softmax update, O += P V. `limit[mt][r]` is the first KV position that row r of
 // m-tile mt may not see (and limit - window the first it sees); `masked` says whether any token
@@ -414,12 +425,7 @@ __device__ __forceinline__ void attend_tile(RowState<TL::kDT> (&st)[TL::kMT],
   for (int p = 0; p < TL::kNT / 2; ++p) {
     uint32_t a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      a[mt][0] = Elem<T>::pack(s[mt][2 * p][0], s[mt][2 * p][1]);
-      a[mt][1] = Elem<T>::pack(s[mt][2 * p][2], s[mt][2 * p][3]);
-      a[mt][2] = Elem<T>::pack(s[mt][2 * p + 1][0], s[mt][2 * p + 1][1]);
-      a[mt][3] = Elem<T>::pack(s[mt][2 * p + 1][2], s[mt][2 * p + 1][3]);
-    }
+    for (int mt = 0; mt < MT; ++mt) pack_p_frag<T>(a[mt], s[mt][2 * p], s[mt][2 * p + 1]);
     const int row = wtok + 16 * p + (mi & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int dp = 0; dp < TL::kDT / 2; ++dp) {

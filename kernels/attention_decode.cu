@@ -45,25 +45,37 @@ struct WorkView {
 
 template <typename T, int D>
 using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
-// fp8 caches: the same warps and Q layout, four stages (a tile is half the bytes, so three are in
-// flight while one is computed: the bytes a bf16 tile pipeline keeps in flight, and more).
+// fp8 caches: the same warps and Q layout over 128-token tiles in two stages (an fp8 row is half
+// a bf16 row's bytes, so a tile is a bf16 tile's bytes, copies and block-table fetches, in the same
+// shared memory). Measured on an H100 against 64-token tiles in four stages (docs/kernels.md):
+// 1.04x the tokens/s at 1 x 32K and 1.08x at 256 x 4K, paged within 3% of contiguous there.
+// head_dim 256 keeps 64-token tiles in four stages (a 128-token tile's row fetches spill there).
 template <typename T, int D>
-using DecodeFp8Tiles = detail::Fp8Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile), 1, 4>;
+using DecodeFp8Tiles =
+    detail::Fp8Tiles<T, D, 1, 4, (D >= 256 ? 1 : 2) * static_cast<int>(kDecodeTile), 1,
+                     (D >= 256 ? 4 : 2)>;
 
 template <typename T, typename KV, int D>
 using DecodeTilesOf =
     std::conditional_t<detail::kIsFp8<KV>, DecodeFp8Tiles<T, D>, DecodeTiles<T, D>>;
 
+// The decode kernel's launch bound (CTAs per SM): 3 (one at head_dim 256); fp8 caches 2, which
+// leaves the 128-token tile loop its registers (213 at head_dim 128; bound to 3 CTAs, ptxas fits
+// it in 166, which ran 0.95-0.98x as fast at 1 x 32K, 64 x 8K and 256 x 4K, equal elsewhere).
+template <typename KV, int D>
+inline constexpr int kDecodeMinCtas = D >= 256 ? 1 : (detail::kIsFp8<KV> ? 2 : 3);
+
 // Grid (split, kv_head, sequence), or (1, kv_head, work item) with a work list; 128 threads: the
-// four warps take 16 tokens each of every 64-token KV tile for the group's query rows, then
-// merge their softmax states in shared memory. Three CTAs per SM (shared memory allows one at
-// head_dim 256). A CTA writes its output row directly when its sequence has one split (one
-// chunk), else a partial output at row `part` for the combine. With a sliding window the splits
-// (chunks) cut [window_begin, kv_len) as they cut [0, kv_len) without one: tiles before the
-// window are never read, and no token needs a lower mask. WINDOW false: full attention, the
-// window a compile-time 0 (the code of a kernel without windows).
+// four warps take 16 tokens each of every 64-token KV tile (fp8 below head_dim 256: 32 of every
+// 128-token tile) for the group's query rows, then merge their softmax states in shared memory.
+// Three CTAs per SM, fp8 two (shared memory allows one at head_dim 256). A CTA writes its output
+// row directly when its sequence has one split (one chunk), else a partial output at row `part`
+// for the combine. With a sliding window the splits (chunks) cut [window_begin, kv_len) as they
+// cut [0, kv_len) without one: tiles before the window are never read, and no token needs a lower
+// mask. WINDOW false: full attention, the window a compile-time 0 (the code of a kernel without
+// windows).
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
-__global__ void __launch_bounds__(128, D >= 256 ? 1 : 3)
+__global__ void __launch_bounds__(128, (kDecodeMinCtas<KV, D>))
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T, KV> p) {
   using TL = DecodeTiles<T, D>;  // Q's layout, and K/V's unless fp8
   constexpr bool kFp8 = detail::kIsFp8<KV>;

@@ -1,7 +1,8 @@
 // Device core of attention over an fp8 KV cache (e4m3 or e5m2, per-tensor scales): fp8 tiles
-// copied by cp.async into byte-swizzled shared memory (half the bytes of a bf16 tile, so decode
-// keeps more stages in flight), K and V fragments read with ldmatrix on the bytes and converted to
-// the compute dtype in registers, the same mma.sync and online softmax as attention_core.cuh.
+// copied by cp.async into byte-swizzled shared memory (half the bytes of a bf16 row, so a decode
+// tile holds twice a bf16 tile's tokens), K and V fragments read with ldmatrix on the bytes and
+// converted to the compute dtype in registers, the same mma.sync and online softmax as
+// attention_core.cuh.
 //
 // Fragment layout. ldmatrix (non-transposed) over an 8 x 16-byte fp8 matrix gives a thread bytes
 // 4t..4t+3 of row g (g = lane / 4, t = lane % 4): for QK^T that is head dims 4t..4t+3 of token g,
@@ -175,12 +176,7 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
   for (int p = 0; p < TL::kNT / 2; ++p) {
     uint32_t a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      a[mt][0] = Elem<T>::pack(s[mt][2 * p][0], s[mt][2 * p][1]);
-      a[mt][1] = Elem<T>::pack(s[mt][2 * p][2], s[mt][2 * p][3]);
-      a[mt][2] = Elem<T>::pack(s[mt][2 * p + 1][0], s[mt][2 * p + 1][1]);
-      a[mt][3] = Elem<T>::pack(s[mt][2 * p + 1][2], s[mt][2 * p + 1][3]);
-    }
+    for (int mt = 0; mt < MT; ++mt) pack_p_frag<T>(a[mt], s[mt][2 * p], s[mt][2 * p + 1]);
     const int row = wtok + 16 * p + (mi & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int dp = 0; dp < TL::kD / 32; ++dp) {
