@@ -86,12 +86,15 @@ int64_t memsim_plan_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_d
   return p.num_tiles;
 }
 
-int memsim_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16, int contiguous,
-                   uint64_t q, uint64_t o, uint64_t k, uint64_t v, int64_t block_stride,
-                   uint32_t block_size, const int32_t* qo_indptr, const int32_t* kv_lens,
-                   const int32_t* block_tables, uint32_t bt_stride, const int32_t* slots,
-                   const int32_t* work, uint32_t num_tiles, float scale, uint64_t stream,
-                   uint32_t window, int kv_cache, float k_scale, float v_scale) {
+// memsim_prefill with a split-KV plan (memsim_plan_prefill_split's split words and a workspace
+// of its workspace_bytes); split null: unsplit, as memsim_prefill.
+int memsim_prefill_split(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,
+                         int contiguous, uint64_t q, uint64_t o, uint64_t k, uint64_t v,
+                         int64_t block_stride, uint32_t block_size, const int32_t* qo_indptr,
+                         const int32_t* kv_lens, const int32_t* block_tables, uint32_t bt_stride,
+                         const int32_t* slots, const int32_t* work, uint32_t num_tiles, float scale,
+                         uint64_t stream, uint32_t window, int kv_cache, float k_scale,
+                         float v_scale, const uint32_t* split, uint64_t workspace) {
   if (!valid_kv_cache(kv_cache)) return cudaErrorInvalidValue;
   PrefillArgs a;
   a.q = q;
@@ -104,8 +107,47 @@ int memsim_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int f
   a.scale = scale;
   a.window = window;
   a.kv_scales = {k_scale, v_scale};
+  if (split != nullptr) a.split = {split[0], split[1], split[2], split[3]};
+  a.workspace = workspace;
   return paged_prefill(shape_of(q_heads, kv_heads, head_dim, fp16, kv_cache), a,
                        reinterpret_cast<cudaStream_t>(stream));
+}
+
+int memsim_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16, int contiguous,
+                   uint64_t q, uint64_t o, uint64_t k, uint64_t v, int64_t block_stride,
+                   uint32_t block_size, const int32_t* qo_indptr, const int32_t* kv_lens,
+                   const int32_t* block_tables, uint32_t bt_stride, const int32_t* slots,
+                   const int32_t* work, uint32_t num_tiles, float scale, uint64_t stream,
+                   uint32_t window, int kv_cache, float k_scale, float v_scale) {
+  return memsim_prefill_split(q_heads, kv_heads, head_dim, fp16, contiguous, q, o, k, v,
+                              block_stride, block_size, qo_indptr, kv_lens, block_tables, bt_stride,
+                              slots, work, num_tiles, scale, stream, window, kv_cache, k_scale,
+                              v_scale, nullptr, 0);
+}
+
+// Plans a split-KV prefill: plan_prefill with the current device's limits (FlashInfer's chunk
+// rule), or with the longest tile's KV range in force_chunks chunks (> 0). Writes the work words
+// (at most `cap`; *words of them), split[4] = {kv_chunk, max_chunks, total_q, partial_rows}
+// (kv_chunk 0: not split, the words are memsim_plan_prefill's) and *workspace_bytes; returns the
+// grid rows, or -1 when cap is too small.
+int64_t memsim_plan_prefill_split(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,
+                                  const int32_t* q_lens, const int32_t* kv_lens, uint32_t batch,
+                                  uint32_t force_chunks, int32_t* work, uint64_t cap,
+                                  uint64_t* words, uint32_t* split, uint64_t* workspace_bytes) {
+  DeviceLimits lim;
+  if (query_device(&lim) != cudaSuccess) return -1;
+  const PrefillPlan p = plan_prefill(
+      shape_of(q_heads, kv_heads, head_dim, fp16), std::vector<int32_t>(q_lens, q_lens + batch),
+      std::vector<int32_t>(kv_lens, kv_lens + batch), &lim, force_chunks);
+  if (p.work.size() > cap) return -1;
+  for (size_t i = 0; i < p.work.size(); ++i) work[i] = p.work[i];
+  *words = p.work.size();
+  split[0] = p.split.kv_chunk;
+  split[1] = p.split.max_chunks;
+  split[2] = p.split.total_q;
+  split[3] = p.split.partial_rows;
+  *workspace_bytes = p.workspace_bytes;
+  return p.num_tiles;
 }
 
 int memsim_kv_write(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,

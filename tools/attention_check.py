@@ -17,10 +17,10 @@ over the dequantized bytes (code x scale), so the bounds are those of the comput
 quantization error itself is checked byte for byte, not by the bounds.
 
 Groups of cases (--cases): base (bf16 / fp16, every power-of-two block size), fp8, window
-(bf16 / fp16 / fp8, decode split and not, prefill), small (a few short fp8 and window cases for
+(bf16 / fp16 / fp8, decode split and not, prefill), split (split-KV prefill), small (a few short fp8 and window cases for
 compute-sanitizer), planted (compute-sanitizer's negative control: an out-of-bounds read).
 Usage:
-  attention_check.py LIBMEMSIM_KERNELS_SO [--quick] [--seed N] [--cases base,fp8,window]
+  attention_check.py LIBMEMSIM_KERNELS_SO [--quick] [--seed N] [--cases base,fp8,window,split]
 Prints one line per case, the worst errors per kind of case, and one summary line
 ("attention_check: N passed, M failed"); exits 1 if any case fails.
 """
@@ -76,6 +76,10 @@ def load(path):
     lib.memsim_plan_prefill.restype = C.c_int64
     lib.memsim_prefill.argtypes = [u32, u32, u32, C.c_int, C.c_int, u64, u64, u64, u64, i64, u32,
                                    vp, vp, vp, u32, vp, vp, u32, f32, u64, u32] + KV_ARGS
+    lib.memsim_plan_prefill_split.argtypes = [u32, u32, u32, C.c_int, vp, vp, u32, u32, vp, u64,
+                                              C.POINTER(u64), C.POINTER(u32), C.POINTER(u64)]
+    lib.memsim_plan_prefill_split.restype = C.c_int64
+    lib.memsim_prefill_split.argtypes = lib.memsim_prefill.argtypes + [C.POINTER(u32), u64]
     lib.memsim_kv_write.argtypes = [u32, u32, u32, C.c_int, u64, u64, i64, vp, u32, u64, u64, i64,
                                     u32, C.c_int, u32, u64] + KV_ARGS
     return lib
@@ -249,32 +253,54 @@ def decode_case(lib, name, lens, page, hq, hkv, d, dtype, gen, splits=0, window=
                   f"splits={ns.value}")
 
 
+def plan_prefill(lib, c, q_lens, kv_lens, chunks):
+    """(grid rows, device work words, split words or None, workspace, description): the unsplit
+    plan (chunks None), or split-KV as the planner decides for this GPU (0) or forced (> 0)."""
+    ql = torch.tensor(q_lens, dtype=torch.int32)
+    kl = torch.tensor(kv_lens, dtype=torch.int32)
+    a = (c.hq, c.hkv, c.d, c.fp16, ql.data_ptr(), kl.data_ptr(), len(q_lens))
+    if chunks is None:
+        cap = sum(q_lens) + 1  # a tile holds at least one token
+        work = torch.empty(2 * cap, dtype=torch.int32)
+        tiles = lib.memsim_plan_prefill(*a, work.data_ptr(), cap)
+        words, split, ws_bytes = 2 * tiles, None, 0
+    else:
+        cap = 3 * sum(q_lens) * (max(kv_lens) // 16 + 2) + sum(q_lens) + 1
+        work = torch.empty(cap, dtype=torch.int32)
+        nw, ws_bytes, split = u64(), u64(), (u32 * 4)()
+        tiles = lib.memsim_plan_prefill_split(*a, chunks, work.data_ptr(), cap, C.byref(nw), split,
+                                              C.byref(ws_bytes))
+        words, ws_bytes = nw.value, ws_bytes.value
+    if tiles < 0:
+        raise RuntimeError("plan_prefill: work list too small")
+    about = f"tiles={tiles}"
+    if split is not None:
+        about += f" kv_chunk={split[0]} max_chunks={split[1]}"
+        split = split if split[0] else None
+    ws = torch.empty(max(1, ws_bytes), dtype=torch.uint8, device="cuda")
+    return tiles, work[:words].cuda(), split, ws, about
+
+
 @guarded
-def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen, window=0, kv=AUTO):
+def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen, window=0, kv=AUTO,
+                 chunks=None):
     kv_lens = [q + p for q, p in zip(q_lens, prefixes)]
     c = Caches(lib, kv_lens, page, hq, hkv, d, dtype, gen, kv)
     total = sum(q_lens)
     q = (torch.rand(total, hq, d, device="cuda", generator=gen) * 2 - 1).to(dtype)
-    ql = torch.tensor(q_lens, dtype=torch.int32)
-    kl = torch.tensor(kv_lens, dtype=torch.int32)
-    cap = sum(q_lens) + 1  # a tile holds at least one token
-    work = torch.empty(2 * cap, dtype=torch.int32)
-    tiles = lib.memsim_plan_prefill(hq, hkv, d, c.fp16, ql.data_ptr(), kl.data_ptr(), len(q_lens),
-                                    work.data_ptr(), cap)
-    if tiles < 0:
-        raise RuntimeError("plan_prefill: work list too small")
-    work = work[:2 * tiles].cuda()
+    tiles, work, split, ws, about = plan_prefill(lib, c, q_lens, kv_lens, chunks)
     indptr = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-    indptr[1:] = torch.cumsum(ql, 0)
+    indptr[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
     indptr = indptr.cuda()
     outs = []
     for contiguous, k, v, stride, bs in c.views():
         o = torch.full_like(q, float("nan"))
-        ok(lib.memsim_prefill(hq, hkv, d, c.fp16, contiguous, q.data_ptr(), o.data_ptr(), k, v,
-                              stride, bs, indptr.data_ptr(), c.kv_lens.data_ptr(),
-                              c.tables.data_ptr(), c.max_blocks, c.slots.data_ptr(),
-                              work.data_ptr(), tiles, 0.0, 0, window, kv.code, kv.k_scale,
-                              kv.v_scale), "prefill")
+        args = (hq, hkv, d, c.fp16, contiguous, q.data_ptr(), o.data_ptr(), k, v, stride, bs,
+                indptr.data_ptr(), c.kv_lens.data_ptr(), c.tables.data_ptr(), c.max_blocks,
+                c.slots.data_ptr(), work.data_ptr(), tiles, 0.0, 0, window, kv.code, kv.k_scale,
+                kv.v_scale)
+        ok(lib.memsim_prefill(*args) if split is None else
+           lib.memsim_prefill_split(*args, split, ws.data_ptr()), "prefill")
         outs.append(o)
     torch.cuda.synchronize()
     ref = torch.empty(total, hq, d, device="cuda", dtype=REF)
@@ -290,8 +316,8 @@ def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen, wind
             at += n
     rel, mx = errors(outs[0], ref)
     same = torch.equal(outs[0], outs[1])
-    return report(name, ("prefill", window, kv, dtype), rel, mx, same, c.check_kv_write(),
-                  f"tiles={tiles}")
+    op = "prefill" if split is None else "prefill split"
+    return report(name, (op, window, kv, dtype), rel, mx, same, c.check_kv_write(), about)
 
 
 STATS = {"pass": 0, "fail": 0, "worst": {}}
@@ -471,6 +497,30 @@ def window_cases(lib, rng, gen, quick):
                      kv)
 
 
+# Split-KV prefill (short chunks over long prefixes): (q_lens, prefixes, block size, group,
+# head_dim, dtype, kv name, chunks: 0 = the planner's split for this GPU, else forced).
+SPLITS = [([16], [16384], 16, 4, 128, torch.bfloat16, "auto", 0),
+          ([1, 64, 100], [1000, 16000, 3000], 7, 4, 128, torch.bfloat16, "e4m3", 0),
+          ([16], [32752], 13, 1, 64, torch.float16, "e5m2", 0),
+          ([5, 30], [4000, 200], 3, 8, 256, torch.float16, "e4m3", 3),
+          ([64], [8192], 1, 7, 128, torch.bfloat16, "e5m2", 7),
+          ([100, 1], [5000, 0], 33, 1, 64, torch.float16, "auto", 2)]
+
+
+def split_cases(lib, rng, gen, quick):
+    """Split-KV prefill through memsim_plan_prefill_split / memsim_prefill_split: the planner's
+    chunks and forced ones, bf16 / fp16 / fp8 caches, odd block sizes, GQA, ragged batches."""
+    del rng
+    for n, (q_lens, prefixes, page, g, d, dtype, name, chunks) in enumerate(SPLITS):
+        if quick and n % 2:
+            continue
+        kv = AUTO if name == "auto" else kv_for(n, name, 448.0 if name == "e4m3" else 57344.0)
+        hq, hkv = heads(g)
+        prefill_case(lib, f"prefill split chunks={chunks} d={d} g={g} page={page} q={q_lens} "
+                     f"prefix={prefixes}", q_lens, prefixes, page, hq, hkv, d, dtype, gen,
+                     kv=kv, chunks=chunks)
+
+
 def small_cases(lib, rng, gen, quick):
     """A few short fp8 and window cases for compute-sanitizer (memcheck, racecheck): every
     kernel family of the C API path (KV write, decode split and not, combine, prefill) over odd
@@ -492,6 +542,8 @@ def small_cases(lib, rng, gen, quick):
                  hf, gen, 20, e5m2)
     prefill_case(lib, "prefill window=50 d=128 g=8 page=3", [70, 3], [90, 0], 3, 32, 4, 128, bf,
                  gen, 50)
+    prefill_case(lib, "prefill split e4m3 chunks=3 d=128 g=4 page=7", [5, 20], [700, 100], 7, 32,
+                 8, 128, bf, gen, kv=e4m3, chunks=3)
 
 
 def planted_cases(lib, rng, gen, quick):
@@ -514,8 +566,8 @@ def planted_cases(lib, rng, gen, quick):
     print(f"planted: a decode reading one block past its pool returned {rc}")
 
 
-GROUPS = {"base": base_cases, "fp8": fp8_cases, "window": window_cases, "small": small_cases,
-          "planted": planted_cases}
+GROUPS = {"base": base_cases, "fp8": fp8_cases, "window": window_cases, "split": split_cases,
+          "small": small_cases, "planted": planted_cases}
 
 
 def main():
@@ -523,7 +575,7 @@ def main():
     ap.add_argument("lib")
     ap.add_argument("--quick", action="store_true", help="a subset (sanity check)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--cases", default="base,fp8,window",
+    ap.add_argument("--cases", default="base,fp8,window,split",
                     help="comma-separated groups: " + ", ".join(GROUPS))
     a = ap.parse_args()
     lib = load(a.lib)
