@@ -31,16 +31,17 @@ run() {
   timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$? verdict=pass
   [ "$rc" -ne "$expect" ] && verdict=FAIL && touch "$out/$name.fail"
-  echo "[$verdict] $name: exit $rc (want $expect) after $((SECONDS - t0)) s; $(grep -hE \
-    'ERROR SUMMARY|RACECHECK SUMMARY|test cases:|All tests passed|attention_check:|no CUDA|^worst (bf16|fp16)|^planted' \
+  local keys='ERROR SUMMARY|RACECHECK SUMMARY|test cases:|All tests passed|attention_check:'
+  keys+='|no CUDA|^worst (bf16|fp16)|^planted'
+  echo "[$verdict] $name: exit $rc (want $expect) after $((SECONDS - t0)) s; $(grep -hE "$keys" \
     "$out/$name.log" | sed 's/^=* *//' | tr '\n' ' ')" | tee -a "$out/summary.txt"
 }
 launch() {  # launch NAME LIMIT CMD...: run, in the background when PARALLEL=1
   if [ "${PARALLEL:-0}" = 1 ]; then run "$@" & else run "$@"; fi
 }
-# The matrix's sanitizer cases: fp8 and window through the C API. PyTorch's caching allocator
-# off, so every tensor is an allocation of its own and an access past one is reported; only
-# memsim's kernels are instrumented where the tool can filter (PyTorch's are not under test).
+# The matrix's sanitizer cases: fp8, window and split through the C API. PyTorch's caching
+# allocator off, so every tensor is an allocation of its own and an access past one is reported;
+# only memsim's kernels are instrumented where the tool can filter (PyTorch's are not under test).
 filter=()
 "$CS" --help 2>&1 | grep -q -- '--kernel-name' && filter=(--kernel-name kns=memsim)
 capi_small=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$CS" --error-exitcode 9 "${filter[@]}")
