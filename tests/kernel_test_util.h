@@ -1,5 +1,5 @@
-// Host helpers of the kernel tests: a CUDA_OK check, bf16/fp16 rounding (nearest even) and
-// device buffers with upload and download.
+// Host helpers of the kernel tests: the no-GPU skip, a CUDA_OK check, bf16/fp16 rounding
+// (nearest even) and device buffers with upload and download.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -9,12 +9,25 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "kernels/attention_types.h"
 
 namespace memsim::kernels {
+
+// The GPU tests' main() preamble: 77 (meson's "skipped") with a note on stderr when no CUDA
+// device can be used, else 0. Usage: if (const int skip = skip_without_gpu()) return skip;
+inline int skip_without_gpu() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "no CUDA device: skipped\n");
+    return 77;
+  }
+  return 0;
+}
 
 #define CUDA_OK(expr)                              \
   do {                                             \

@@ -726,12 +726,7 @@ TEST_CASE("paged_kv_write places rows by slot and skips negative slots") {
 }  // namespace memsim::kernels
 
 int main(int argc, char** argv) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    std::fprintf(stderr, "no CUDA device: skipped\n");
-    return 77;
-  }
+  if (const int skip = memsim::kernels::skip_without_gpu()) return skip;
   const int rc = Catch::Session().run(argc, argv);
   for (int i = 0; i < 2; ++i)
     std::printf("worst %s sliding-window error against float64: relative L2 %.3g, max abs %.3g\n",

@@ -159,11 +159,6 @@ TEST_CASE("launchers reject bad arguments without launching") {
 }  // namespace memsim::kernels
 
 int main(int argc, char** argv) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    std::fprintf(stderr, "no CUDA device: skipped\n");
-    return 77;
-  }
+  if (const int skip = memsim::kernels::skip_without_gpu()) return skip;
   return Catch::Session().run(argc, argv);
 }
