@@ -17,6 +17,7 @@
 #include "src/kv/kv_cache_manager.h"
 #include "src/kv/registry.h"
 #include "workload/model_shape.h"
+#include "workload/requests.h"
 
 namespace memsim::test {
 
@@ -125,5 +126,18 @@ class LyingTable final : public KvCacheManager {
  private:
   std::unique_ptr<KvCacheManager> inner_;
 };
+
+// Long prompts over Gemma-3's 1,024-token window (lognormal, mean 3,000 tokens; a quarter share one
+// of 4 prefixes of 1,500 tokens), 40 requests a second: the hybrid KV tests' serving load.
+inline std::vector<RequestSpec> hybrid_long_prompts(uint64_t count) {
+  SyntheticRequestsConfig s;
+  s.count = count;
+  s.seed = 5;
+  s.arrival.rate = 40;
+  s.prompt = {LengthDist::kLognormal, 0, 16, 6000, 3000, 0.6};
+  s.output = {LengthDist::kUniform, 0, 4, 300, 0, 0};
+  s.prefix = {4, 1500, 0.25};
+  return generate_requests(s);
+}
 
 }  // namespace memsim::test

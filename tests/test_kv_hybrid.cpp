@@ -262,17 +262,6 @@ EngineConfig gemma_engine(const std::string& kv_yaml, uint64_t budget, bool hybr
   return e;
 }
 
-std::vector<RequestSpec> long_prompts(uint64_t count) {
-  SyntheticRequestsConfig s;
-  s.count = count;
-  s.seed = 5;
-  s.arrival.rate = 40;
-  s.prompt = {LengthDist::kLognormal, 0, 16, 6000, 3000, 0.6};
-  s.output = {LengthDist::kUniform, 0, 4, 300, 0, 0};
-  s.prefix = {4, 1500, 0.25};
-  return generate_requests(s);
-}
-
 // `idle_blocks`: what the pool holds with no request (paged_block_pool: the null block).
 void require_clean(const ServingResult& r, uint64_t requests, uint64_t idle_blocks = 1) {
   INFO(r.label << ": " << r.error);
@@ -285,7 +274,7 @@ void require_clean(const ServingResult& r, uint64_t requests, uint64_t idle_bloc
 TEST_CASE(
     "serving Gemma-3-12B: the fast decode path equals the step-by-step path, windows "
     "included") {
-  const auto reqs = long_prompts(200);
+  const auto reqs = hybrid_long_prompts(200);
   for (const uint64_t budget : {3 * kGiB, 16 * kGiB}) {  // with and without preemption
     EngineConfig e = gemma_engine("{impl: paged_block_pool}", budget, true);
     e.fast_decode = false;
@@ -307,7 +296,7 @@ TEST_CASE(
 }
 
 TEST_CASE("serving Gemma-3-12B: hybrid groups against every layer full, and refusals") {
-  const auto reqs = long_prompts(200);
+  const auto reqs = hybrid_long_prompts(200);
   const uint64_t budget = 8 * kGiB;
   const ServingResult hybrid =
       run_serving(gemma_engine("{impl: paged_block_pool}", budget, true), reqs);
@@ -327,9 +316,9 @@ TEST_CASE("serving Gemma-3-12B: hybrid groups against every layer full, and refu
   const ServingResult radix =
       run_serving(gemma_engine("{impl: radix_token_pool}", budget, true), reqs);
   CHECK(radix.error.find("cannot hold KV cache groups with sliding windows") != std::string::npos);
-  require_clean(
-      run_serving(gemma_engine("{impl: static_contiguous}", budget, false), long_prompts(20)), 20,
-      0);
+  require_clean(run_serving(gemma_engine("{impl: static_contiguous}", budget, false),
+                            hybrid_long_prompts(20)),
+                20, 0);
 }
 
 TEST_CASE("the KV budget counts blocks of the group size's layers") {

@@ -140,17 +140,6 @@ EngineConfig gemma_engine(uint64_t budget, bool hybrid) {
   return e;
 }
 
-std::vector<RequestSpec> long_prompts(uint64_t count) {
-  SyntheticRequestsConfig s;
-  s.count = count;
-  s.seed = 5;
-  s.arrival.rate = 40;
-  s.prompt = {LengthDist::kLognormal, 0, 16, 6000, 3000, 0.6};
-  s.output = {LengthDist::kUniform, 0, 4, 300, 0, 0};
-  s.prefix = {4, 1500, 0.25};
-  return generate_requests(s);
-}
-
 // An executor that reads one table with full attention, as the model step does.
 class OneTable final : public StepExecutor {
  public:
@@ -173,7 +162,7 @@ class OneTable final : public StepExecutor {
 };
 
 TEST_CASE("serving Gemma-3-12B with content checks of every step, windows included") {
-  const auto reqs = long_prompts(60);
+  const auto reqs = hybrid_long_prompts(30);  // enough that 3 GiB preempts
   for (const bool hybrid : {true, false})
     for (const uint64_t budget : {3 * kGiB, 16 * kGiB}) {  // with and without preemption
       const ServingResult r = run_serving(gemma_engine(budget, hybrid), reqs);
@@ -192,7 +181,7 @@ TEST_CASE("serving Gemma-3-12B with content checks of every step, windows includ
         "a step executor cannot hold KV cache groups with sliding windows (6 groups of 8 layers: "
         "5 x window 1024, 1 x full)");
   e.hybrid_kv_cache = false;  // one full table: any executor reads it
-  CHECK(run_serving(e, reqs).error.empty());
+  CHECK(run_serving(e, hybrid_long_prompts(4)).error.empty());
 }
 
 }  // namespace
