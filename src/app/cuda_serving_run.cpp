@@ -22,6 +22,15 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
   p.profile = run_serving_experiment(config);
   if (!config.step_profile) return p;
   p.band = prediction_band(config, p.profile, 0.01, 4);
+  // The probe scales the profile's rows: a run priced by the roofline (an fp8 KV cache, say)
+  // would not use the scale.
+  const bool priced = std::any_of(p.profile.runs.begin(), p.profile.runs.end(), [](const auto& r) {
+    return r.result.step_time_source.rfind("profile", 0) == 0;
+  });
+  if (!priced) {
+    out << "\nspeed probe: not run (no run prices its steps from the profile)\n";
+    return p;
+  }
   if (config.parallel.sizes.tensor > 1) {  // the probe's step would need every rank
     out << "\nspeed probe: not run under tensor parallelism (its steps would need every rank)\n";
     return p;
