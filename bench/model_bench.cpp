@@ -95,8 +95,10 @@ std::vector<int32_t> tokens_of(uint32_t seq, uint32_t n, uint64_t vocab) {
   return t;
 }
 
-// Prefill chunks and decodes of three sequences over block boundaries; each step's inputs and
-// logits go to DIR/steps.jsonl and DIR/logits_<step>.bin for tools/model_check.py.
+// Prefill chunks and decodes of four sequences over block boundaries; each step's inputs and
+// logits go to DIR/steps.jsonl and DIR/logits_<step>.bin for tools/model_check.py. The fourth
+// prompt's last 16 tokens are a chunk of their own over its 1,024 others, which the planner
+// splits (a short chunk over a long prefix; the step's line says the KV chunk).
 void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes) {
   const ModelShape& m = step.config().model;
   std::error_code ec;
@@ -106,7 +108,8 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
                  ec.message().c_str());
     std::exit(1);
   }
-  const std::vector<uint32_t> prompt = {37, 16, 5};
+  const std::vector<uint32_t> prompt = {37, 16, 5, 1040};
+  const uint32_t first_chunk[] = {20, 16, 5, 1024};  // step 0's tokens of each prompt
   std::vector<std::vector<int32_t>> seq_tokens, tables;
   for (uint32_t s = 0; s < prompt.size(); ++s) {
     seq_tokens.push_back(tokens_of(s, prompt[s], m.vocab));
@@ -120,12 +123,15 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
       StepSeqInput x;
       x.table = tables[s];
       x.cached = cached[s];
-      // Step 0: seq 0 computes its first 20 tokens only (chunked prefill); step 1: the rest.
-      const uint32_t end = (s == 0 && k == 0) ? 20 : static_cast<uint32_t>(seq_tokens[s].size());
+      // Step 0: seqs 0 and 3 compute their first chunk only (chunked prefill); step 1: the rest.
+      const uint32_t end = k == 0 ? first_chunk[s] : static_cast<uint32_t>(seq_tokens[s].size());
       x.tokens.assign(seq_tokens[s].begin() + cached[s], seq_tokens[s].begin() + end);
       in.push_back(std::move(x));
     }
     const StepResult r = must(step.run(pool.layout, in), "check step");
+    if (r.prefill_kv_chunk)
+      std::printf("check step %u: prefill KV split in chunks of %u tokens\n", k,
+                  r.prefill_kv_chunk);
     std::ofstream bin(fmt::format("{}/logits_{}.bin", dir, k), std::ios::binary);
     bin.write(reinterpret_cast<const char*>(r.logits.data()),
               static_cast<std::streamsize>(r.logits.size() * 2));

@@ -64,6 +64,7 @@ ModelStep::Impl::StepViews ModelStep::Impl::views(const KvLayout& kv, const Pack
   v.D = p.D;
   v.num_tiles = p.num_tiles;
   v.dplan = &p.dplan;
+  v.psplit = p.psplit;
   auto dev = [&](size_t i) { return meta + p.at[i]; };
   v.ids = reinterpret_cast<const int32_t*>(dev(0));
   v.pos = reinterpret_cast<const int32_t*>(dev(1));
@@ -159,6 +160,8 @@ Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const 
     a.qo_indptr = v.indptr;
     a.work = v.work;
     a.num_tiles = v.num_tiles;
+    a.psplit = v.psplit;
+    a.workspace = v.workspace;
     MEMSIM_STEP_CU(layer_attention(shape, a, stream));
   }
   MEMSIM_TRY(free(q));
@@ -260,8 +263,10 @@ Status ModelStep::Impl::head(const StepViews& v, DevPtr residual, DevPtr x, void
 Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr meta,
                                 void* host_next, bool logits_out) {
   StepViews v = views(kv, p, meta);
-  if (v.D && p.dplan.workspace_bytes) {
-    MEMSIM_ASSIGN_OR_RETURN(v.workspace, act(p.dplan.workspace_bytes));
+  const uint64_t ws_bytes =
+      std::max(v.D ? p.dplan.workspace_bytes : 0, v.D < v.S ? p.pworkspace_bytes : 0);
+  if (ws_bytes) {
+    MEMSIM_ASSIGN_OR_RETURN(v.workspace, act(ws_bytes));
   }
   const uint64_t row_elems = uint64_t{v.T} * hidden;  // a [T, hidden] activation
   MEMSIM_ASSIGN_OR_RETURN(DevPtr looked_up, act(row_elems * kElem));
@@ -310,6 +315,7 @@ Result<StepResult> ModelStep::Impl::run(const KvLayout& kv, const std::vector<St
   StepResult r;
   r.prep_ms = prep_ms;
   r.decode = p.decode;
+  r.prefill_kv_chunk = p.psplit.kv_chunk;
   r.next_tokens.resize(p.S);
   std::vector<int32_t> packed(p.S);
   std::memcpy(packed.data(), host + p.bytes.size(), uint64_t{p.S} * 4);

@@ -44,6 +44,7 @@ struct StepResult {
   double prep_ms = 0;                // host time in run() before the first event (packing)
   bool decode = false;               // every sequence had one new token (the decode kernel ran)
   bool graph = false;                // replayed a captured CUDA graph (capture_decode)
+  uint32_t prefill_kv_chunk = 0;     // the prefills' split-KV chunk in tokens (0: unsplit)
   std::vector<uint16_t> logits;      // [sequences, vocab] bf16/fp16 bits (return_logits)
 };
 

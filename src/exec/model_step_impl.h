@@ -115,11 +115,14 @@ struct ModelStep::Impl {
   struct StepViews {
     uint32_t T = 0, S = 0, D = 0, num_tiles = 0;
     const kernels::DecodePlan* dplan = nullptr;
+    kernels::PrefillSplit psplit;  // the prefills' KV split (kv_chunk 0: unsplit)
     const int32_t *ids = nullptr, *pos = nullptr, *indptr = nullptr, *last = nullptr;
     const int32_t *work = nullptr, *dwork = nullptr;
     const int64_t* slots = nullptr;
     kernels::SeqTables decodes, prefills;  // sequences [0, D) and [D, S)
-    DevPtr workspace = 0;                  // the split decode's
+    // The split decode's and the split prefill's (one after the other on the stream: the
+    // larger of the two).
+    DevPtr workspace = 0;
     float eps = 1e-6f;
   };
   StepViews views(const KvLayout& kv, const PackedStep& p, DevPtr meta) const;

@@ -145,7 +145,9 @@ Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seq
       return make_error(ErrorCode::kInvalidArgument,
                         fmt::format("{} decodes exceed the graph's batch", D));
   }
-  if (D < S) pplan = plan_prefill(c_.shape, q_lens, pre_kv_lens);
+  // Eager prefills may split their KV (a short chunk over a long prefix, FlashInfer's split
+  // prefill); the workspace is the step's, sized by the plan. Captured steps are decode-only.
+  if (D < S) pplan = plan_prefill(c_.shape, q_lens, pre_kv_lens, &c_.device);
 
   PackedStep& p = *out;
   write_sections(kv, pplan, dwork, S, bt_stride, p);
@@ -157,6 +159,8 @@ Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seq
   p.decode = D == S;
   p.dplan = dwork.plan;
   p.num_tiles = pplan.num_tiles;
+  p.psplit = pplan.split;
+  p.pworkspace_bytes = pplan.workspace_bytes;
   return {};
 }
 

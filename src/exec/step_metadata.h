@@ -29,6 +29,9 @@ struct PackedStep {
   uint32_t T = 0, S = 0, D = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
   bool decode = true;         // D == S
   kernels::DecodePlan dplan;  // of the D decodes (a work list)
+  // Of the prefills: their KV split (kv_chunk 0: unsplit) and its workspace.
+  kernels::PrefillSplit psplit;
+  uint64_t pworkspace_bytes = 0;
   std::vector<uint32_t> order;
 };
 
