@@ -34,8 +34,8 @@ constexpr uint32_t kQBytes = kRows * kD * 2;
 // is free once its Q K^T is done, a tile before its V, whose P V runs in the next iteration).
 constexpr uint32_t kBarAt = kQBytes + 2 * kStages * kTileBytes;
 constexpr uint32_t kBarBytes = 8 * (1 + 4 * kStages);
-constexpr uint32_t kOffsAt = kBarAt + 128;                   // row offsets [2][kBN]
-constexpr size_t kSmemBytes = kOffsAt + 2 * kBN * 8 + 1024;  // + alignment slack
+constexpr uint32_t kOffsAt = kBarAt + 128;                   // row offsets [3][kBN]
+constexpr size_t kSmemBytes = kOffsAt + 3 * kBN * 8 + 1024;  // + alignment slack
 static_assert(kHalfBytes == kRows * 64 * 2, "Q halves and K/V halves share the stride");
 static_assert(kBarBytes <= 128, "barriers fit before the row offsets");
 
@@ -114,10 +114,12 @@ __device__ __forceinline__ void copy_rows(uint32_t dst, const char* src, const i
   }
 }
 
-// Producer warpgroup (tid 0..127): Q once, then every K/V tile into the stage ring. Each thread
-// looks up one token's row (block table) a tile ahead, so the table load's latency hides behind
-// the current tile's copies, and shares its byte offset through shared memory (double-buffered,
-// one named barrier a tile); the copies complete on the stage's full barrier.
+// Producer warpgroup (tid 0..127): Q once, then every K/V tile into the stage ring, tile i's K
+// before tile i - 1's V (FlashAttention-3's order: K, needed first, waits only for the Q K^T two
+// tiles back, not for the P V a tile back). Each thread looks up one token's row (block table) a
+// tile ahead, so the table load's latency hides behind the current copies, and shares its byte
+// offset through shared memory (three buffers: V reads a tile's offsets an iteration after K; one
+// named barrier a tile); the copies complete on the stage's full barrier.
 template <typename T, class Loc>
 __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, const Loc& loc,
                                         unsigned char* sm, uint32_t base, int tid) {
@@ -152,32 +154,32 @@ __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, 
     if (have) loc.fetch(pos, a, b);
   };
   auto publish = [&](uint32_t i) {
-    offs[(i & 1) * kBN + tid] = have ? loc.offset(a, b) * static_cast<int64_t>(sizeof(T)) : -1;
+    offs[(i % 3) * kBN + tid] = have ? loc.offset(a, b) * static_cast<int64_t>(sizeof(T)) : -1;
+  };
+  // Tile i's K (which 0) or V (1) into its stage from offset buffer i % 3.
+  auto load = [&](uint32_t i, int which) {
+    const uint32_t s = i % kStages;
+    const int64_t* o = offs + (i % 3) * kBN;
+    const uint32_t d = base + kQBytes + (2 * s + which) * kTileBytes + mine;
+    const char* src = which ? vsrc : ksrc;
+    if (i >= kStages)
+      mbar_wait(stage_bar(base, which ? kVEmpty : kKEmpty, s), ((i / kStages) + 1) & 1);
+    if (it.kv_begin + (i + 1) * kBN <= it.kv_end)
+      copy_rows<true>(d, src, o, r);
+    else
+      copy_rows<false>(d, src, o, r);
+    cp_async_arrive(stage_bar(base, which ? kVFull : kKFull, s));
   };
   fetch(0);
   publish(0);
   for (uint32_t i = 0; i < it.ntiles; ++i) {
-    const uint32_t s = i % kStages;
-    named_sync(1, 128);  // tile i's offsets are published; tile i - 1's copies have read theirs
+    named_sync(1, 128);  // tile i's offsets are published; tile i - 2's copies have read theirs
     if (i + 1 < it.ntiles) fetch(i + 1);
-    const int64_t* o = offs + (i & 1) * kBN;
-    const bool full = it.kv_begin + (i + 1) * kBN <= it.kv_end;
-    const uint32_t kd = base + kQBytes + 2 * s * kTileBytes + mine;
-    const uint32_t parity = ((i / kStages) + 1) & 1;  // the stage's previous release
-    if (i >= kStages) mbar_wait(stage_bar(base, kKEmpty, s), parity);
-    if (full)
-      copy_rows<true>(kd, ksrc, o, r);
-    else
-      copy_rows<false>(kd, ksrc, o, r);
-    cp_async_arrive(stage_bar(base, kKFull, s));
-    if (i >= kStages) mbar_wait(stage_bar(base, kVEmpty, s), parity);
-    if (full)
-      copy_rows<true>(kd + kTileBytes, vsrc, o, r);
-    else
-      copy_rows<false>(kd + kTileBytes, vsrc, o, r);
-    cp_async_arrive(stage_bar(base, kVFull, s));
+    load(i, 0);
+    if (i > 0) load(i - 1, 1);
     if (i + 1 < it.ntiles) publish(i + 1);
   }
+  if (it.ntiles > 0) load(it.ntiles - 1, 1);
   detail::cp_async_wait<0>();
 }
 
