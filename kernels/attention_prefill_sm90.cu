@@ -34,8 +34,8 @@ constexpr uint32_t kQBytes = kRows * kD * 2;
 // is free once its Q K^T is done, a tile before its V, whose P V runs in the next iteration).
 constexpr uint32_t kBarAt = kQBytes + 2 * kStages * kTileBytes;
 constexpr uint32_t kBarBytes = 8 * (1 + 4 * kStages);
-constexpr uint32_t kOffsAt = kBarAt + 128;                   // row offsets [2][kBN]
-constexpr size_t kSmemBytes = kOffsAt + 2 * kBN * 8 + 1024;  // + alignment slack
+constexpr uint32_t kOffsAt = kBarAt + 128;                   // row offsets [3][kBN]
+constexpr size_t kSmemBytes = kOffsAt + 3 * kBN * 8 + 1024;  // + alignment slack
 static_assert(kHalfBytes == kRows * 64 * 2, "Q halves and K/V halves share the stride");
 static_assert(kBarBytes <= 128, "barriers fit before the row offsets");
 
@@ -91,62 +91,95 @@ __device__ __forceinline__ Item make_item(const Sm90Params<T>& p) {
   return it;
 }
 
-// One K or V tile: 16 threads a row, row offsets from `offs` (< 0: past kv_end, zero-filled).
-template <typename T>
-__device__ __forceinline__ void copy_rows(unsigned char* dst, const T* src, const int64_t* offs,
-                                          int r0, int chunk) {
-#pragma unroll 4
-  for (int j = 0; j < kBN / 8; ++j) {
-    const int row = 8 * j + r0;
-    const int64_t o = offs[row];
-    detail::cp_async_16(dst + swz(row, chunk), src + (o >= 0 ? o + chunk * 8 : 0), o >= 0);
+// One K or V tile (FULL: every row before kv_end): 8 threads a row, each copying its 16 bytes of
+// both 64-dim halves (a warp reads 4 rows x 128 contiguous bytes per copy), 16 rows a pass.
+// `dst` holds the thread's fixed part of the swizzled address (row & 7 is the same in every pass),
+// `src` the cache base plus its chunk; offs[row] is the row's byte offset (< 0: past kv_end,
+// zero-filled).
+template <bool FULL>
+__device__ __forceinline__ void copy_rows(uint32_t dst, const char* src, const int64_t* offs,
+                                          int r) {
+#pragma unroll
+  for (int j = 0; j < kBN / 16; ++j) {
+    const int64_t o = offs[16 * j + r];
+    const uint32_t d = dst + j * 16 * 128;
+    if constexpr (FULL) {
+      cp_async_16(d, src + o);
+      cp_async_16(d + kHalfBytes, src + o + 128);
+    } else {
+      const char* g = src + (o >= 0 ? o : 0);
+      cp_async_16(d, g, o >= 0);
+      cp_async_16(d + kHalfBytes, g + 128, o >= 0);
+    }
   }
 }
 
-// Producer warpgroup (tid 0..127): Q once, then every K/V tile into the stage ring. Each thread
-// looks up one token's row address per tile (block table), shares it through shared memory, and
-// copies 16-byte chunks 16 threads to a row (coalesced 256-byte rows), zero-filling rows past
-// kv_end; the copies complete on the stage's full barrier.
+// Producer warpgroup (tid 0..127): Q once, then every K/V tile into the stage ring, tile i's K
+// before tile i - 1's V (FlashAttention-3's order: K, needed first, waits only for the Q K^T two
+// tiles back, not for the P V a tile back). Each thread looks up one token's row (block table) a
+// tile ahead, so the table load's latency hides behind the current copies, and shares its byte
+// offset through shared memory (three buffers: V reads a tile's offsets an iteration after K; one
+// named barrier a tile); the copies complete on the stage's full barrier.
 template <typename T, class Loc>
 __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, const Loc& loc,
                                         unsigned char* sm, uint32_t base, int tid) {
-  const int chunk = tid & 15, r0 = tid >> 4;
-  const uint32_t h = it.head;
+  {
+    const int chunk = tid & 15, r0 = tid >> 4;
+    const uint32_t h = it.head;
 #pragma unroll 4
-  for (int j = 0; j < kRows / 8; ++j) {
-    const int row = 8 * j + r0;
-    const bool ok = row < static_cast<int>(it.rows);
-    int64_t off = 0;
-    if (ok) {
-      const uint32_t tok = row / p.kv.group, head = row % p.kv.group;
-      off =
-          (static_cast<int64_t>(it.q0 + it.t0 + tok) * p.kv.q_heads + h * p.kv.group + head) * kD +
-          chunk * 8;
+    for (int j = 0; j < kRows / 8; ++j) {
+      const int row = 8 * j + r0;
+      const bool ok = row < static_cast<int>(it.rows);
+      int64_t off = 0;
+      if (ok) {
+        const uint32_t tok = row / p.kv.group, head = row % p.kv.group;
+        off = (static_cast<int64_t>(it.q0 + it.t0 + tok) * p.kv.q_heads + h * p.kv.group + head) *
+                  kD +
+              chunk * 8;
+      }
+      detail::cp_async_16(sm + swz(row, chunk), p.kv.q + off, ok);
     }
-    detail::cp_async_16(sm + swz(row, chunk), p.kv.q + off, ok);
   }
   cp_async_arrive(base + kBarAt);
   int64_t* offs = reinterpret_cast<int64_t*>(sm + kOffsAt);
-  for (uint32_t i = 0; i < it.ntiles; ++i) {
-    const int s = static_cast<int>(i % kStages);
+  const int r = tid >> 3, c = tid & 7;
+  const uint32_t mine = static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
+  const char* ksrc = reinterpret_cast<const char*>(p.kv.k) + c * 16;
+  const char* vsrc = reinterpret_cast<const char*>(p.kv.v) + c * 16;
+  uint32_t a = 0, b = 0;
+  bool have = false;
+  auto fetch = [&](uint32_t i) {
     const uint32_t pos = it.kv_begin + i * kBN + tid;
-    int64_t off = -1;
-    if (pos < it.kv_end) {
-      uint32_t a, b;
-      loc.fetch(pos, a, b);
-      off = loc.offset(a, b);
-    }
-    offs[(i & 1) * kBN + tid] = off;
-    named_sync(1, 128);
-    unsigned char* ks = sm + kQBytes + (2 * s) * kTileBytes;
-    const uint32_t parity = ((i / kStages) + 1) & 1;  // the stage's previous release
-    if (i >= kStages) mbar_wait(stage_bar(base, kKEmpty, s), parity);
-    copy_rows(ks, p.kv.k, offs + (i & 1) * kBN, r0, chunk);
-    cp_async_arrive(stage_bar(base, kKFull, s));
-    if (i >= kStages) mbar_wait(stage_bar(base, kVEmpty, s), parity);
-    copy_rows(ks + kTileBytes, p.kv.v, offs + (i & 1) * kBN, r0, chunk);
-    cp_async_arrive(stage_bar(base, kVFull, s));
+    have = pos < it.kv_end;
+    if (have) loc.fetch(pos, a, b);
+  };
+  auto publish = [&](uint32_t i) {
+    offs[(i % 3) * kBN + tid] = have ? loc.offset(a, b) * static_cast<int64_t>(sizeof(T)) : -1;
+  };
+  // Tile i's K (which 0) or V (1) into its stage from offset buffer i % 3.
+  auto load = [&](uint32_t i, int which) {
+    const uint32_t s = i % kStages;
+    const int64_t* o = offs + (i % 3) * kBN;
+    const uint32_t d = base + kQBytes + (2 * s + which) * kTileBytes + mine;
+    const char* src = which ? vsrc : ksrc;
+    if (i >= kStages)
+      mbar_wait(stage_bar(base, which ? kVEmpty : kKEmpty, s), ((i / kStages) + 1) & 1);
+    if (it.kv_begin + (i + 1) * kBN <= it.kv_end)
+      copy_rows<true>(d, src, o, r);
+    else
+      copy_rows<false>(d, src, o, r);
+    cp_async_arrive(stage_bar(base, which ? kVFull : kKFull, s));
+  };
+  fetch(0);
+  publish(0);
+  for (uint32_t i = 0; i < it.ntiles; ++i) {
+    named_sync(1, 128);  // tile i's offsets are published; tile i - 2's copies have read theirs
+    if (i + 1 < it.ntiles) fetch(i + 1);
+    load(i, 0);
+    if (i > 0) load(i - 1, 1);
+    if (i + 1 < it.ntiles) publish(i + 1);
   }
+  if (it.ntiles > 0) load(it.ntiles - 1, 1);
   detail::cp_async_wait<0>();
 }
 

@@ -35,6 +35,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// 16 bytes from global to the shared address `dst` (L2 only); zero-filled when `valid` is false
+// (the source is then not read).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, "
+      "p;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<uint32_t>(valid)));
+}
 // Orders shared memory written through the generic proxy (cp.async, stores) before the tensor
 // cores' async-proxy reads that follow.
 __device__ __forceinline__ void fence_proxy_async() {
