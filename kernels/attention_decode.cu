@@ -294,6 +294,22 @@ size_t combine_smem(uint32_t splits, uint32_t head_dim) {
   return sizeof(float) * ((splits + 3) / 4 * 4 + kCombineThreads / (head_dim / 4) * head_dim);
 }
 
+// Launches the combine over grid (q_heads, rows) with its shared memory for c.num_splits
+// partials (raising the kernel's dynamic limit past 48 KB when that needs it).
+template <typename T, int D>
+cudaError_t launch_combine(const CombineParams<T>& c, uint32_t rows, cudaStream_t stream) {
+  constexpr auto combine = DecodeCombineKernel<T, D>;
+  const size_t smem = combine_smem(c.num_splits, D);
+  if (smem > 48 * 1024) {
+    if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+        e != cudaSuccess)
+      return e;
+  }
+  combine<<<dim3(c.q_heads, rows), kCombineThreads, smem, stream>>>(c);
+  return cudaGetLastError();
+}
+
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
                           cudaStream_t stream) {
@@ -318,15 +334,7 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
     CombineParams<T> c{p.partial_o,        p.partial_lse,   p.kv.o,  p.num_seqs,
                        shape.q_heads,      plan.num_splits, p.work,  p.kv.kv_lens,
                        plan.work_capacity, nullptr,         a.window};
-    constexpr auto combine = DecodeCombineKernel<T, D>;
-    const size_t smem = combine_smem(plan.num_splits, D);
-    if (smem > 48 * 1024) {
-      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-          e != cudaSuccess)
-        return e;
-    }
-    combine<<<dim3(shape.q_heads, plan.max_batch), kCombineThreads, smem, stream>>>(c);
+    return launch_combine<T, D>(c, plan.max_batch, stream);
   }
   return cudaGetLastError();
 }
@@ -340,20 +348,11 @@ cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaSt
   if (a.tokens > 65535 || a.max_parts == 0 || !a.partial_o || !a.partial_lse || !a.indptr)
     return cudaErrorInvalidValue;
   return dispatch(shape, KvAddressing::kPaged, [&]<typename T, int D, bool>() {
-    constexpr auto combine = DecodeCombineKernel<T, D>;
-    const size_t smem = combine_smem(a.max_parts, D);
-    if (smem > 48 * 1024) {
-      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-          e != cudaSuccess)
-        return e;
-    }
     const CombineParams<T> c{a.partial_o, a.partial_lse, reinterpret_cast<T*>(a.o),
                              nullptr,     shape.q_heads, a.max_parts,
                              nullptr,     nullptr,       0,
                              a.indptr};
-    combine<<<dim3(shape.q_heads, a.tokens), kCombineThreads, smem, stream>>>(c);
-    return cudaGetLastError();
+    return launch_combine<T, D>(c, a.tokens, stream);
   });
 }
 
