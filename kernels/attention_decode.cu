@@ -52,7 +52,7 @@ using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
 // head_dim 256 keeps 64-token tiles in four stages (a 128-token tile's row fetches spill there).
 // The mma operands stay in the model's dtype (fp8 -> fp16 -> bf16 in registers): fp16 operands
 // (prefill's, with Q rescaled into fp16) cut the kernel's instructions by 28% but left paged
-// decode's time unchanged on an H200 and slowed contiguous decode 7-13% (docs/kernels.md).
+// decode's time unchanged on an H200 and slowed contiguous decode 7-13% (docs/results/kernels.md).
 template <typename T, int D>
 using DecodeFp8Tiles =
     detail::Fp8Tiles<T, D, 1, 4, (D >= 256 ? 1 : 2) * static_cast<int>(kDecodeTile), 1,
