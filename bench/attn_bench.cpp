@@ -129,6 +129,23 @@ void quantize_rows(const AttentionShape& sh8, uint64_t src_k, uint64_t src_v, ui
   CK(cudaStreamSynchronize(st));
 }
 
+// Paged decode at each forced split count of `sweep` that the planner accepts (a's cache and
+// data, a workspace of the forced plan's size): (splits, seconds) pairs.
+std::vector<std::pair<uint32_t, double>> sweep_splits(const AttentionShape& sh, DecodeArgs a,
+                                                      const DeviceLimits& lim, uint32_t batch,
+                                                      uint32_t ctx, int reps, cudaStream_t st,
+                                                      const std::vector<uint32_t>& sweep) {
+  std::vector<std::pair<uint32_t, double>> out;
+  for (uint32_t force : sweep) {
+    const DecodePlan other = plan_decode(sh, batch, ctx, lim, force);
+    if (other.num_splits != force) continue;
+    Dev ws(other.workspace_bytes);
+    a.workspace = ws.a();
+    out.emplace_back(force, time_calls(st, reps, 7, [&] { CK(paged_decode(sh, other, a, st)); }));
+  }
+  return out;
+}
+
 // The fp8 rows of a decode shape: the bf16 caches quantized (scales 1, vLLM's default), the fp8
 // shape's plan, paged and contiguous decode, the split sweep and the read ceiling over the fp8
 // bytes.
@@ -155,16 +172,8 @@ Fp8Figures bench_decode_fp8(const AttentionShape& sh8, const DeviceLimits& lim, 
   a.cache = {rk.a(), rv.a(), static_cast<int64_t>(uint64_t{ctx} * row), 0,
              KvAddressing::kContiguous};
   f.contig_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh8, plan, a, st)); });
-  for (uint32_t force : sweep) {  // paged decode at other split counts (same data)
-    const DecodePlan other = plan_decode(sh8, batch, ctx, lim, force);
-    if (other.num_splits != force) continue;
-    Dev ws2(other.workspace_bytes);
-    DecodeArgs b = a;
-    b.workspace = ws2.a();
-    b.cache = {qk.a(), qv.a(), static_cast<int64_t>(block), page, KvAddressing::kPaged};
-    f.sweep.emplace_back(force,
-                         time_calls(st, reps, 7, [&] { CK(paged_decode(sh8, other, b, st)); }));
-  }
+  a.cache = {qk.a(), qv.a(), static_cast<int64_t>(block), page, KvAddressing::kPaged};
+  f.sweep = sweep_splits(sh8, a, lim, batch, ctx, reps, st, sweep);
   Dev sink(4096 * 4);
   CK(cudaMemset(sink.p, 0, 4096 * 4));
   f.ceiling_s = time_calls(st, reps, 7, [&] {
@@ -219,16 +228,8 @@ DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, u
   a.cache = {ck.a(), cv.a(), static_cast<int64_t>(uint64_t{ctx} * row), 0,
              KvAddressing::kContiguous};
   r.contig_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh, plan, a, st)); });
-  for (uint32_t force : sweep) {  // paged decode at other split counts (same data)
-    DecodePlan other = plan_decode(sh, batch, ctx, lim, force);
-    if (other.num_splits != force) continue;
-    Dev ws2(other.workspace_bytes);
-    DecodeArgs b = a;
-    b.workspace = ws2.a();
-    b.cache = {pk.a(), pv.a(), static_cast<int64_t>(block_elems), page, KvAddressing::kPaged};
-    r.sweep.emplace_back(force,
-                         time_calls(st, reps, 7, [&] { CK(paged_decode(sh, other, b, st)); }));
-  }
+  a.cache = {pk.a(), pv.a(), static_cast<int64_t>(block_elems), page, KvAddressing::kPaged};
+  r.sweep = sweep_splits(sh, a, lim, batch, ctx, reps, st, sweep);
   for (const uint32_t w : windows) {  // sliding windows: plans and reps at the window's bytes
     if (w == 0 || w >= ctx) continue;
     const int wreps = static_cast<int>(
@@ -237,8 +238,7 @@ DecodeRow bench_decode(const AttentionShape& sh, uint32_t batch, uint32_t ctx, u
     const DecodePlan wplan = plan_decode(sh, batch, ctx, lim, 0, 0, w);
     x.splits = wplan.num_splits;
     Dev ws2(wplan.workspace_bytes);
-    DecodeArgs b = a;
-    b.cache = {pk.a(), pv.a(), static_cast<int64_t>(block_elems), page, KvAddressing::kPaged};
+    DecodeArgs b = a;  // a's cache is the paged one
     b.workspace = ws2.a();
     b.window = w;
     x.window_s = time_calls(st, wreps, 7, [&] { CK(paged_decode(sh, wplan, b, st)); });

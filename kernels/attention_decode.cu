@@ -50,10 +50,13 @@ using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
 // shared memory). Measured on an H100 against 64-token tiles in four stages (docs/kernels.md):
 // 1.04x the tokens/s at 1 x 32K and 1.08x at 256 x 4K, paged within 3% of contiguous there.
 // head_dim 256 keeps 64-token tiles in four stages (a 128-token tile's row fetches spill there).
+// The mma operands stay in the model's dtype (fp8 -> fp16 -> bf16 in registers): fp16 operands
+// (prefill's, with Q rescaled into fp16) cut the kernel's instructions by 28% but left paged
+// decode's time unchanged on an H200 and slowed contiguous decode 7-13% (docs/results/kernels.md).
 template <typename T, int D>
 using DecodeFp8Tiles =
     detail::Fp8Tiles<T, D, 1, 4, (D >= 256 ? 1 : 2) * static_cast<int>(kDecodeTile), 1,
-                     (D >= 256 ? 4 : 2)>;
+                     (D >= 256 ? 4 : 2), T>;
 
 template <typename T, typename KV, int D>
 using DecodeTilesOf =
@@ -294,6 +297,22 @@ size_t combine_smem(uint32_t splits, uint32_t head_dim) {
   return sizeof(float) * ((splits + 3) / 4 * 4 + kCombineThreads / (head_dim / 4) * head_dim);
 }
 
+// Launches the combine over grid (q_heads, rows) with its shared memory for c.num_splits
+// partials (raising the kernel's dynamic limit past 48 KB when that needs it).
+template <typename T, int D>
+cudaError_t launch_combine(const CombineParams<T>& c, uint32_t rows, cudaStream_t stream) {
+  constexpr auto combine = DecodeCombineKernel<T, D>;
+  const size_t smem = combine_smem(c.num_splits, D);
+  if (smem > 48 * 1024) {
+    if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+        e != cudaSuccess)
+      return e;
+  }
+  combine<<<dim3(c.q_heads, rows), kCombineThreads, smem, stream>>>(c);
+  return cudaGetLastError();
+}
+
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
 cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
                           cudaStream_t stream) {
@@ -318,15 +337,7 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
     CombineParams<T> c{p.partial_o,        p.partial_lse,   p.kv.o,  p.num_seqs,
                        shape.q_heads,      plan.num_splits, p.work,  p.kv.kv_lens,
                        plan.work_capacity, nullptr,         a.window};
-    constexpr auto combine = DecodeCombineKernel<T, D>;
-    const size_t smem = combine_smem(plan.num_splits, D);
-    if (smem > 48 * 1024) {
-      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-          e != cudaSuccess)
-        return e;
-    }
-    combine<<<dim3(shape.q_heads, plan.max_batch), kCombineThreads, smem, stream>>>(c);
+    return launch_combine<T, D>(c, plan.max_batch, stream);
   }
   return cudaGetLastError();
 }
@@ -340,20 +351,11 @@ cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaSt
   if (a.tokens > 65535 || a.max_parts == 0 || !a.partial_o || !a.partial_lse || !a.indptr)
     return cudaErrorInvalidValue;
   return dispatch(shape, KvAddressing::kPaged, [&]<typename T, int D, bool>() {
-    constexpr auto combine = DecodeCombineKernel<T, D>;
-    const size_t smem = combine_smem(a.max_parts, D);
-    if (smem > 48 * 1024) {
-      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-          e != cudaSuccess)
-        return e;
-    }
     const CombineParams<T> c{a.partial_o, a.partial_lse, reinterpret_cast<T*>(a.o),
                              nullptr,     shape.q_heads, a.max_parts,
                              nullptr,     nullptr,       0,
                              a.indptr};
-    combine<<<dim3(shape.q_heads, a.tokens), kCombineThreads, smem, stream>>>(c);
-    return cudaGetLastError();
+    return launch_combine<T, D>(c, a.tokens, stream);
   });
 }
 

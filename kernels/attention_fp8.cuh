@@ -48,6 +48,24 @@ __device__ __forceinline__ uint32_t fp8x2_to(uint32_t two) {
   }
 }
 
+// A packed pair of T (low half first) as two floats.
+template <typename T>
+struct Elem2;
+template <>
+struct Elem2<__nv_bfloat16> {
+  static __device__ __forceinline__ float2 to_float2(uint32_t two) {
+    return make_float2(__uint_as_float(two << 16), __uint_as_float(two & 0xffff0000u));
+  }
+};
+template <>
+struct Elem2<__half> {
+  static __device__ __forceinline__ float2 to_float2(uint32_t two) {
+    __half2 h;
+    *reinterpret_cast<uint32_t*>(&h) = two;
+    return __half22float2(h);
+  }
+};
+
 // Output column (head dim) of accumulator element (n-tile d, thread t, column j of its pair).
 __device__ __forceinline__ int o_col_fp8(int d, int t, int j) {
   return 16 * (d >> 1) + 4 * t + 2 * j + (d & 1);
@@ -56,9 +74,11 @@ __device__ __forceinline__ int o_col_fp8(int d, int t, int j) {
 // Geometry of an fp8 tile pipeline: as Tiles (attention_core.cuh) with fp8 K/V rows of D bytes
 // (kChunks 16-byte chunks each, swizzled so the 8 rows of an ldmatrix hit distinct banks) and
 // kStages stages; Q stays in the compute dtype with Tiles' layout (QTL).
-template <typename T, int D, int WARPS_M, int WARPS_N, int BN, int MT, int STAGES>
+template <typename T, int D, int WARPS_M, int WARPS_N, int BN, int MT, int STAGES,
+          typename C = __half>
 struct Fp8Tiles {
   using QTL = Tiles<T, D, WARPS_M, WARPS_N, BN, MT>;
+  using Compute = C;  // the mma operands' type (Q is converted to it in shared memory)
   static constexpr int kThreads = QTL::kThreads;
   static constexpr int kWarpsM = WARPS_M;
   static constexpr int kWarpsN = WARPS_N;
@@ -128,6 +148,7 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
                                                 int wn, int lane, uint32_t tile_start,
                                                 const uint32_t (&limit)[TL::kMT][2], bool masked,
                                                 float scale_log2, uint32_t window) {
+  using C = typename TL::Compute;
   constexpr int MT = TL::kMT;
   float s[MT][TL::kNT][4];
 #pragma unroll
@@ -156,15 +177,15 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
       uint32_t b[4][2];  // (n-tile 2p, 2p + 1) x (k-step 2 k2, 2 k2 + 1): r[0], r[1], r[2], r[3]
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        b[x][0] = fp8x2_to<T, KV>(r[x]);
-        b[x][1] = fp8x2_to<T, KV>(r[x] >> 16);
+        b[x][0] = fp8x2_to<C, KV>(r[x]);
+        b[x][1] = fp8x2_to<C, KV>(r[x] >> 16);
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        Elem<T>::mma(s[mt][2 * p], a[mt][0], b[0][0], b[0][1]);
-        Elem<T>::mma(s[mt][2 * p + 1], a[mt][0], b[1][0], b[1][1]);
-        Elem<T>::mma(s[mt][2 * p], a[mt][1], b[2][0], b[2][1]);
-        Elem<T>::mma(s[mt][2 * p + 1], a[mt][1], b[3][0], b[3][1]);
+        Elem<C>::mma(s[mt][2 * p], a[mt][0], b[0][0], b[0][1]);
+        Elem<C>::mma(s[mt][2 * p + 1], a[mt][0], b[1][0], b[1][1]);
+        Elem<C>::mma(s[mt][2 * p], a[mt][1], b[2][0], b[2][1]);
+        Elem<C>::mma(s[mt][2 * p + 1], a[mt][1], b[3][0], b[3][1]);
       }
     }
   }
@@ -176,7 +197,7 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
   for (int p = 0; p < TL::kNT / 2; ++p) {
     uint32_t a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) pack_p_frag<T>(a[mt], s[mt][2 * p], s[mt][2 * p + 1]);
+    for (int mt = 0; mt < MT; ++mt) pack_p_frag<C>(a[mt], s[mt][2 * p], s[mt][2 * p + 1]);
     const int row = wtok + 16 * p + (mi & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int dp = 0; dp < TL::kD / 32; ++dp) {
@@ -186,19 +207,64 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
       for (int c = 0; c < 2; ++c) {
         // Bytes of r: (token 2t: dims 2g, 2g+1), (token 2t+1: dims 2g, 2g+1) -> low half: dim
         // 2g of both tokens, high half: dim 2g+1.
-        const uint32_t x0 = __byte_perm(r[2 * c], 0, 0x3120);
-        const uint32_t x1 = __byte_perm(r[2 * c + 1], 0, 0x3120);
-        const uint32_t even0 = fp8x2_to<T, KV>(x0), even1 = fp8x2_to<T, KV>(x1);
-        const uint32_t odd0 = fp8x2_to<T, KV>(x0 >> 16), odd1 = fp8x2_to<T, KV>(x1 >> 16);
+        const uint32_t r0 = r[2 * c], r1 = r[2 * c + 1];
+        const uint32_t even0 = fp8x2_to<C, KV>(__byte_perm(r0, 0, 0x4420));
+        const uint32_t even1 = fp8x2_to<C, KV>(__byte_perm(r1, 0, 0x4420));
+        const uint32_t odd0 = fp8x2_to<C, KV>(__byte_perm(r0, 0, 0x4431));
+        const uint32_t odd1 = fp8x2_to<C, KV>(__byte_perm(r1, 0, 0x4431));
         const int d = 4 * dp + 2 * c;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Elem<T>::mma(st[mt].o[d], a[mt], even0, even1);
-          Elem<T>::mma(st[mt].o[d + 1], a[mt], odd0, odd1);
+          Elem<C>::mma(st[mt].o[d], a[mt], even0, even1);
+          Elem<C>::mma(st[mt].o[d + 1], a[mt], odd0, odd1);
         }
       }
     }
   }
+}
+
+// Converts Q (T, in shared memory) in place to the compute type fp16, times 2^-e with e chosen
+// so that the largest |q| of the tile lands in [2^14, 2^15): every bf16 value in range is then
+// exact in fp16 (an fp16 has more mantissa bits; only values 2^24 below the largest, whose
+// products vanish in the sum anyway, lose bits), and no value overflows. Returns 2^e, the factor
+// the scores' scale takes back. Each thread converts the 16-byte chunks it read; the caller's next
+// barrier orders the writes before the fragment reads.
+template <class TL, typename T>
+__device__ __forceinline__ float q_to_compute(unsigned char* smem, int tid) {
+  static_assert(std::is_same_v<typename TL::Compute, __half> && sizeof(T) == 2, "Q to fp16");
+  constexpr int kVecs = static_cast<int>(TL::kQBytes / 16);
+  constexpr int kWarps = TL::kThreads / 32;
+  __shared__ uint32_t red[kWarps];
+  uint4* q = reinterpret_cast<uint4*>(smem);
+  uint32_t amax = 0;  // largest |q| as the bits of a float (ordered as unsigned integers)
+  for (int i = tid; i < kVecs; i += TL::kThreads) {
+    const uint4 v = q[i];
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = Elem2<T>::to_float2(w[j]);
+      amax = max(amax, max(__float_as_uint(fabsf(f.x)), __float_as_uint(fabsf(f.y))));
+    }
+  }
+  amax = __reduce_max_sync(0xffffffffu, amax);
+  if ((tid & 31) == 0) red[tid >> 5] = amax;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) amax = max(amax, red[w]);
+  // amax in [2^k, 2^(k+1)) with k = exponent - 127; e = k - 14, kept where 2^+-e is a normal float.
+  const int e = min(max(static_cast<int>(amax >> 23) - 127 - 14, -100), 100);
+  const float down = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  for (int i = tid; i < kVecs; i += TL::kThreads) {
+    const uint4 v = q[i];
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = Elem2<T>::to_float2(w[j]);
+      w[j] = Elem<__half>::pack(f.x * down, f.y * down);
+    }
+    q[i] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
 }
 
 // The kStages-deep pipeline over KV tokens [kv_begin, kv_end) (as attend_range, mask_below and
@@ -231,6 +297,11 @@ __device__ __forceinline__ void attend_range_fp8(
     cp_async_commit();
   }
   if (TL::kPrefetchRows && S - 1 < ntiles) fetch_rows<TL>(f, loc, start(S - 1), kv_end, tid);
+  if constexpr (!std::is_same_v<typename TL::Compute, T>) {
+    cp_async_wait<S - 1>();  // Q has landed (the tiles may not have)
+    __syncthreads();
+    scale_log2 *= q_to_compute<TL, T>(smem, tid);  // the first tile's barrier orders the writes
+  }
   for (uint32_t i = 0; i < ntiles; ++i) {
     cp_async_wait<S - 2>();  // Q and tiles 0..i have landed
     __syncthreads();

@@ -192,10 +192,11 @@ void check_close(KvDtype dt, const std::vector<uint16_t>& got, const std::vector
 }
 
 // Decode both ways (splits 0: the planner's; work_list: plan_decode_work's list), with a
-// sliding window (0 = full).
+// sliding window (0 = full). q_exp: the queries are sent times 2^q_exp (exact in bf16) with the
+// softmax scale times 2^-q_exp, so the reference is unchanged.
 void check_decode(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uint32_t kv_heads,
                   uint32_t page, const std::vector<int32_t>& lens, uint32_t splits,
-                  std::mt19937& rng, bool work_list = false, uint32_t window = 0) {
+                  std::mt19937& rng, bool work_list = false, uint32_t window = 0, int q_exp = 0) {
   AttentionShape sh{q_heads, kv_heads, D, dt};
   sh.kv_cache = kv;
   CAPTURE(to_string(dt), to_string(kv), D, q_heads, kv_heads, page, splits, work_list, lens[0],
@@ -203,7 +204,8 @@ void check_decode(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uin
   const Fp8Batch b = make_batch(sh, page, lens, rng);
   std::vector<float> qf;
   const uint32_t n = static_cast<uint32_t>(lens.size());
-  const std::vector<uint16_t> q = random_q(dt, uint64_t{n} * q_heads * D, rng, &qf);
+  std::vector<uint16_t> q = random_q(dt, uint64_t{n} * q_heads * D, rng, &qf);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = to_half(dt, std::ldexp(qf[i], q_exp));
   DeviceLimits lim;
   REQUIRE(query_device(&lim) == cudaSuccess);
   DecodeWork w;
@@ -227,6 +229,7 @@ void check_decode(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uin
   a.work = work_list ? work.p : nullptr;
   a.kv_scales = kScales;
   a.window = window;
+  a.scale = static_cast<float>(std::ldexp(1.0 / std::sqrt(double(D)), -q_exp));
   a.o = o1.addr();
   a.cache = {pk.addr(), pv.addr(), b.block_stride, page, KvAddressing::kPaged};
   CUDA_OK(paged_decode(sh, plan, a, nullptr));
@@ -266,10 +269,12 @@ TEST_CASE("fp8 decode over long ranges, split-K and a ragged work list") {
                true);
 }
 
-// Prefill: chunk i of sequence s has q_lens[s] new tokens after prefixes[s] cached ones.
+// Prefill: chunk i of sequence s has q_lens[s] new tokens after prefixes[s] cached ones (q_exp:
+// as check_decode's).
 void check_prefill(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, uint32_t kv_heads,
                    uint32_t page, const std::vector<int32_t>& q_lens,
-                   const std::vector<int32_t>& prefixes, std::mt19937& rng, uint32_t window = 0) {
+                   const std::vector<int32_t>& prefixes, std::mt19937& rng, uint32_t window = 0,
+                   int q_exp = 0) {
   AttentionShape sh{q_heads, kv_heads, D, dt};
   sh.kv_cache = kv;
   CAPTURE(to_string(dt), to_string(kv), D, q_heads, kv_heads, page, window);
@@ -281,7 +286,8 @@ void check_prefill(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, ui
   const Fp8Batch b = make_batch(sh, page, lens, rng);
   std::vector<float> qf;
   const uint64_t total_q = static_cast<uint64_t>(indptr.back());
-  const std::vector<uint16_t> q = random_q(dt, total_q * q_heads * D, rng, &qf);
+  std::vector<uint16_t> q = random_q(dt, total_q * q_heads * D, rng, &qf);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = to_half(dt, std::ldexp(qf[i], q_exp));
   const PrefillPlan plan = plan_prefill(sh, q_lens, lens);
   DevBuf<uint16_t> dq(q), o1(std::vector<uint16_t>(q.size(), 0x7fc0)),
       o2(std::vector<uint16_t>(q.size(), 0x7fc0));
@@ -298,6 +304,7 @@ void check_prefill(KvDtype dt, KvCacheDtype kv, uint32_t D, uint32_t q_heads, ui
   a.num_tiles = plan.num_tiles;
   a.kv_scales = kScales;
   a.window = window;
+  a.scale = static_cast<float>(std::ldexp(1.0 / std::sqrt(double(D)), -q_exp));
   a.o = o1.addr();
   a.cache = {pk.addr(), pv.addr(), b.block_stride, page, KvAddressing::kPaged};
   CUDA_OK(paged_prefill(sh, a, nullptr));
@@ -328,6 +335,21 @@ TEST_CASE("fp8 prefill matches a float64 reference over cached prefixes, ragged 
         check_prefill(dt, kv, D, 28, 4, 1, {9, 30}, {100, 0}, rng);       // group 7
         check_prefill(dt, kv, D, 32, 4, 256, {130, 5}, {257, 256}, rng);  // group 8
       }
+}
+
+TEST_CASE("fp8 attention with bf16 queries past fp16's range and far below it") {
+  // Prefill multiplies fp8 K and V with fp16 operands: bf16 Q is rescaled by a power of two into
+  // fp16's range (2^40 overflows fp16, 2^-40 flushes to zero, without it). Decode keeps bf16
+  // operands; it is checked at the same queries.
+  std::mt19937 rng(13);
+  for (KvCacheDtype kv : {KvCacheDtype::kFp8E4m3, KvCacheDtype::kFp8E5m2})
+    for (int q_exp : {40, -40}) {
+      CAPTURE(q_exp);
+      check_prefill(KvDtype::kBf16, kv, 128, 32, 8, 16, {1, 70, 130}, {0, 33, 257}, rng, 0, q_exp);
+      check_prefill(KvDtype::kBf16, kv, 256, 8, 8, 16, {17}, {15}, rng, 0, q_exp);
+      check_decode(KvDtype::kBf16, kv, 128, 32, 8, 16, {1, 200, 1000}, 0, rng, false, 0, q_exp);
+      check_decode(KvDtype::kBf16, kv, 128, 8, 8, 16, {300, 129}, 3, rng, false, 0, q_exp);
+    }
 }
 
 TEST_CASE("fp8 sliding-window decode and prefill match a float64 reference") {
