@@ -676,6 +676,15 @@ TEST_CASE("split-KV prefill at head_dim 128: the Hopper kernel's chunks where it
   check_split_prefill({32, 8, 128, KvDtype::kBf16}, 16, {64}, {4096}, &dev, 0, rng);
 }
 
+// A small split launch of each kind for compute-sanitizer (memcheck, racecheck): planned and
+// forced chunks (one ending inside a 128-token tile), odd pages.
+TEST_CASE("split-KV prefill, small: the sanitizers' case") {
+  const DeviceLimits hopper{132, 2, 2, true};
+  std::mt19937 rng(37);
+  CHECK(check_split_prefill({8, 2, 128, KvDtype::kBf16}, 5, {20, 3}, {600, 300}, &hopper, 0, rng));
+  CHECK(check_split_prefill({8, 2, 128, KvDtype::kFp16}, 1, {40}, {500}, nullptr, 3, rng) == 192);
+}
+
 TEST_CASE("sliding-window decode matches a float64 reference, split and listed") {
   std::mt19937 rng(17);
   // Windows below, at and past the contexts of a ragged batch (pages cut by the window's start;
