@@ -215,6 +215,12 @@ __global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const __grid_constant__ CombineParams<T> p) {
   extern __shared__ __align__(16) float w[];  // [splits] weights (padded), then group sums
   __shared__ float red[kCombineThreads / 32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // merge_states launches it as a programmatic dependent of the split prefill kernel: the wait
+  // holds it until that grid's partial rows are written and visible (a no-op in launches
+  // without the attribute, decode's).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const uint32_t qh = blockIdx.x, seq = blockIdx.y;
   if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -352,8 +358,19 @@ cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaSt
                              nullptr,     shape.q_heads, a.max_parts,
                              nullptr,     nullptr,       0,
                              a.indptr};
-    combine<<<dim3(shape.q_heads, a.tokens), kCombineThreads, smem, stream>>>(c);
-    return cudaGetLastError();
+    // Programmatic dependent launch (Hopper; ignored before): the merge is staged while the
+    // split kernel runs, so no launch gap separates them.
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(shape.q_heads, a.tokens);
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, combine, c);
   });
 }
 

@@ -678,7 +678,7 @@ TEST_CASE("split-KV prefill at head_dim 128: the Hopper kernel's chunks where it
 
 // A small split launch of each kind for compute-sanitizer (memcheck, racecheck): planned and
 // forced chunks (one ending inside a 128-token tile), odd pages.
-TEST_CASE("split-KV prefill, small: the sanitizers' case") {
+TEST_CASE("split-KV prefill small: the sanitizers' case") {
   const DeviceLimits hopper{132, 2, 2, true};
   std::mt19937 rng(37);
   CHECK(check_split_prefill({8, 2, 128, KvDtype::kBf16}, 5, {20, 3}, {600, 300}, &hopper, 0, rng));
