@@ -215,12 +215,6 @@ __global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const __grid_constant__ CombineParams<T> p) {
   extern __shared__ __align__(16) float w[];  // [splits] weights (padded), then group sums
   __shared__ float red[kCombineThreads / 32];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // merge_states launches it as a programmatic dependent of the split prefill kernel: the wait
-  // holds it until that grid's partial rows are written and visible (a no-op in launches
-  // without the attribute, decode's).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   const uint32_t qh = blockIdx.x, seq = blockIdx.y;
   if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -338,43 +332,6 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
 }
 
 }  // namespace
-
-namespace detail {
-
-cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaStream_t stream) {
-  if (a.tokens == 0) return cudaSuccess;
-  if (a.tokens > 65535 || a.max_parts == 0 || !a.partial_o || !a.partial_lse || !a.indptr)
-    return cudaErrorInvalidValue;
-  return dispatch(shape, KvAddressing::kPaged, [&]<typename T, int D, bool>() {
-    constexpr auto combine = DecodeCombineKernel<T, D>;
-    const size_t smem = combine_smem(a.max_parts, D);
-    if (smem > 48 * 1024) {
-      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-          e != cudaSuccess)
-        return e;
-    }
-    const CombineParams<T> c{a.partial_o, a.partial_lse, reinterpret_cast<T*>(a.o),
-                             nullptr,     shape.q_heads, a.max_parts,
-                             nullptr,     nullptr,       0,
-                             a.indptr};
-    // Programmatic dependent launch (Hopper; ignored before): the merge is staged while the
-    // split kernel runs, so no launch gap separates them.
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(shape.q_heads, a.tokens);
-    cfg.blockDim = dim3(kCombineThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, combine, c);
-  });
-}
-
-}  // namespace detail
 
 cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
                          const DecodeArgs& args, cudaStream_t stream) {

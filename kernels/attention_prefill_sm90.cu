@@ -427,10 +427,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* sm = smem_raw + (base - raw);
   const int tid = threadIdx.x;
   const Item it = make_item(p);
-  // Split launches: the merge (a programmatic dependent launch, merge_states) may be staged now;
-  // its griddepcontrol.wait still holds it until this grid is done.
-  if (p.split.partial_o != nullptr)
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid == 0) {
     mbar_init(base + kBarAt, 128);  // Q: the producer's threads
     for (uint32_t s = 0; s < kStages; ++s) {
