@@ -333,6 +333,32 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
 
 }  // namespace
 
+namespace detail {
+
+cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaStream_t stream) {
+  if (a.tokens == 0) return cudaSuccess;
+  if (a.tokens > 65535 || a.max_parts == 0 || !a.partial_o || !a.partial_lse || !a.indptr)
+    return cudaErrorInvalidValue;
+  return dispatch(shape, KvAddressing::kPaged, [&]<typename T, int D, bool>() {
+    constexpr auto combine = DecodeCombineKernel<T, D>;
+    const size_t smem = combine_smem(a.max_parts, D);
+    if (smem > 48 * 1024) {
+      if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+          e != cudaSuccess)
+        return e;
+    }
+    const CombineParams<T> c{a.partial_o, a.partial_lse, reinterpret_cast<T*>(a.o),
+                             nullptr,     shape.q_heads, a.max_parts,
+                             nullptr,     nullptr,       0,
+                             a.indptr};
+    combine<<<dim3(shape.q_heads, a.tokens), kCombineThreads, smem, stream>>>(c);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace detail
+
 cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
                          const DecodeArgs& args, cudaStream_t stream) {
   if (plan.max_batch == 0) return cudaSuccess;
