@@ -20,6 +20,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -331,10 +332,11 @@ PrefillRow bench_prefill(const AttentionShape& sh, uint32_t len, uint32_t page, 
 struct ChunkRow {
   uint32_t q = 0, prefix = 0, items = 0, kv_chunk = 0;
   double split_s = 0, unsplit_s = 0, decode_s = 0;
+  std::vector<std::pair<uint32_t, double>> sweep;  // --sweep-chunks: forced chunk counts, time
 };
 
 ChunkRow bench_chunk(const AttentionShape& sh, uint32_t q_len, uint32_t prefix, uint32_t page,
-                     const DeviceLimits& lim, cudaStream_t st) {
+                     const DeviceLimits& lim, cudaStream_t st, const std::vector<uint32_t>& sweep) {
   ChunkRow r;
   r.q = q_len;
   r.prefix = prefix;
@@ -375,6 +377,8 @@ ChunkRow bench_chunk(const AttentionShape& sh, uint32_t q_len, uint32_t prefix, 
   r.kv_chunk = split.split.kv_chunk;
   r.split_s = time_plan(split);
   r.unsplit_s = time_plan(plan_prefill(sh, ql, kl));
+  for (const uint32_t f : sweep)
+    r.sweep.emplace_back(f, time_plan(plan_prefill(sh, ql, kl, &lim, f)));
   // The decode step: one query token of the same sequence, the bench's decode plan.
   const DecodePlan dp = plan_decode(sh, 1, ctx, lim);
   Dev ws(dp.workspace_bytes);
@@ -390,7 +394,8 @@ ChunkRow bench_chunk(const AttentionShape& sh, uint32_t q_len, uint32_t prefix, 
 
 // The --chunks rows (TOKENSxPREFIX; "none" skips); false on a malformed one.
 bool bench_chunks(const AttentionShape& sh, const std::vector<std::string>& chunks, uint32_t page,
-                  const DeviceLimits& lim, cudaStream_t st, std::vector<ChunkRow>* rows) {
+                  const DeviceLimits& lim, cudaStream_t st, const std::vector<uint32_t>& sweep,
+                  std::vector<ChunkRow>* rows) {
   for (const std::string& c : chunks) {
     uint32_t tq = 0, tp = 0;
     if (c == "none") continue;
@@ -398,7 +403,7 @@ bool bench_chunks(const AttentionShape& sh, const std::vector<std::string>& chun
       std::fprintf(stderr, "memsim-attn-bench: --chunks %s: expected TOKENSxPREFIX\n", c.c_str());
       return false;
     }
-    rows->push_back(bench_chunk(sh, tq, tp, page, lim, st));
+    rows->push_back(bench_chunk(sh, tq, tp, page, lim, st, sweep));
   }
   return true;
 }
@@ -414,6 +419,11 @@ void print_chunks(const std::vector<ChunkRow>& rows, std::ofstream& out) {
     std::printf("%5u x %-6u %6u %9u %10.1f %10.1f %10.1f %11.2fx %s\n", r.q, r.prefix, r.items,
                 r.kv_chunk, r.split_s * 1e6, r.unsplit_s * 1e6, r.decode_s * 1e6,
                 r.split_s / r.decode_s, r.split_s <= 2 * r.decode_s ? "ok" : "over");
+    if (!r.sweep.empty()) {
+      std::printf("  forced chunk counts (us):");
+      for (const auto& [chunks, secs] : r.sweep) std::printf(" %u:%.1f", chunks, secs * 1e6);
+      std::printf("\n");
+    }
     if (out)
       out << fmt::format("chunk,{},{},{},{},{},{},{},0,\n", r.q, r.prefix, r.items, r.kv_chunk,
                          r.split_s, r.unsplit_s, r.decode_s);
@@ -586,7 +596,7 @@ int run(int argc, char** argv) {
       "read-bandwidth ceiling"};
   uint32_t q_heads = 32, kv_heads = 8, head_dim = 128, page = 16, prefill_len = 4096;
   std::string dtype = "bf16", sdpa = "tools/attn_sdpa.py", csv, kv_fp8 = "fp8_e4m3";
-  std::vector<uint32_t> sweep, windows = {1024, 4096};
+  std::vector<uint32_t> sweep, chunk_sweep, windows = {1024, 4096};
   std::vector<std::string> shapes = {"1x32768", "32x4096", "64x8192", "256x1024", "256x4096"};
   std::vector<std::string> chunks = {"16x16384", "64x16384", "16x32768", "64x32768"};
   app.add_option("--q-heads", q_heads, "query heads (default Llama-3.1-8B: 32)");
@@ -605,6 +615,9 @@ int run(int argc, char** argv) {
                  "fp8 KV cache rows: fp8_e4m3 (vLLM's fp8, the default), fp8_e5m2, or none")
       ->check(CLI::IsMember({"fp8_e4m3", "fp8_e5m2", "none"}));
   app.add_option("--sweep-splits", sweep, "also time paged decode at these split counts")
+      ->delimiter(',');
+  app.add_option("--sweep-chunks", chunk_sweep,
+                 "also time the --chunks rows' split prefill forced into these chunk counts")
       ->delimiter(',');
   app.add_option("--windows", windows,
                  "sliding-window rows: these windows on every shape longer than them "
@@ -647,7 +660,7 @@ int run(int argc, char** argv) {
   std::vector<PrefillRow> pre;
   if (prefill_len > 0) pre.push_back(bench_prefill(sh, prefill_len, page, st, fp8, windows));
   std::vector<ChunkRow> chunk_rows;
-  if (!bench_chunks(sh, chunks, page, lim, st, &chunk_rows)) return 2;
+  if (!bench_chunks(sh, chunks, page, lim, st, chunk_sweep, &chunk_rows)) return 2;
   const std::string sdpa_err =
       sdpa == "none" ? "skipped (--sdpa none)" : run_sdpa(sdpa, sh, dec, pre);
 

@@ -392,6 +392,7 @@ cudaError_t query_device(DeviceLimits* out) {
     return e;
   out->num_sms = static_cast<uint32_t>(sms);
   out->decode_ctas_per_sm = static_cast<uint32_t>(ctas > 0 ? ctas : 1);
+  out->prefill_sm90 = prefill_sm90_eligible({32, 8, 128, KvDtype::kBf16}, true);
   return cudaSuccess;
 }
 

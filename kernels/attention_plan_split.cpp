@@ -17,19 +17,26 @@ uint32_t ceil_div(uint64_t a, uint64_t b) {
   return static_cast<uint32_t>((a + b - 1) / b);
 }
 
+// Whether a split launch of `shape` runs on the Hopper kernel (DeviceLimits::prefill_sm90): its
+// own KV tile, and one CTA per SM.
+bool split_on_sm90(const AttentionShape& shape, const DeviceLimits* device) {
+  return device != nullptr && device->prefill_sm90 && shape.head_dim == 128 && !shape.kv_fp8();
+}
+
 // Chunk length in KV tiles (0 = no split) for items whose causal ranges are `tiles` KV tiles.
 // FlashInfer's PrefillSplitQOKVIndptr / PrefillBinarySearchKVChunkSize
 // (include/flashinfer/attention/scheduler.cuh): no split when the query tiles alone fill the grid
 // (num_sms x 2 CTAs, its PrefillPlan's num_blocks_per_sm); else the shortest chunk whose CTAs,
 // counted per KV head, still fit in that grid (binary search), at least kMinChunkTokens long.
+// `ctas_per_sm`: the grid's CTAs per SM (the Hopper kernel's one, else the device's count).
 uint32_t chunk_tiles_for(const AttentionShape& shape, const std::vector<uint32_t>& tiles,
-                         uint32_t kv_tile, const DeviceLimits* device, uint32_t force_chunks) {
+                         uint32_t kv_tile, const DeviceLimits* device, uint32_t force_chunks,
+                         uint32_t ctas_per_sm) {
   const uint32_t max_tiles = tiles.empty() ? 0 : *std::max_element(tiles.begin(), tiles.end());
   if (max_tiles <= 1) return 0;
   if (force_chunks > 0) return std::max(1u, ceil_div(max_tiles, force_chunks));
   if (device == nullptr) return 0;
-  const uint64_t slots =
-      uint64_t{device->num_sms} * std::max(1u, device->prefill_ctas_per_sm) / shape.kv_heads;
+  const uint64_t slots = uint64_t{device->num_sms} * std::max(1u, ctas_per_sm) / shape.kv_heads;
   if (tiles.size() >= slots) return 0;  // the grid is full already
   auto items = [&](uint32_t c) {
     uint64_t n = 0;
@@ -52,7 +59,8 @@ uint32_t chunk_tiles_for(const AttentionShape& shape, const std::vector<uint32_t
 void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                         const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
                         uint32_t force_chunks, PrefillPlan* p) {
-  const uint32_t kv_tile = prefill_kv_tile(shape.head_dim);
+  const bool sm90 = split_on_sm90(shape, device);
+  const uint32_t kv_tile = sm90 ? kSm90KvTile : prefill_kv_tile(shape.head_dim);
   const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
   // Each item's causal KV range ends with its last query token: [0, prefix + last + 1).
   std::vector<uint32_t> ends(p->num_tiles), tiles(p->num_tiles);
@@ -62,7 +70,10 @@ void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>&
     ends[i] = static_cast<uint32_t>(prefix + std::min(q_lens[s], first + per_tile));
     tiles[i] = ceil_div(ends[i], kv_tile);
   }
-  const uint32_t chunk_tiles = chunk_tiles_for(shape, tiles, kv_tile, device, force_chunks);
+  const uint32_t chunk_tiles = chunk_tiles_for(shape, tiles, kv_tile, device, force_chunks,
+                                               sm90     ? 1u
+                                               : device ? device->prefill_ctas_per_sm
+                                                        : 1u);
   const uint32_t max_tiles = tiles.empty() ? 0 : *std::max_element(tiles.begin(), tiles.end());
   if (chunk_tiles == 0 || chunk_tiles >= max_tiles) return;  // one chunk each: not split
   const uint32_t chunk = chunk_tiles * kv_tile;

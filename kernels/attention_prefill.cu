@@ -151,17 +151,6 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-// The workspace of a split launch: partial_o [rows, q_heads, D], then partial_lse [rows,
-// q_heads]; the merge indptr follows the items' words in the work list.
-detail::PrefillSplitView split_view(const AttentionShape& shape, const PrefillArgs& a) {
-  detail::PrefillSplitView v{};
-  v.partial_o = reinterpret_cast<float*>(a.workspace);
-  v.partial_lse = v.partial_o + uint64_t{a.split.partial_rows} * shape.q_heads * shape.head_dim;
-  v.merge_indptr = a.work + 3 * uint64_t{a.num_tiles};
-  v.kv_chunk = a.split.kv_chunk;
-  return v;
-}
-
 template <typename T, typename KV, int D, bool PAGED, bool SPLIT, bool WINDOW>
 cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
   using TL = PrefillTilesOf<T, KV, D>;
@@ -172,23 +161,27 @@ cudaError_t launch_prefill(const AttentionShape& shape, const PrefillArgs& a, cu
   p.qo_indptr = a.qo_indptr;
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);  // prefill_rows(D) / group
-  if constexpr (SPLIT) p.split = split_view(shape, a);
+  if constexpr (SPLIT) p.split = detail::prefill_split_view(shape, a);
   p.window = WINDOW ? a.window : detail::kNoWindow;
   kernel<<<dim3(a.num_tiles, shape.kv_heads), TL::kThreads, TL::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Split-KV prefill: the chunks' kernel, then the per-token merge (the decode combine's math).
+// Split-KV prefill: the chunks' kernel (the Hopper one where it runs), then the per-token merge
+// (the decode combine's math).
 cudaError_t split_prefill(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
   if (a.workspace == 0 || a.split.kv_chunk % prefill_kv_tile(shape.head_dim) != 0 ||
       a.split.max_chunks < 2 || a.split.total_q == 0 || a.split.total_q > 65535)
     return cudaErrorInvalidValue;
   const cudaError_t e =
-      detail::dispatch_kv(shape, a.cache.addressing, [&]<typename T, typename KV, int D, bool P>() {
-        return launch_prefill<T, KV, D, P, true, false>(shape, a, stream);
-      });
+      prefill_sm90_eligible(shape, true)
+          ? paged_prefill_sm90(shape, a, stream)
+          : detail::dispatch_kv(shape, a.cache.addressing,
+                                [&]<typename T, typename KV, int D, bool P>() {
+                                  return launch_prefill<T, KV, D, P, true, false>(shape, a, stream);
+                                });
   if (e != cudaSuccess) return e;
-  const detail::PrefillSplitView v = split_view(shape, a);
+  const detail::PrefillSplitView v = detail::prefill_split_view(shape, a);
   return detail::merge_states(
       shape, {v.partial_o, v.partial_lse, a.o, v.merge_indptr, a.split.total_q, a.split.max_chunks},
       stream);

@@ -1,7 +1,8 @@
 // PrefillSm90Kernel: the paged causal prefill on Hopper (sm_90a, FlashAttention-3 style): one
 // producer warpgroup gathers Q and the K/V tiles token by token (paged or contiguous) with
 // cp.async into 128-byte-swizzled shared memory, two consumer warpgroups of 64 query rows each
-// run S = Q K^T and O += P V on wgmma with the softmax in registers; host launcher.
+// run S = Q K^T and O += P V on wgmma with the softmax in registers (split-KV launches: a chunk
+// of the KV range per item, written as partial rows for the merge); host launcher.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_prefill_sm90.h"
+#include "kernels/attention_prefill_split.cuh"
 #include "kernels/attention_sm90.cuh"
 #include "kernels/attention_tiles.h"
 #include "kernels/dispatch.cuh"
@@ -38,6 +40,7 @@ constexpr uint32_t kOffsAt = kBarAt + 128;                   // row offsets [3][
 constexpr size_t kSmemBytes = kOffsAt + 3 * kBN * 8 + 1024;  // + alignment slack
 static_assert(kHalfBytes == kRows * 64 * 2, "Q halves and K/V halves share the stride");
 static_assert(kBarBytes <= 128, "barriers fit before the row offsets");
+static_assert(kBN == kSm90KvTile, "the split planner cuts chunks of this kernel's tiles");
 
 template <typename T>
 struct Sm90Params {
@@ -46,6 +49,10 @@ struct Sm90Params {
   const int32_t* work;  // {sequence, first token} per CTA row
   uint32_t tokens_per_tile;
   uint32_t window;  // kNoWindow: full attention
+  // Split-KV launches (partial_o null when unsplit): each item is {sequence, first token, KV
+  // chunk} (work_words 3, else 2) and covers its chunk of the tile's causal range.
+  detail::PrefillSplitView split;
+  uint32_t work_words;
 };
 
 // Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a swizzled tile.
@@ -67,16 +74,32 @@ struct Item {
   uint32_t seq, head;
   uint32_t q0, t0, nt, rows, prefix;
   uint32_t kv_begin, kv_end, mask_from, mask_below, ntiles;
+  uint32_t chunk;  // split launches: the item's KV chunk
 };
+
+// Split launches: the item's KV chunk [lo, hi) of its causal range [0, kv_end) replaces the range
+// (no window: paged_prefill refuses split with one). Chunks are whole 64-token tiles of the
+// mma.sync kernel, not always of kBN: keys at hi and past are masked as if causal (every row's
+// limit is capped at hi, and mask_from with it), rows past hi zero-filled.
+template <typename T>
+__device__ __forceinline__ void split_item(const Sm90Params<T>& p, Item& it) {
+  it.chunk = static_cast<uint32_t>(p.work[3 * blockIdx.x + 2]);
+  uint32_t lo, hi;
+  p.split.chunk_range(it.chunk, it.kv_end, &lo, &hi);
+  it.kv_begin = lo;
+  it.kv_end = hi;
+  it.mask_from = min(it.mask_from, hi);
+  it.ntiles = (hi - lo + kBN - 1) / kBN;
+}
 
 template <typename T>
 __device__ __forceinline__ Item make_item(const Sm90Params<T>& p) {
   Item it;
   const uint32_t item = blockIdx.x;
   it.head = blockIdx.y;
-  const int32_t seq = p.work[2 * item];
+  const int32_t seq = p.work[p.work_words * item];
   it.seq = static_cast<uint32_t>(seq);
-  it.t0 = static_cast<uint32_t>(p.work[2 * item + 1]);
+  it.t0 = static_cast<uint32_t>(p.work[p.work_words * item + 1]);
   it.q0 = static_cast<uint32_t>(p.qo_indptr[seq]);
   const uint32_t q_len = static_cast<uint32_t>(p.qo_indptr[seq + 1]) - it.q0;
   it.prefix = static_cast<uint32_t>(p.kv.kv_lens[seq]) - q_len;
@@ -88,6 +111,8 @@ __device__ __forceinline__ Item make_item(const Sm90Params<T>& p) {
   it.kv_begin = w != kNoWindow && it.mask_from > w ? it.mask_from - w : 0;
   it.mask_below = w != kNoWindow && it.kv_end > w ? it.kv_end - w : 0;
   it.ntiles = (it.kv_end - it.kv_begin + kBN - 1) / kBN;
+  it.chunk = 0;
+  if (p.split.partial_o != nullptr) split_item(p, it);
   return it;
 }
 
@@ -290,6 +315,29 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
   }
 }
 
+// Split launches: writes row r (of the thread's two) of token `token`, query head `qh`, over the
+// item's KV chunk as detail::store_partial does for the mma.sync kernel: nothing when the token's
+// keys end before the chunk, the partial output (o x inv, fp32) and its log-sum-exp (log2 units,
+// m the row's max) when they span several chunks. False when the token has this one chunk (the
+// caller writes its output). `l` is the row's quad-summed denominator, inv = 1 / l.
+__device__ __forceinline__ bool store_partial_sm90(const detail::PrefillSplitView& s,
+                                                   const float (&o)[64], float m, float l,
+                                                   float inv, int r, int t, uint32_t chunk,
+                                                   uint32_t token, uint32_t q_heads, uint32_t qh) {
+  const int32_t first = s.merge_indptr[token];
+  const uint32_t count = static_cast<uint32_t>(s.merge_indptr[token + 1] - first);
+  if (chunk >= count) return true;  // the token's causal range ends before this chunk
+  if (count == 1) return false;
+  const int64_t idx = (static_cast<int64_t>(first) + chunk) * q_heads + qh;
+  float* out = s.partial_o + idx * kD;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+    *reinterpret_cast<float2*>(out + 8 * j + 2 * t) =
+        make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+  if (t == 0) s.partial_lse[idx] = l > 0.f ? m + __log2f(l) : -INFINITY;
+  return true;
+}
+
 // Consumer warpgroup `wg` (0, 1; ctid 0..255): its 64 query rows over every tile. Tile i's
 // Q K^T is issued together with tile i - 1's P V, and the softmax of tile i runs while P V is in
 // flight (FlashAttention-3's intra-warpgroup overlap). PINGPONG: the two warpgroups take turns
@@ -304,7 +352,7 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const uint32_t row = 64 * wg + 16 * warp + g + 8 * r;
-    limit[r] = row < it.rows ? it.prefix + it.t0 + row / p.kv.group + 1 : 0;
+    limit[r] = row < it.rows ? min(it.prefix + it.t0 + row / p.kv.group + 1, it.kv_end) : 0;
   }
   const uint32_t qa = base + wg * 64 * 128;
   float o[64], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
@@ -385,6 +433,10 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
     if (row >= it.rows) continue;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const uint32_t tok = row / p.kv.group, head = row % p.kv.group;
+    if (p.split.partial_o != nullptr &&
+        store_partial_sm90(p.split, o, m[r], sum, inv, r, t, it.chunk, it.q0 + it.t0 + tok,
+                           p.kv.q_heads, h * p.kv.group + head))
+      continue;
     T* out =
         p.kv.o +
         (static_cast<int64_t>(it.q0 + it.t0 + tok) * p.kv.q_heads + h * p.kv.group + head) * kD;
@@ -442,18 +494,23 @@ cudaError_t launch_sm90(const AttentionShape& shape, const PrefillArgs& a, cudaS
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);
   p.window = a.window > 0 && a.window < kNoWindow ? a.window : kNoWindow;
+  p.work_words = 2;
+  if (a.split.kv_chunk != 0) {  // split (paged_prefill refuses it with a window)
+    p.split = detail::prefill_split_view(shape, a);
+    p.work_words = 3;
+  }
   kernel<<<dim3(a.num_tiles, shape.kv_heads), kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-bool prefill_sm90_eligible(const AttentionShape& shape, bool split) {
+bool prefill_sm90_eligible(const AttentionShape& shape, bool /*split: both run here*/) {
   static const bool disabled = [] {
     const char* e = std::getenv("MEMSIM_PREFILL_SM90");
     return e != nullptr && e[0] == '0';
   }();
-  if (disabled || split || shape.kv_fp8() || shape.head_dim != kD) return false;
+  if (disabled || shape.kv_fp8() || shape.head_dim != kD) return false;
   if (prefill_rows(shape.head_dim) != kRows || !check_shape(shape).empty()) return false;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||

@@ -8,8 +8,9 @@
 
 namespace memsim::kernels {
 
-// Unsplit causal prefill of bf16/fp16 Q and K/V at head_dim 128 (sliding window allowed), paged
-// or contiguous; arguments as checked by paged_prefill.
+// Causal prefill of bf16/fp16 Q and K/V at head_dim 128 (sliding window allowed when unsplit),
+// paged or contiguous; split launches (args.split.kv_chunk > 0) write the partial rows that
+// paged_prefill's merge then reduces. Arguments as checked by paged_prefill.
 cudaError_t paged_prefill_sm90(const AttentionShape& shape, const PrefillArgs& args,
                                cudaStream_t stream);
 

@@ -8,6 +8,7 @@
 
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_fp8.cuh"
+#include "kernels/attention_types.h"
 
 namespace memsim::kernels::detail {
 
@@ -27,6 +28,17 @@ struct PrefillSplitView {
     *hi = min(kv_end, *lo + kv_chunk);
   }
 };
+
+// The workspace of a split launch (a.split.kv_chunk > 0): partial_o [rows, q_heads, D], then
+// partial_lse [rows, q_heads]; the merge indptr follows the items' three words in the work list.
+inline PrefillSplitView prefill_split_view(const AttentionShape& shape, const PrefillArgs& a) {
+  PrefillSplitView v{};
+  v.partial_o = reinterpret_cast<float*>(a.workspace);
+  v.partial_lse = v.partial_o + uint64_t{a.split.partial_rows} * shape.q_heads * shape.head_dim;
+  v.merge_indptr = a.work + 3 * uint64_t{a.num_tiles};
+  v.kv_chunk = a.split.kv_chunk;
+  return v;
+}
 
 // Writes query row r (of the thread's two) of token `token`, query head `qh`, computed over KV
 // chunk `chunk`: nothing when the token's keys end before the chunk; the partial output (o x inv)

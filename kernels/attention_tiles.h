@@ -21,6 +21,10 @@ constexpr uint32_t prefill_kv_tile(uint32_t head_dim) {
   return head_dim >= 256 ? 32 : 64;
 }
 
+// KV tokens per tile of the Hopper prefill kernel (attention_prefill_sm90.cu; head_dim 128, bf16
+// and fp16 caches): a split planned for it cuts chunks of whole tiles of this length.
+inline constexpr uint32_t kSm90KvTile = 128;
+
 // Sliding-window attention (vLLM's sliding_window, FlashAttention's window_size = (window - 1,
 // 0)): a query at position p sees keys at positions k with p - window < k <= p; window 0 is full
 // attention. A decode query (p = kv_len - 1) so sees the last window_len(kv_len, window) tokens,

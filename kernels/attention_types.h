@@ -85,6 +85,11 @@ struct DeviceLimits {
   // Prefill CTAs per SM the split-KV planner counts a wave in (FlashInfer's PrefillPlan takes 2;
   // the prefill kernel's 255 registers x 128 threads allow 2 at head_dim 128 on Hopper).
   uint32_t prefill_ctas_per_sm = 2;
+  // Whether paged_prefill runs bf16/fp16 head_dim-128 prefill on the Hopper wgmma kernel, split
+  // launches included (query_device: prefill_sm90_eligible). The split planner then cuts those
+  // shapes' KV ranges in its 128-token tiles (kSm90KvTile) and counts one CTA per SM (its shared
+  // memory holds one).
+  bool prefill_sm90 = false;
 };
 
 struct DecodePlan {
@@ -206,7 +211,9 @@ struct PrefillPlan {
 // q_lens: new tokens of each sequence (host copy of the indptr differences); kv_lens: KV tokens
 // after the chunk (prefix + q_len). `device` null: never split (callers without a workspace);
 // given: the plan decides, splitting only when the tiles x KV heads fill less than one wave of
-// device->num_sms x prefill_ctas_per_sm CTAs (so long chunks keep the unsplit plan and its bits).
+// device->num_sms x prefill_ctas_per_sm CTAs (so long chunks keep the unsplit plan and its bits);
+// with device->prefill_sm90, a head_dim-128 bf16/fp16 shape counts one CTA per SM and cuts
+// chunks of kSm90KvTile tokens (the Hopper kernel's tiles).
 // `force_chunks` > 0 (tests, benchmarks): the longest tile's range in that many chunks (the
 // others in chunks of the same length); 1, or a chunk past every range, is the unsplit plan.
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,

@@ -549,7 +549,7 @@ TEST_CASE("prefill at head_dim 128: long ranges through the Hopper kernel where 
   const bool want = major == 9 && minor == 0 && !(env && env[0] == '0');
   CHECK(prefill_sm90_eligible({32, 8, 128, KvDtype::kBf16}, false) == want);
   CHECK(prefill_sm90_eligible({32, 8, 128, KvDtype::kFp16}, false) == want);
-  CHECK_FALSE(prefill_sm90_eligible({32, 8, 128, KvDtype::kBf16}, true));  // split: mma.sync
+  CHECK(prefill_sm90_eligible({32, 8, 128, KvDtype::kBf16}, true) == want);  // split too
   CHECK_FALSE(prefill_sm90_eligible({32, 8, 64, KvDtype::kBf16}, false));
   std::printf("prefill at head_dim 128 runs the %s kernel\n", want ? "sm90 wgmma" : "mma.sync");
   std::mt19937 rng(29);
@@ -647,6 +647,42 @@ TEST_CASE("split-KV prefill: short chunks over long prefixes match the reference
       check_split_prefill({28, 4, D, dt}, 1, {9}, {700}, nullptr, 3, rng);
       check_split_prefill({32, 4, D, dt}, 256, {20, 1}, {2000, 257}, &h100, 0, rng);
     }
+}
+
+// Split launches at head_dim 128 run the Hopper kernel where it runs (query_device's
+// prefill_sm90): its planner's chunks (whole 128-token tiles, one CTA per SM) and forced chunks
+// of the mma.sync kernel's 64-token tiles (chunk ends inside a 128-token tile, masked as causal),
+// pages of 1, 5 and 16 tokens, groups 1 and 4, chunk lengths that are not whole query tiles.
+TEST_CASE("split-KV prefill at head_dim 128: the Hopper kernel's chunks where it runs") {
+  const DeviceLimits dev = device_limits();
+  CHECK(dev.prefill_sm90 == prefill_sm90_eligible({32, 8, 128, KvDtype::kBf16}, true));
+  std::printf("split prefill at head_dim 128 runs the %s kernel\n",
+              dev.prefill_sm90 ? "sm90 wgmma" : "mma.sync");
+  const DeviceLimits hopper{132, 2, 2, true};
+  std::mt19937 rng(31);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16})
+    for (uint32_t page : {1u, 5u, 16u}) {
+      const AttentionShape g4{8, 2, 128, dt}, g1{4, 4, 128, dt};
+      // Issue 33's chunks scaled down: 64 and 16 tokens over long prefixes, group 4.
+      const uint32_t c64 = check_split_prefill(g4, page, {64}, {3000}, &hopper, 0, rng);
+      CHECK(c64 == 256);  // 2 x 24 tiles of 128 into 66 CTAs a KV head: the 2-tile minimum
+      CHECK(check_split_prefill(g4, page, {16, 37}, {2500, 1100}, &hopper, 0, rng) % 128 == 0);
+      // Forced: 448- and 320-token chunks (3.5 and 2.5 tiles of 128), ragged, group 1.
+      CHECK(check_split_prefill(g4, page, {16, 100, 1}, {3000, 500, 2500}, nullptr, 7, rng) == 448);
+      CHECK(check_split_prefill(g1, page, {100, 7}, {1500, 2000}, nullptr, 7, rng) == 320);
+      check_split_prefill(g1, page, {130, 1}, {2000, 700}, &hopper, 3, rng);  // 2 query tiles
+    }
+  // The device's own plan (a Hopper one on 9.0): issue 33's shape, 64 tokens over 4K.
+  check_split_prefill({32, 8, 128, KvDtype::kBf16}, 16, {64}, {4096}, &dev, 0, rng);
+}
+
+// A small split launch of each kind for compute-sanitizer (memcheck, racecheck): planned and
+// forced chunks (one ending inside a 128-token tile), odd pages.
+TEST_CASE("split-KV prefill small: the sanitizers' case") {
+  const DeviceLimits hopper{132, 2, 2, true};
+  std::mt19937 rng(37);
+  CHECK(check_split_prefill({8, 2, 128, KvDtype::kBf16}, 5, {20, 3}, {600, 300}, &hopper, 0, rng));
+  CHECK(check_split_prefill({8, 2, 128, KvDtype::kFp16}, 1, {40}, {500}, nullptr, 3, rng) == 192);
 }
 
 TEST_CASE("sliding-window decode matches a float64 reference, split and listed") {

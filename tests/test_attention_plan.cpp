@@ -397,6 +397,51 @@ TEST_CASE("prefill work lists cover every query token once, longest KV range fir
   }
 }
 
+// Split prefill planned for the Hopper kernel (DeviceLimits::prefill_sm90): chunks of whole
+// 128-token tiles, one CTA per SM (132 / 8 KV heads = 16 items a head); other shapes (fp8 caches,
+// head_dim 64) keep the mma.sync kernel's 64-token tiles and two CTAs per SM (33 items a head).
+TEST_CASE("split prefill plans for the Hopper kernel: 128-token chunks, one CTA per SM") {
+  const DeviceLimits hopper{132, 2, 2, true}, other{132, 2, 2};
+  struct Want {
+    uint32_t items, chunk, max_chunks, rows;
+  };
+  auto plan = [](const AttentionShape& sh, int32_t q, int32_t prefix, const DeviceLimits* d,
+                 uint32_t force = 0) {
+    const PrefillPlan p = plan_prefill(sh, {q}, {prefix + q}, d, force);
+    if (p.split.kv_chunk) {
+      CHECK(p.split.total_q == static_cast<uint32_t>(q));
+      CHECK(p.workspace_bytes ==
+            uint64_t{p.split.partial_rows} * sh.q_heads * (sh.head_dim + 1) * 4);
+      CHECK(p.work.size() == 3 * p.num_tiles + q + 1);
+    }
+    return Want{p.num_tiles, p.split.kv_chunk, p.split.max_chunks, p.split.partial_rows};
+  };
+  auto same = [](const Want& a, const Want& b) {
+    return a.items == b.items && a.chunk == b.chunk && a.max_chunks == b.max_chunks &&
+           a.rows == b.rows;
+  };
+  // 64 tokens over 16K: 2 query tiles of 129 KV tiles; 2 x ceil(129 / c) <= 16 at c = 17 tiles.
+  CHECK(same(plan(kLlama8B, 64, 16384, &hopper), {16, 17 * 128, 8, 64 * 8}));
+  CHECK(same(plan(kLlama8B, 64, 16384, &other), {32, 17 * 64, 16, 64 * 16}));
+  // 16 tokens (one query tile): 15 chunks of 9 tiles over 16K, 16 of 17 over 32K.
+  CHECK(same(plan(kLlama8B, 16, 16384, &hopper), {15, 9 * 128, 15, 16 * 15}));
+  CHECK(same(plan(kLlama8B, 16, 32768, &hopper), {16, 17 * 128, 16, 16 * 16}));
+  CHECK(same(plan(kLlama8B, 64, 32768, &hopper), {16, 33 * 128, 8, 64 * 8}));
+  // 512 tokens: 16 query tiles fill the Hopper grid (unsplit), not the mma.sync one's 33.
+  CHECK(same(plan(kLlama8B, 512, 16384, &hopper), {16, 0, 0, 0}));
+  CHECK(same(plan(kLlama8B, 512, 16384, &other), {32, 66 * 128, 2, 512 * 2}));
+  // Forced: the longest range in 4 chunks of the planner's tiles (128 here, 64 without a device).
+  CHECK(same(plan(kLlama8B, 64, 16384, &hopper, 4), {8, 33 * 128, 4, 64 * 4}));
+  CHECK(same(plan(kLlama8B, 64, 16384, nullptr, 4), {8, 65 * 64, 4, 64 * 4}));
+  // Shapes the Hopper kernel does not take are planned as before.
+  AttentionShape fp8 = kLlama8B;
+  fp8.kv_cache = KvCacheDtype::kFp8E4m3;
+  const AttentionShape d64{32, 8, 64, KvDtype::kBf16};
+  CHECK(same(plan(fp8, 64, 16384, &hopper), plan(fp8, 64, 16384, &other)));
+  CHECK(same(plan(d64, 64, 16384, &hopper), plan(d64, 64, 16384, &other)));
+  CHECK(same(plan(d64, 64, 16384, &hopper), {32, 17 * 64, 16, 64 * 16}));
+}
+
 TEST_CASE("synth_value is deterministic, in [-1, 1) on a 2^-23 grid, and keyed") {
   double sum = 0;
   std::set<float> seen;
