@@ -92,14 +92,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
 struct PagedLocator {
   const int32_t* table;  // this sequence's block table
   FastDiv block_size;
-  int64_t block_stride, row, head_off;
+  uint32_t block_stride, row, head_off;  // elements (block_stride < 2^32: tables_match)
+  // a = the block id of token pos (loaded), b = its row's element offset within the block.
   __device__ __forceinline__ void fetch(uint32_t pos, uint32_t& a, uint32_t& b) const {
-    uint32_t blk;
-    block_size.divmod(pos, blk, b);
+    uint32_t blk, in;
+    block_size.divmod(pos, blk, in);
     a = static_cast<uint32_t>(__ldg(table + blk));
+    b = in * row + head_off;
   }
   __device__ __forceinline__ int64_t offset(uint32_t a, uint32_t b) const {
-    return static_cast<int64_t>(a) * block_stride + static_cast<int64_t>(b) * row + head_off;
+    return static_cast<int64_t>(static_cast<uint64_t>(a) * block_stride + b);
   }
 };
 
@@ -170,7 +172,8 @@ __device__ __forceinline__ auto make_locator(const KvParams<T, KV>& p, uint32_t 
   const int64_t head_off = static_cast<int64_t>(h) * D;
   if constexpr (PAGED) {
     return PagedLocator{p.block_tables + static_cast<int64_t>(seq) * p.bt_stride, p.block_size,
-                        p.block_stride, p.row, head_off};
+                        static_cast<uint32_t>(p.block_stride), static_cast<uint32_t>(p.row),
+                        static_cast<uint32_t>(head_off)};
   } else {
     return ContiguousLocator{static_cast<int64_t>(p.slots[seq]) * p.block_stride + head_off, p.row};
   }
@@ -245,12 +248,18 @@ struct RowFetch {
 template <class TL, class Loc>
 __device__ __forceinline__ void fetch_rows(RowFetch<TL>& f, const Loc& loc, uint32_t tile_start,
                                            uint32_t load_end, int tid) {
-  const int r0 = tid / TL::kChunks;
+  const uint32_t pos0 = tile_start + tid / TL::kChunks;
+  if (tile_start + TL::kBN <= load_end) {  // a whole tile (warp-uniform): no row predicates
+#pragma unroll
+    for (int i = 0; i < TL::kLoadRows; ++i) loc.fetch(pos0 + i * TL::kRowsPerPass, f.a[i], f.b[i]);
+    f.valid = (1u << TL::kLoadRows) - 1;
+    return;
+  }
   f.valid = 0;
 #pragma unroll
   for (int i = 0; i < TL::kLoadRows; ++i) {
-    const uint32_t pos = tile_start + r0 + i * TL::kRowsPerPass;
-    f.a[i] = f.b[i] = 0;
+    const uint32_t pos = pos0 + i * TL::kRowsPerPass;
+    f.a[i] = f.b[i] = 0;  // a row past the end copies nothing from offset(0, 0), a valid address
     if (pos < load_end) {
       loc.fetch(pos, f.a[i], f.b[i]);
       f.valid |= 1u << i;
@@ -269,7 +278,7 @@ __device__ __forceinline__ void issue_rows(T* ks, T* vs, const T* k, const T* v,
   for (int i = 0; i < TL::kLoadRows; ++i) {
     const int r = r0 + i * TL::kRowsPerPass;
     const bool ok = (f.valid >> i) & 1u;
-    const int64_t off = ok ? loc.offset(f.a[i], f.b[i]) + chunk * 8 : 0;
+    const int64_t off = loc.offset(f.a[i], f.b[i]) + chunk * 8;
     cp_async_16(ks + TL::swz(r, chunk), k + off, ok);
     cp_async_16(vs + TL::swz(r, chunk), v + off, ok);
   }

@@ -78,12 +78,14 @@ inline constexpr int kDecodeMinCtas = D >= 256 ? 1 : (detail::kIsFp8<KV> ? 2 : 3
 // mask. WINDOW false: full attention, the window a compile-time 0 (the code of a kernel without
 // windows).
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
-__global__ void __launch_bounds__(128, (kDecodeMinCtas<KV, D>))
+__global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMinCtas<KV, D>))
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T, KV> p) {
-  using TL = DecodeTiles<T, D>;  // Q's layout, and K/V's unless fp8
   constexpr bool kFp8 = detail::kIsFp8<KV>;
+  using KT = DecodeTilesOf<T, KV, D>;
+  using TL = Tiles<T, D, 1, KT::kWarpsN, KT::kBN>;  // Q's layout, and K/V's unless fp8
+  constexpr int kWarps = TL::kWarpsN;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ float ml[4][16][2];
+  __shared__ float ml[kWarps][16][2];
   T* smem = reinterpret_cast<T*>(smem_raw);
   const uint32_t h = blockIdx.y;
   uint32_t seq, kv_len, b, e, part;
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(128, (kDecodeMinCtas<KV, D>))
     if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
     kv_len = static_cast<uint32_t>(p.kv.kv_lens[seq]);
     const uint32_t wb = window_begin(kv_len, WINDOW ? p.window : 0);
-    split_range(kv_len - wb, TL::kBN, p.num_splits, split, &b, &e);
+    split_range(kv_len - wb, static_cast<int>(kDecodeTile), p.num_splits, split, &b, &e);
     b += wb;
     e += wb;
     direct = p.num_splits == 1;
@@ -138,8 +140,10 @@ __global__ void __launch_bounds__(128, (kDecodeMinCtas<KV, D>))
     detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, b, e, e, limit, p.kv.scale_log2);
   }
 
-  // Merge the four warps' states (shared memory is free after attend_range).
-  float* mo = reinterpret_cast<float*>(smem_raw);  // [4][16][D]
+  // Merge the warps' states (shared memory is free after attend_range).
+  float* mo = reinterpret_cast<float*>(smem_raw);  // [kWarps][16][D]
+  static_assert(sizeof(float) * kWarps * 16 * D <= DecodeTilesOf<T, KV, D>::kSmemBytes,
+                "the warps' states fit in the tiles' shared memory");
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -161,11 +165,11 @@ __global__ void __launch_bounds__(128, (kDecodeMinCtas<KV, D>))
     const int row = i / (D / 4), c4 = i % (D / 4);
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) m = fmaxf(m, ml[w][row][0]);
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, ml[w][row][0]);
     float l = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       const float sc = ml[w][row][0] == -INFINITY ? 0.f : exp2f(ml[w][row][0] - m);
       l += ml[w][row][1] * sc;
       const float4 x = *reinterpret_cast<const float4*>(mo + (w * 16 + row) * D + 4 * c4);

@@ -119,7 +119,7 @@ __device__ __forceinline__ void issue_rows_fp8(uint8_t* ks, uint8_t* vs, const u
   for (int i = 0; i < TL::kLoadRows; ++i) {
     const int r = r0 + i * TL::kRowsPerPass;
     const bool ok = (f.valid >> i) & 1u;
-    const int64_t off = ok ? loc.offset(f.a[i], f.b[i]) + chunk * 16 : 0;
+    const int64_t off = loc.offset(f.a[i], f.b[i]) + chunk * 16;
     cp_async_16(ks + TL::swz(r, chunk), k + off, ok);
     cp_async_16(vs + TL::swz(r, chunk), v + off, ok);
   }

@@ -324,11 +324,8 @@ __device__ __forceinline__ bool store_partial_sm90(const detail::PrefillSplitVie
                                                    const float (&o)[64], float m, float l,
                                                    float inv, int r, int t, uint32_t chunk,
                                                    uint32_t token, uint32_t q_heads, uint32_t qh) {
-  const int32_t first = s.merge_indptr[token];
-  const uint32_t count = static_cast<uint32_t>(s.merge_indptr[token + 1] - first);
-  if (chunk >= count) return true;  // the token's causal range ends before this chunk
-  if (count == 1) return false;
-  const int64_t idx = (static_cast<int64_t>(first) + chunk) * q_heads + qh;
+  const int64_t idx = detail::partial_row(s, chunk, token, q_heads, qh);
+  if (idx < 0) return idx == detail::kSkipRow;
   float* out = s.partial_o + idx * kD;
 #pragma unroll
   for (int j = 0; j < 16; ++j)

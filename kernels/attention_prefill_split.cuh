@@ -40,20 +40,30 @@ inline PrefillSplitView prefill_split_view(const AttentionShape& shape, const Pr
   return v;
 }
 
+// The row of partial_o / partial_lse where split prefill keeps query head `qh` of token `token`
+// computed over KV chunk `chunk`; kSkipRow when the token's causal range ends before the chunk
+// (nothing to write), kDirectRow when the token has one chunk (this one): the caller writes its
+// output directly, as the unsplit kernel does.
+inline constexpr int64_t kSkipRow = -1, kDirectRow = -2;
+__device__ __forceinline__ int64_t partial_row(const PrefillSplitView& s, uint32_t chunk,
+                                               uint32_t token, uint32_t q_heads, uint32_t qh) {
+  const int32_t first = s.merge_indptr[token];
+  const uint32_t count = static_cast<uint32_t>(s.merge_indptr[token + 1] - first);
+  if (chunk >= count) return kSkipRow;
+  if (count == 1) return kDirectRow;
+  return (static_cast<int64_t>(first) + chunk) * q_heads + qh;
+}
+
 // Writes query row r (of the thread's two) of token `token`, query head `qh`, computed over KV
-// chunk `chunk`: nothing when the token's keys end before the chunk; the partial output (o x inv)
-// and its log-sum-exp when the token's keys span several chunks. Returns false when the token
-// has one chunk (this one): the caller writes its output directly, as the unsplit kernel does.
-// `l` is the row's quad-summed denominator, `inv` = 1 / l (x v_scale for fp8 caches).
+// chunk `chunk`, as partial_row says: nothing, or the partial output (o x inv) and its
+// log-sum-exp. Returns false when the caller writes the output directly. `l` is the row's
+// quad-summed denominator, `inv` = 1 / l (x v_scale for fp8 caches).
 template <int D, int DT, bool FP8>
 __device__ __forceinline__ bool store_partial(const PrefillSplitView& s, const RowState<DT>& st,
                                               int r, int t, uint32_t chunk, uint32_t token,
                                               uint32_t q_heads, uint32_t qh, float l, float inv) {
-  const int32_t first = s.merge_indptr[token];
-  const uint32_t count = static_cast<uint32_t>(s.merge_indptr[token + 1] - first);
-  if (chunk >= count) return true;  // the token's causal range ends before this chunk
-  if (count == 1) return false;
-  const int64_t idx = (static_cast<int64_t>(first) + chunk) * q_heads + qh;
+  const int64_t idx = partial_row(s, chunk, token, q_heads, qh);
+  if (idx < 0) return idx == kSkipRow;
   float* out = s.partial_o + idx * D;
 #pragma unroll
   for (int d = 0; d < DT; ++d) {

@@ -61,7 +61,7 @@ std::string check_shape(const AttentionShape& s);
 // elements of it: bytes for fp8, where they must be multiples of 16).
 struct KvLayerView {
   uint64_t k = 0, v = 0;     // device addresses of element 0 of K and of V
-  int64_t block_stride = 0;  // paged: elements between blocks; contiguous: between slots
+  int64_t block_stride = 0;  // paged: elements between blocks (1 .. 2^32 - 1); contiguous: slots
   uint32_t block_size = 0;   // paged: tokens per block (any value >= 1); contiguous: unused
   KvAddressing addressing = KvAddressing::kPaged;
 };

@@ -65,10 +65,12 @@ cudaError_t dispatch_kv(const AttentionShape& shape, KvAddressing a, F&& f) {
 }
 
 // Whether the per-sequence tables a launch got are those its cache view needs: block tables
-// (and a block size) for paged addressing, slots for contiguous.
+// (and a block size, and a block stride below 2^32 elements, which the kernels' 32-bit in-block
+// offsets need) for paged addressing, slots for contiguous.
 inline bool tables_match(const KvLayerView& cache, const SeqTables& seqs) {
   return cache.addressing == KvAddressing::kPaged
-             ? cache.block_size != 0 && seqs.block_tables != nullptr
+             ? cache.block_size != 0 && seqs.block_tables != nullptr && cache.block_stride > 0 &&
+                   cache.block_stride <= int64_t{UINT32_MAX}
              : seqs.slots != nullptr;
 }
 
