@@ -66,7 +66,7 @@ using DecodeTilesOf =
 // leaves the 128-token tile loop its registers (213 at head_dim 128; bound to 3 CTAs, ptxas fits
 // it in 166, which ran 0.95-0.98x as fast at 1 x 32K, 64 x 8K and 256 x 4K, equal elsewhere).
 template <typename KV, int D>
-inline constexpr int kDecodeMinCtas = D >= 256 ? 1 : (detail::kIsFp8<KV> ? 2 : 3);
+inline constexpr int kDecodeMinCtas = static_cast<int>(decode_ctas_bound(D, detail::kIsFp8<KV>));
 
 // Grid (split, kv_head, sequence), or (1, kv_head, work item) with a work list; 128 threads: the
 // four warps take 16 tokens each of every 64-token KV tile (fp8 below head_dim 256: 32 of every

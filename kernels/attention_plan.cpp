@@ -13,7 +13,7 @@ namespace memsim::kernels {
 // attention_plan_split.cpp: cuts a plan's tiles into KV chunks when it decides (or is forced) to.
 void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                         const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
-                        uint32_t force_chunks, PrefillPlan* p);
+                        uint32_t force_chunks, uint32_t force_chunk_tokens, PrefillPlan* p);
 
 const char* to_string(KvDtype d) {
   return d == KvDtype::kBf16 ? "bf16" : "fp16";
@@ -45,6 +45,11 @@ std::string check_shape(const AttentionShape& s) {
   return {};
 }
 
+uint32_t decode_ctas(const AttentionShape& shape, const DeviceLimits& device) {
+  return std::max(
+      1u, std::min(device.decode_ctas_per_sm, decode_ctas_bound(shape.head_dim, shape.kv_fp8())));
+}
+
 namespace {
 
 // Fraction of the CTA slots busy over the waves `ctas` CTAs take (1 = the last wave is full).
@@ -71,7 +76,7 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
   if (sum_kv_len && max_batch && max_kv_len && sum_kv_len < uint64_t{max_batch} * max_kv_len)
     ctas = std::max<uint64_t>(
         1, (uint64_t{shape.kv_heads} * sum_kv_len + max_kv_len - 1) / max_kv_len);
-  const uint64_t slots = uint64_t{device.num_sms} * std::max(1u, device.decode_ctas_per_sm);
+  const uint64_t slots = uint64_t{device.num_sms} * decode_ctas(shape, device);
   // Every split at least two tiles long; at most 16 waves launched (short sequences' late splits
   // are empty CTAs that exit at once).
   const uint32_t max_splits = static_cast<uint32_t>(std::min<uint64_t>(
@@ -84,7 +89,7 @@ DecodePlan plan_decode(const AttentionShape& shape, uint32_t max_batch, uint32_t
     // Under one wave: splits up to two CTAs per SM, never into a second wave. Measured on the
     // H200 (memsim-attn-bench --sweep-splits, 1 x 32K): 2 per SM beats filling the third slot,
     // which shares the SM's bandwidth but adds partial outputs to combine.
-    const uint64_t per_sm = std::min<uint64_t>(2, std::max(1u, device.decode_ctas_per_sm));
+    const uint64_t per_sm = std::min(2u, decode_ctas(shape, device));
     p.num_splits =
         static_cast<uint32_t>(std::clamp<uint64_t>(device.num_sms * per_sm / ctas, 1, max_splits));
   } else {
@@ -132,7 +137,7 @@ DecodePlan plan_decode_graph(const AttentionShape& shape, uint32_t max_batch, ui
   // padded to max_batch + a full wave of 3 CTAs per SM ran uniform steps up to 7% slower).
   const uint64_t uniform =
       uint64_t{max_batch} * plan_decode(shape, max_batch, max_kv_len, device).num_splits;
-  const uint64_t per_sm = std::min(2u, std::max(1u, device.decode_ctas_per_sm));
+  const uint64_t per_sm = std::min(2u, decode_ctas(shape, device));
   const uint64_t wave =
       (device.num_sms * per_sm + shape.kv_heads - 1) / std::max(1u, shape.kv_heads);
   p.work_capacity = static_cast<uint32_t>(std::max(uniform, wave));
@@ -177,7 +182,7 @@ DecodeWork plan_decode_work(const AttentionShape& shape, const std::vector<int32
   const uint32_t splits = plan_decode(shape, batch, max_len, device, 0, sum).num_splits;
   uint32_t chunk = std::max(1u, (max_tiles + splits - 1) / splits);
   uint32_t most = 1;
-  const uint64_t slots = uint64_t{device.num_sms} * std::max(1u, device.decode_ctas_per_sm);
+  const uint64_t slots = uint64_t{device.num_sms} * decode_ctas(shape, device);
   if (uint64_t{max_tiles} * batch >= 2 * sum_tiles &&
       count(chunk, &most) * shape.kv_heads > slots) {
     // A ragged batch (the longest at twice the mean or more) of more than one wave: the chunk is
@@ -261,7 +266,7 @@ uint32_t prefill_tokens_per_tile(const AttentionShape& shape) {
 
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                          const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
-                         uint32_t force_chunks) {
+                         uint32_t force_chunks, uint32_t force_chunk_tokens) {
   PrefillPlan p;
   const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
   struct Item {
@@ -284,7 +289,8 @@ PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>
     p.work.push_back(it.first);
   }
   p.num_tiles = static_cast<uint32_t>(items.size());
-  if (device || force_chunks) split_prefill_plan(shape, q_lens, kv_lens, device, force_chunks, &p);
+  if (device || force_chunks || force_chunk_tokens)
+    split_prefill_plan(shape, q_lens, kv_lens, device, force_chunks, force_chunk_tokens, &p);
   return p;
 }
 

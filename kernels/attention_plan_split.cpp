@@ -31,9 +31,10 @@ bool split_on_sm90(const AttentionShape& shape, const DeviceLimits* device) {
 // `ctas_per_sm`: the grid's CTAs per SM (the Hopper kernel's one, else the device's count).
 uint32_t chunk_tiles_for(const AttentionShape& shape, const std::vector<uint32_t>& tiles,
                          uint32_t kv_tile, const DeviceLimits* device, uint32_t force_chunks,
-                         uint32_t ctas_per_sm) {
+                         uint32_t force_chunk_tokens, uint32_t ctas_per_sm) {
   const uint32_t max_tiles = tiles.empty() ? 0 : *std::max_element(tiles.begin(), tiles.end());
   if (max_tiles <= 1) return 0;
+  if (force_chunk_tokens > 0) return ceil_div(force_chunk_tokens, kv_tile);
   if (force_chunks > 0) return std::max(1u, ceil_div(max_tiles, force_chunks));
   if (device == nullptr) return 0;
   const uint64_t slots = uint64_t{device->num_sms} * std::max(1u, ctas_per_sm) / shape.kv_heads;
@@ -58,7 +59,7 @@ uint32_t chunk_tiles_for(const AttentionShape& shape, const std::vector<uint32_t
 
 void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                         const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
-                        uint32_t force_chunks, PrefillPlan* p) {
+                        uint32_t force_chunks, uint32_t force_chunk_tokens, PrefillPlan* p) {
   const bool sm90 = split_on_sm90(shape, device);
   const uint32_t kv_tile = sm90 ? kSm90KvTile : prefill_kv_tile(shape.head_dim);
   const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
@@ -70,10 +71,11 @@ void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>&
     ends[i] = static_cast<uint32_t>(prefix + std::min(q_lens[s], first + per_tile));
     tiles[i] = ceil_div(ends[i], kv_tile);
   }
-  const uint32_t chunk_tiles = chunk_tiles_for(shape, tiles, kv_tile, device, force_chunks,
-                                               sm90     ? 1u
-                                               : device ? device->prefill_ctas_per_sm
-                                                        : 1u);
+  const uint32_t chunk_tiles =
+      chunk_tiles_for(shape, tiles, kv_tile, device, force_chunks, force_chunk_tokens,
+                      sm90     ? 1u
+                      : device ? device->prefill_ctas_per_sm
+                               : 1u);
   const uint32_t max_tiles = tiles.empty() ? 0 : *std::max_element(tiles.begin(), tiles.end());
   if (chunk_tiles == 0 || chunk_tiles >= max_tiles) return;  // one chunk each: not split
   const uint32_t chunk = chunk_tiles * kv_tile;

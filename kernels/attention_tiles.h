@@ -10,6 +10,14 @@ namespace memsim::kernels {
 inline constexpr uint32_t kMaxGroup = 8;     // query heads per KV head the kernels accept
 inline constexpr uint32_t kDecodeTile = 64;  // KV tokens per decode tile (4 warps x 16)
 
+// Resident decode CTAs per SM the decode kernel is built for (its launch bound): 3; 2 over an fp8
+// cache (the 128-token tile loop keeps its registers); 1 at head_dim 256 (shared memory). The
+// planners count a wave in min(this, DeviceLimits::decode_ctas_per_sm) CTAs per SM, so a plan for
+// an fp8 or head_dim-256 shape does not count slots its kernel cannot fill.
+constexpr uint32_t decode_ctas_bound(uint32_t head_dim, bool fp8_cache) {
+  return head_dim >= 256 ? 1 : (fp8_cache ? 2 : 3);
+}
+
 // Query rows (token x group head) of a prefill CTA: four warps of two 16-row m-tiles each (every
 // K/V fragment loaded from shared memory feeds two MMAs), one m-tile at head_dim 256 (registers).
 constexpr uint32_t prefill_rows(uint32_t head_dim) {

@@ -92,6 +92,11 @@ struct DeviceLimits {
   bool prefill_sm90 = false;
 };
 
+// Decode CTAs an SM holds for `shape`: device.decode_ctas_per_sm (query_device measures the bf16
+// head_dim-128 kernel) capped by the shape's kernel's launch bound (decode_ctas_bound: 2 over an
+// fp8 cache, 1 at head_dim 256). The decode planners count CTA slots with it.
+uint32_t decode_ctas(const AttentionShape& shape, const DeviceLimits& device);
+
 struct DecodePlan {
   uint32_t max_batch = 0;        // grid rows; sequences >= *num_seqs exit early
   uint32_t num_splits = 1;       // KV split across CTAs (flash-decoding); 1 = no combine pass
@@ -103,7 +108,7 @@ struct DecodePlan {
 };
 
 // Splits the KV dimension (flash-decoding) when max_batch x kv_heads CTAs leave CTA slots
-// (num_sms x decode_ctas_per_sm) idle: under one wave, splits up to two CTAs per SM; between one
+// (num_sms x decode_ctas) idle: under one wave, splits up to two CTAs per SM; between one
 // and four waves, the split count up to 4 with the fullest last wave; each split at least two
 // tiles long. `force_splits` (> 0) overrides the heuristic (tests, benchmarks). `sum_kv_len`
 // (the batch's KV tokens in all; 0 = every sequence at max_kv_len) balances ragged batches: the
@@ -216,9 +221,12 @@ struct PrefillPlan {
 // chunks of kSm90KvTile tokens (the Hopper kernel's tiles).
 // `force_chunks` > 0 (tests, benchmarks): the longest tile's range in that many chunks (the
 // others in chunks of the same length); 1, or a chunk past every range, is the unsplit plan.
+// `force_chunk_tokens` > 0: chunks of that many KV tokens (rounded up to whole KV tiles), so that
+// some of a split step's sequences, planned apart with the step's split.kv_chunk, are cut as the
+// step cut them (a reference of the same arithmetic); unsplit when every range fits one chunk.
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                          const std::vector<int32_t>& kv_lens, const DeviceLimits* device = nullptr,
-                         uint32_t force_chunks = 0);
+                         uint32_t force_chunks = 0, uint32_t force_chunk_tokens = 0);
 
 struct PrefillArgs {
   uint64_t q = 0;                      // [total_q, q_heads, head_dim], sequences back to back

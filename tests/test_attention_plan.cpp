@@ -84,6 +84,25 @@ TEST_CASE("decode splits to fill whole waves of CTA slots") {
   CHECK(plan_decode(kLlama8B, 0, 100, kH200).num_splits == 1);
 }
 
+TEST_CASE("decode plans count the CTAs an SM holds for the shape's kernel") {
+  AttentionShape fp8 = kLlama8B, wide{16, 8, 256, KvDtype::kBf16};
+  fp8.kv_cache = KvCacheDtype::kFp8E4m3;
+  CHECK(decode_ctas(kLlama8B, kH200) == 3);
+  CHECK(decode_ctas(fp8, kH200) == 2);   // the fp8 kernel's launch bound
+  CHECK(decode_ctas(wide, kH200) == 1);  // head_dim 256: shared memory holds one
+  CHECK(decode_ctas(fp8, {132, 1}) == 1);
+  // 64 x 8K over fp8: 512 CTAs on 264 slots are 1.94 waves, as full (97%) as any split: unsplit
+  // (bf16 counts 396 slots, 1.29 waves, and splits in 3).
+  CHECK(plan_decode(fp8, 64, 8192, kH200).num_splits == 1);
+  CHECK(plan_decode(kLlama8B, 64, 8192, kH200).num_splits == 3);
+  // Under one wave both fill two CTAs per SM; head_dim 256 fills one: 132 / 8 = 16 splits.
+  CHECK(plan_decode(fp8, 1, 32768, kH200).num_splits == 33);
+  CHECK(plan_decode(wide, 1, 32768, kH200).num_splits == 16);
+  // A graph's launch pads to a wave of the CTAs its kernel holds: 132 x 1 / 8 KV heads = 17 rows.
+  CHECK(plan_decode_graph(wide, 1, 32768, kH200).work_capacity == 17);
+  CHECK(plan_decode_graph(kLlama8B, 1, 32768, kH200).work_capacity == 33);
+}
+
 TEST_CASE("decode splits of a ragged batch follow the longest sequence's share of the work") {
   // Uniform lengths given as a sum plan exactly as without it.
   for (uint32_t b : {1u, 32u, 64u, 100u, 256u})
@@ -440,6 +459,36 @@ TEST_CASE("split prefill plans for the Hopper kernel: 128-token chunks, one CTA 
   CHECK(same(plan(fp8, 64, 16384, &hopper), plan(fp8, 64, 16384, &other)));
   CHECK(same(plan(d64, 64, 16384, &hopper), plan(d64, 64, 16384, &other)));
   CHECK(same(plan(d64, 64, 16384, &hopper), {32, 17 * 64, 16, 64 * 16}));
+}
+
+TEST_CASE("a split step's sequences planned apart with its chunk length are cut as it cut them") {
+  const DeviceLimits hopper{132, 2, 2, true};
+  // A step of three prefills: 16 tokens over 16K, 32 over 4K, 64 over 300.
+  const std::vector<int32_t> q = {16, 32, 64}, kv = {16400, 4128, 364};
+  const PrefillPlan step = plan_prefill(kLlama8B, q, kv, &hopper);
+  REQUIRE(step.split.kv_chunk > 0);
+  CHECK(step.split.kv_chunk % kSm90KvTile == 0);
+  // Each sequence alone, with the step's chunk: its items' chunks and its tokens' partial rows
+  // are the step's (the first word of an item is the sequence, renumbered from 0 here).
+  for (size_t s = 0; s < q.size(); ++s) {
+    const PrefillPlan alone =
+        plan_prefill(kLlama8B, {q[s]}, {kv[s]}, &hopper, 0, step.split.kv_chunk);
+    std::vector<int32_t> want;  // the step's chunk indices of this sequence's items
+    for (uint32_t i = 0; i < step.num_tiles; ++i)
+      if (step.work[3 * i] == static_cast<int32_t>(s)) want.push_back(step.work[3 * i + 2]);
+    if (alone.split.kv_chunk == 0) {  // every range fits one chunk: unsplit, as many items
+      CHECK(std::all_of(want.begin(), want.end(), [](int32_t c) { return c == 0; }));
+      CHECK(alone.num_tiles == want.size());
+      continue;
+    }
+    CHECK(alone.split.kv_chunk == step.split.kv_chunk);
+    std::vector<int32_t> got;
+    for (uint32_t i = 0; i < alone.num_tiles; ++i) got.push_back(alone.work[3 * i + 2]);
+    CHECK(got == want);
+  }
+  // The 64-token prefill over 300 fits one 128-token-tile chunk only if the chunk is that long.
+  CHECK(plan_prefill(kLlama8B, {64}, {364}, &hopper, 0, 256).split.kv_chunk == 256);
+  CHECK(plan_prefill(kLlama8B, {64}, {364}, &hopper, 0, 512).split.kv_chunk == 0);
 }
 
 TEST_CASE("synth_value is deterministic, in [-1, 1) on a 2^-23 grid, and keyed") {

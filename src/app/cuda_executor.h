@@ -106,15 +106,17 @@ struct Part {
         d_indptr(tally),
         d_work(tally),
         q(tally),
-        o(tally) {}
+        o(tally),
+        ws(tally) {}
   uint64_t* tally;
   std::vector<const StepSeq*> seqs;
   std::vector<uint32_t> qa, qb;  // query keys, one per query row
   std::vector<int32_t> lens, slots, indptr;
   uint32_t max_len = 0;
-  PrefillPlan pplan;
+  PrefillPlan pplan;  // split when a short chunk over a long prefix leaves the GPU idle
   std::vector<std::unique_ptr<LaneTables>> lanes;  // one per KvLane of the executor
   DeviceBuffer d_qa, d_qb, d_lens, d_slots, d_indptr, d_work, q, o;
+  DeviceBuffer ws;  // prefill: the split's partial outputs (pplan.workspace_bytes)
   void clear(size_t num_lanes) {
     seqs.clear();
     qa.clear();
@@ -187,11 +189,9 @@ class CudaExecutor final : public StepExecutor {
   }
   Status build(const StepWork& w);
   Status finish_part(Part& p);
-  // Attention of a part: decode with `dplan` and `workspace`, or prefill with its work list,
-  // over the last `window` tokens of each query (0: all).
-  Status attend(const Part& p, const KvLayerView& v, uint64_t q, uint64_t o, const SeqTables& t,
-                const DecodePlan& dplan, uint64_t workspace, const int32_t* indptr,
-                const int32_t* work, uint32_t tiles, uint32_t window);
+  // Attention of a part: `a` as the caller planned it (q, o, cache, seqs, window, and the decode
+  // plan or the prefill work list, split and workspace), launched as the part's kind.
+  Status attend(const Part& p, LayerAttentionArgs a);
   // The lanes (KV cache group and window) of the model's layers.
   void plan_lanes();
   // The reference's K/V rows [0, rows) in the cache's element type (fp8: quantized by the KV

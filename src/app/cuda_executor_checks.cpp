@@ -66,29 +66,36 @@ Status CudaExecutor::check_part(const StepWork& w, Part& p, uint32_t layer) {
     MEMSIM_CU(synth_rows(c_.shape.dtype, ref_q_.addr(), static_cast<uint32_t>(q_rows),
                          static_cast<uint32_t>(qe), ref_qa_.as<uint32_t>(), ref_qb_.as<uint32_t>(),
                          synth_salt_q(layer), stream_));
-    const KvLayerView v{ref_k_.addr(), ref_v_.addr(), static_cast<int64_t>(re), 1,
-                        KvAddressing::kPaged};
-    const SeqTables t{ref_lens_.as<int32_t>(), ref_tables_.as<int32_t>(), max_len, nullptr,
-                      nullptr};
-    const DecodePlan& dplan = p.lanes[lane]->dplan;
+    LayerAttentionArgs a;
+    a.q = ref_q_.addr();
+    a.o = ref_o_.addr();
+    a.cache = {ref_k_.addr(), ref_v_.addr(), static_cast<int64_t>(re), 1, KvAddressing::kPaged};
+    a.seqs = {ref_lens_.as<int32_t>(), ref_tables_.as<int32_t>(), max_len, nullptr, nullptr};
+    a.window = window;
     if (p.decode) {
-      DecodePlan plan = dplan;  // the step's split: identical arithmetic per sequence
-      plan.max_batch = c;
-      plan.workspace_bytes = plan.num_splits > 1
-                                 ? uint64_t{c} * plan.num_splits * c_.shape.q_heads *
-                                       (c_.shape.head_dim + 1) * sizeof(float)
-                                 : 0;
-      MEMSIM_TRY(ref_ws_.reserve(plan.workspace_bytes));
-      MEMSIM_TRY(attend(p, v, ref_q_.addr(), ref_o_.addr(), t, plan, ref_ws_.addr(), nullptr,
-                        nullptr, 0, window));
+      a.dplan = p.lanes[lane]->dplan;  // the step's split: identical arithmetic per sequence
+      a.dplan.max_batch = c;
+      a.dplan.workspace_bytes = a.dplan.num_splits > 1
+                                    ? uint64_t{c} * a.dplan.num_splits * c_.shape.q_heads *
+                                          (c_.shape.head_dim + 1) * sizeof(float)
+                                    : 0;
+      MEMSIM_TRY(ref_ws_.reserve(a.dplan.workspace_bytes));
     } else {
+      // The step's KV chunk (if it split), so these sequences are cut as the step cut them.
       std::vector<int32_t> q_lens;
       for (size_t i = first; i < last; ++i) q_lens.push_back(int32_t(p.seqs[i]->new_tokens));
-      const PrefillPlan plan = plan_prefill(c_.shape, q_lens, lens);
+      const uint32_t chunk = p.pplan.split.kv_chunk;
+      const PrefillPlan plan =
+          plan_prefill(c_.shape, q_lens, lens, chunk ? &limits_ : nullptr, 0, chunk);
       MEMSIM_TRY(upload(ref_work_, plan.work, stream_));
-      MEMSIM_TRY(attend(p, v, ref_q_.addr(), ref_o_.addr(), t, dplan, 0, ref_indptr_.as<int32_t>(),
-                        ref_work_.as<int32_t>(), plan.num_tiles, window));
+      MEMSIM_TRY(ref_ws_.reserve(plan.workspace_bytes));
+      a.qo_indptr = ref_indptr_.as<int32_t>();
+      a.work = ref_work_.as<int32_t>();
+      a.num_tiles = plan.num_tiles;
+      a.psplit = plan.split;
     }
+    a.workspace = ref_ws_.addr();
+    MEMSIM_TRY(attend(p, a));
     MEMSIM_TRY(compare(w, p, layer, first, indptr, q0, q_rows));
     first = last;
   }

@@ -200,30 +200,23 @@ Status CudaExecutor::finish_part(Part& p) {
   if (!p.decode) {
     std::vector<int32_t> q_lens;
     for (const StepSeq* s : p.seqs) q_lens.push_back(static_cast<int32_t>(s->new_tokens));
-    p.pplan = plan_prefill(c_.shape, q_lens, p.lens);
+    // A short chunk over a long prefix splits its KV (FlashInfer's split prefill), as the model
+    // step's prefills do; the kernels refuse a split with a window, so a model with windowed
+    // layers prefills unsplit in every layer.
+    const bool windows =
+        std::any_of(lanes_.begin(), lanes_.end(), [](const KvLane& l) { return l.window != 0; });
+    p.pplan = plan_prefill(c_.shape, q_lens, p.lens, windows ? nullptr : &limits_);
+    if (p.pplan.split.kv_chunk) ++report_.split_prefill_steps;
+    MEMSIM_TRY(p.ws.reserve(p.pplan.workspace_bytes));
     MEMSIM_TRY(upload(p.d_indptr, p.indptr, stream_));
     MEMSIM_TRY(upload(p.d_work, p.pplan.work, stream_));
   }
   return {};
 }
 
-Status CudaExecutor::attend(const Part& p, const KvLayerView& v, uint64_t q, uint64_t o,
-                            const SeqTables& t, const DecodePlan& dplan, uint64_t workspace,
-                            const int32_t* indptr, const int32_t* work, uint32_t tiles,
-                            uint32_t window) {
-  LayerAttentionArgs a;
+Status CudaExecutor::attend(const Part& p, LayerAttentionArgs a) {
   a.decode = p.decode;
-  a.q = q;
-  a.o = o;
-  a.cache = v;
-  a.seqs = t;
-  a.dplan = dplan;
-  a.workspace = workspace;
-  a.qo_indptr = indptr;
-  a.work = work;
-  a.num_tiles = tiles;
   a.kv_scales = c_.kv_scales;
-  a.window = window;
   MEMSIM_CU(layer_attention(c_.shape, a, stream_));
   return {};
 }
@@ -259,9 +252,23 @@ Status CudaExecutor::run_layer(uint32_t layer) {
     const LaneTables& l = *p->lanes[lane];
     const SeqTables t{p->d_lens.as<int32_t>(), l.d_tables.as<int32_t>(), l.bt_stride,
                       p->d_slots.as<int32_t>(), nullptr};
-    MEMSIM_TRY(attend(*p, view(layer), p->q.addr(), p->o.addr(), t, l.dplan, l.ws.addr(),
-                      p->d_indptr.as<int32_t>(), p->d_work.as<int32_t>(), p->pplan.num_tiles,
-                      lanes_[lane].window));
+    LayerAttentionArgs a;
+    a.q = p->q.addr();
+    a.o = p->o.addr();
+    a.cache = view(layer);
+    a.seqs = t;
+    a.window = lanes_[lane].window;
+    if (p->decode) {
+      a.dplan = l.dplan;
+      a.workspace = l.ws.addr();
+    } else {
+      a.qo_indptr = p->d_indptr.as<int32_t>();
+      a.work = p->d_work.as<int32_t>();
+      a.num_tiles = p->pplan.num_tiles;
+      a.psplit = p->pplan.split;
+      a.workspace = p->ws.addr();
+    }
+    MEMSIM_TRY(attend(*p, a));
   }
   return {};
 }

@@ -354,6 +354,11 @@ int report_cuda_serving(const ServingConfig& config, const ServingResults& resul
         v.checked_seqs, v.swaps, v.measured_attention_s, v.simulated_attention_s, ratio,
         v.map_calls, v.measured_map_s * 1e3, v.simulated_map_s * 1e3, outcome);
     if (!x.error.empty()) out << "    error: " << x.error << "\n";
+    if (v.split_prefill_steps)
+      out << fmt::format(
+          "    split-KV prefill: {} of the steps split their prefills' KV (checked against the "
+          "same split of a copy)\n",
+          v.split_prefill_steps);
     if (v.warm_up_matmuls)
       out << fmt::format("    GEMM warm-up before the first step: {} matmuls, {:.0f} ms\n",
                          v.warm_up_matmuls, v.warm_up_s * 1e3);

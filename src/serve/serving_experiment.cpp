@@ -172,7 +172,7 @@ std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu
   const kernels::AttentionShape shape{model.heads, model.kv_heads,
                                       static_cast<uint32_t>(model.head_dim)};
   const kernels::DeviceLimits limits{gpu.compute.sms, gpu.compute.decode_ctas_per_sm};
-  const uint64_t slots = uint64_t{limits.num_sms} * std::max(1u, limits.decode_ctas_per_sm);
+  const uint64_t slots = uint64_t{limits.num_sms} * kernels::decode_ctas(shape, limits);
   const uint32_t context = graph_context_for(max_model_len);
   std::vector<bool> at_once;
   for (const uint32_t b : sizes)

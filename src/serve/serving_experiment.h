@@ -197,7 +197,7 @@ PredictionBand prediction_band(const ServingConfig& config, const ServingResults
 // Per graph size: whether its decode attention runs every sequence as one CTA row per KV head,
 // all in one wave (ProfiledStepTime's rows_at_once), by the kernels' planner for the captured
 // launch at graph_context_for(max_model_len): no split, and the batch's rows within the CTA
-// slots (gpu.compute.sms x decode_ctas_per_sm).
+// slots (gpu.compute.sms x kernels::decode_ctas: decode_ctas_per_sm, 1 at head_dim 256).
 std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu,
                                      const std::vector<uint32_t>& sizes, uint32_t max_model_len);
 

@@ -38,9 +38,10 @@ struct ExecutorReport {
   std::string kind;  // "content" (CPU shadow) or "cuda"
   uint64_t steps = 0;
   uint64_t checked_steps = 0;
-  uint64_t checked_seqs = 0;  // sequence checks that passed
-  uint64_t swaps = 0;         // sequences swapped out and back in with their contents
-  std::string failure;        // the first failed check ("request R sample S, step N, ...")
+  uint64_t checked_seqs = 0;         // sequence checks that passed
+  uint64_t swaps = 0;                // sequences swapped out and back in with their contents
+  uint64_t split_prefill_steps = 0;  // GPU executors: steps whose prefills split their KV
+  std::string failure;               // the first failed check ("request R sample S, step N, ...")
   // GPU executors: KV writes + attention of the layers run, measured with events, against the
   // simulated attention time of the same steps (scaled to the layers run).
   double measured_attention_s = 0, simulated_attention_s = 0;
