@@ -142,10 +142,19 @@ __device__ __forceinline__ void load_q_frag_fp8(uint32_t a[4], const T* qs, int 
 
 // One fp8 KV tile for one warp: as attend_tile, with the fragments read and converted as the
 // file comment says.
+// Decode's one m-tile (head_dim <= 128): Q's A fragments are read from shared memory once, into
+// 32 registers, instead of once a tile (16 8-byte reads a thread, 2-way bank conflicts). Measured
+// on an H200: fp8 paged decode 1.03-1.06x faster, no spills (222 registers at 2 CTAs per SM).
+template <class TL>
+inline constexpr bool kQInRegs = TL::kMT == 1 && TL::kWarpsM == 1 && TL::kD <= 128;
+template <class TL>
+using QRegs = uint32_t[kQInRegs<TL> ? TL::kKS : 1][4];
+
 template <class TL, typename T, typename KV>
 __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT], const T* qs,
-                                                const uint8_t* ks, const uint8_t* vs, int wm,
-                                                int wn, int lane, uint32_t tile_start,
+                                                const QRegs<TL>& qf, const uint8_t* ks,
+                                                const uint8_t* vs, int wm, int wn, int lane,
+                                                uint32_t tile_start,
                                                 const uint32_t (&limit)[TL::kMT][2], bool masked,
                                                 float scale_log2, uint32_t window) {
   using C = typename TL::Compute;
@@ -167,8 +176,14 @@ __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT]
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        load_q_frag_fp8<TL>(a[mt][h], qs, (wm * MT + mt) * 16, 2 * k2 + h, lane);
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (kQInRegs<TL>) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) a[mt][h][x] = qf[2 * k2 + h][x];
+        } else {
+          load_q_frag_fp8<TL>(a[mt][h], qs, (wm * MT + mt) * 16, 2 * k2 + h, lane);
+        }
+      }
 #pragma unroll
     for (int p = 0; p < TL::kNT / 2; ++p) {
       uint32_t r[4];
@@ -302,6 +317,13 @@ __device__ __forceinline__ void attend_range_fp8(
     __syncthreads();
     scale_log2 *= q_to_compute<TL, T>(smem, tid);  // the first tile's barrier orders the writes
   }
+  QRegs<TL> qf;
+  if constexpr (kQInRegs<TL>) {  // one m-tile: Q's fragments stay in registers
+    cp_async_wait<S - 1>();      // Q has landed (the tiles may not have)
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < TL::kKS; ++kk) load_q_frag_fp8<TL>(qf[kk], qs, 0, kk, lane);
+  }
   for (uint32_t i = 0; i < ntiles; ++i) {
     cp_async_wait<S - 2>();  // Q and tiles 0..i have landed
     __syncthreads();
@@ -313,7 +335,7 @@ __device__ __forceinline__ void attend_range_fp8(
     cp_async_commit();
     if (TL::kPrefetchRows && next + 1 < ntiles)
       fetch_rows<TL>(f, loc, start(next + 1), kv_end, tid);
-    attend_tile_fp8<TL, T, KV>(st, qs, ks(i % S), vs(i % S), wm, wn, lane, start(i), limit,
+    attend_tile_fp8<TL, T, KV>(st, qs, qf, ks(i % S), vs(i % S), wm, wn, lane, start(i), limit,
                                start(i) + TL::kBN > mask_from || start(i) < mask_below, scale_log2,
                                window);
   }
