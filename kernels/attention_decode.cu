@@ -153,12 +153,17 @@ __global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMin
       ml[wn][g + 8 * r][1] = l;
     }
   }
+  // Only the group's rows (the first `group` of the m-tile's 16; rows 8-15 never, group <= 8)
+  // are merged, so only they are stored.
+  if (g < static_cast<int>(p.kv.group)) {
 #pragma unroll
-  for (int d = 0; d < TL::kDT; ++d)
+    for (int d = 0; d < TL::kDT; ++d)
 #pragma unroll
-    for (int x = 0; x < 4; ++x)
-      mo[(wn * 16 + g + 8 * (x >> 1)) * D +
-         (kFp8 ? detail::o_col_fp8(d, t, x & 1) : 8 * d + 2 * t + (x & 1))] = st[0].o[d][x];
+      for (int x = 0; x < 2; ++x)
+        mo[(wn * 16 + g) * D + (kFp8 ? detail::o_col_fp8(d, t, x) : 8 * d + 2 * t + x)] =
+            st[0].o[d][x];
+  }
+  static_assert(kMaxGroup <= 8, "the merged rows are the m-tile's first eight");
   __syncthreads();
 
   for (int i = tid; i < static_cast<int>(p.kv.group) * (D / 4); i += TL::kThreads) {
