@@ -62,9 +62,10 @@ template <typename T, typename KV, int D>
 using DecodeTilesOf =
     std::conditional_t<detail::kIsFp8<KV>, DecodeFp8Tiles<T, D>, DecodeTiles<T, D>>;
 
-// The decode kernel's launch bound (CTAs per SM): 3 (one at head_dim 256); fp8 caches 2, which
-// leaves the 128-token tile loop its registers (213 at head_dim 128; bound to 3 CTAs, ptxas fits
-// it in 166, which ran 0.95-0.98x as fast at 1 x 32K, 64 x 8K and 256 x 4K, equal elsewhere).
+// The decode kernel's launch bound (CTAs per SM; attention_tiles.h's decode_ctas_bound, which
+// the planners read): 3 (one at head_dim 256); fp8 caches 2, which leaves the 128-token tile loop
+// its registers (222 at head_dim 128 with Q's fragments held in them; before that, 213, and bound
+// to 3 CTAs ptxas fit it in 166, which ran 0.95-0.98x as fast at 1 x 32K, 64 x 8K and 256 x 4K).
 template <typename KV, int D>
 inline constexpr int kDecodeMinCtas = static_cast<int>(decode_ctas_bound(D, detail::kIsFp8<KV>));
 
