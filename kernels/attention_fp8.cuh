@@ -140,8 +140,6 @@ __device__ __forceinline__ void load_q_frag_fp8(uint32_t a[4], const T* qs, int 
   a[3] = hi.y;
 }
 
-// One fp8 KV tile for one warp: as attend_tile, with the fragments read and converted as the
-// file comment says.
 // Decode's one m-tile (head_dim <= 128): Q's A fragments are read from shared memory once, into
 // 32 registers, instead of once a tile (16 8-byte reads a thread, 2-way bank conflicts). Measured
 // on an H200: fp8 paged decode 1.03-1.06x faster, no spills (222 registers at 2 CTAs per SM).
@@ -150,6 +148,8 @@ inline constexpr bool kQInRegs = TL::kMT == 1 && TL::kWarpsM == 1 && TL::kD <= 1
 template <class TL>
 using QRegs = uint32_t[kQInRegs<TL> ? TL::kKS : 1][4];
 
+// One fp8 KV tile for one warp: as attend_tile, with the fragments read and converted as the
+// file comment says (Q's from `qf` when kQInRegs, else from shared memory at `qs`).
 template <class TL, typename T, typename KV>
 __device__ __forceinline__ void attend_tile_fp8(RowState<TL::kDT> (&st)[TL::kMT], const T* qs,
                                                 const QRegs<TL>& qf, const uint8_t* ks,

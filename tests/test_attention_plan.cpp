@@ -468,8 +468,8 @@ TEST_CASE("a split step's sequences planned apart with its chunk length are cut 
   const PrefillPlan step = plan_prefill(kLlama8B, q, kv, &hopper);
   REQUIRE(step.split.kv_chunk > 0);
   CHECK(step.split.kv_chunk % kSm90KvTile == 0);
-  // Each sequence alone, with the step's chunk: its items' chunks and its tokens' partial rows
-  // are the step's (the first word of an item is the sequence, renumbered from 0 here).
+  // Each sequence alone, with the step's chunk: its items carry the step's chunk indices, in the
+  // step's order (an item's first word is its sequence, renumbered from 0 here).
   for (size_t s = 0; s < q.size(); ++s) {
     const PrefillPlan alone =
         plan_prefill(kLlama8B, {q[s]}, {kv[s]}, &hopper, 0, step.split.kv_chunk);
@@ -486,7 +486,8 @@ TEST_CASE("a split step's sequences planned apart with its chunk length are cut 
     for (uint32_t i = 0; i < alone.num_tiles; ++i) got.push_back(alone.work[3 * i + 2]);
     CHECK(got == want);
   }
-  // The 64-token prefill over 300 fits one 128-token-tile chunk only if the chunk is that long.
+  // 64 tokens over 300 (a 364-token range, three 128-token tiles): chunks of 256 tokens cut it,
+  // a 512-token chunk holds it whole (unsplit).
   CHECK(plan_prefill(kLlama8B, {64}, {364}, &hopper, 0, 256).split.kv_chunk == 256);
   CHECK(plan_prefill(kLlama8B, {64}, {364}, &hopper, 0, 512).split.kv_chunk == 0);
 }
