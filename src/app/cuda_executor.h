@@ -85,14 +85,18 @@ constexpr uint64_t kRefChunkTokens = 1u << 20;
 
 // A part's tables for one lane: the group's block table of each sequence (entries of blocks the
 // window freed point at block 0, vLLM's null block; the kernels read no tile before the window)
-// and the decode plan of the lane's window.
+// and the lane's attention plan: decode's for its window, or prefill's (split when a short chunk
+// over a long prefix leaves the GPU idle; a windowed lane prefills unsplit, as the kernels
+// refuse a split with a window).
 struct LaneTables {
-  explicit LaneTables(uint64_t* tally) : d_tables(tally), ws(tally) {}
+  explicit LaneTables(uint64_t* tally) : d_tables(tally), d_work(tally), ws(tally) {}
   std::vector<std::vector<int32_t>> seq_tables;
   std::vector<int32_t> tables;
   uint32_t bt_stride = 1;
   DecodePlan dplan;
-  DeviceBuffer d_tables, ws;
+  PrefillPlan pplan;
+  DeviceBuffer d_tables, d_work;
+  DeviceBuffer ws;  // the plan's workspace (split decode's or split prefill's partial outputs)
 };
 
 // Sequences of one kind in a step (decodes, or prefill chunks) with their device inputs.
@@ -104,19 +108,15 @@ struct Part {
         d_lens(tally),
         d_slots(tally),
         d_indptr(tally),
-        d_work(tally),
         q(tally),
-        o(tally),
-        ws(tally) {}
+        o(tally) {}
   uint64_t* tally;
   std::vector<const StepSeq*> seqs;
   std::vector<uint32_t> qa, qb;  // query keys, one per query row
   std::vector<int32_t> lens, slots, indptr;
   uint32_t max_len = 0;
-  PrefillPlan pplan;  // split when a short chunk over a long prefix leaves the GPU idle
   std::vector<std::unique_ptr<LaneTables>> lanes;  // one per KvLane of the executor
-  DeviceBuffer d_qa, d_qb, d_lens, d_slots, d_indptr, d_work, q, o;
-  DeviceBuffer ws;  // prefill: the split's partial outputs (pplan.workspace_bytes)
+  DeviceBuffer d_qa, d_qb, d_lens, d_slots, d_indptr, q, o;
   void clear(size_t num_lanes) {
     seqs.clear();
     qa.clear();

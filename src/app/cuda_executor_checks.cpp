@@ -84,7 +84,7 @@ Status CudaExecutor::check_part(const StepWork& w, Part& p, uint32_t layer) {
       // The step's KV chunk (if it split), so these sequences are cut as the step cut them.
       std::vector<int32_t> q_lens;
       for (size_t i = first; i < last; ++i) q_lens.push_back(int32_t(p.seqs[i]->new_tokens));
-      const uint32_t chunk = p.pplan.split.kv_chunk;
+      const uint32_t chunk = p.lanes[lane]->pplan.split.kv_chunk;
       const PrefillPlan plan =
           plan_prefill(c_.shape, q_lens, lens, chunk ? &limits_ : nullptr, 0, chunk);
       MEMSIM_TRY(upload(ref_work_, plan.work, stream_));

@@ -200,16 +200,19 @@ Status CudaExecutor::finish_part(Part& p) {
   if (!p.decode) {
     std::vector<int32_t> q_lens;
     for (const StepSeq* s : p.seqs) q_lens.push_back(static_cast<int32_t>(s->new_tokens));
-    // A short chunk over a long prefix splits its KV (FlashInfer's split prefill), as the model
-    // step's prefills do; the kernels refuse a split with a window, so a model with windowed
-    // layers prefills unsplit in every layer.
-    const bool windows =
-        std::any_of(lanes_.begin(), lanes_.end(), [](const KvLane& l) { return l.window != 0; });
-    p.pplan = plan_prefill(c_.shape, q_lens, p.lens, windows ? nullptr : &limits_);
-    if (p.pplan.split.kv_chunk) ++report_.split_prefill_steps;
-    MEMSIM_TRY(p.ws.reserve(p.pplan.workspace_bytes));
     MEMSIM_TRY(upload(p.d_indptr, p.indptr, stream_));
-    MEMSIM_TRY(upload(p.d_work, p.pplan.work, stream_));
+    // A short chunk over a long prefix splits its KV (FlashInfer's split prefill) in the
+    // full-attention lanes, as the model step's prefills do; the kernels refuse a split with a
+    // window, so a windowed lane (which reads at most its window) prefills unsplit.
+    bool split = false;
+    for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+      LaneTables& t = *p.lanes[lane];
+      t.pplan = plan_prefill(c_.shape, q_lens, p.lens, lanes_[lane].window ? nullptr : &limits_);
+      split = split || t.pplan.split.kv_chunk != 0;
+      MEMSIM_TRY(t.ws.reserve(t.pplan.workspace_bytes));
+      MEMSIM_TRY(upload(t.d_work, t.pplan.work, stream_));
+    }
+    if (split) ++report_.split_prefill_steps;
   }
   return {};
 }
@@ -258,15 +261,14 @@ Status CudaExecutor::run_layer(uint32_t layer) {
     a.cache = view(layer);
     a.seqs = t;
     a.window = lanes_[lane].window;
+    a.workspace = l.ws.addr();
     if (p->decode) {
       a.dplan = l.dplan;
-      a.workspace = l.ws.addr();
     } else {
       a.qo_indptr = p->d_indptr.as<int32_t>();
-      a.work = p->d_work.as<int32_t>();
-      a.num_tiles = p->pplan.num_tiles;
-      a.psplit = p->pplan.split;
-      a.workspace = p->ws.addr();
+      a.work = l.d_work.as<int32_t>();
+      a.num_tiles = l.pplan.num_tiles;
+      a.psplit = l.pplan.split;
     }
     MEMSIM_TRY(attend(*p, a));
   }
