@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends/cuda/cuda_backend.h"
 #include "bench/all_reduce_check.h"
@@ -149,6 +150,9 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
     jl << fmt::format("{{\"step\": {}, \"decode\": {}, \"seqs\": [{}]}}\n", k, r.decode, seqs);
   }
   const auto& mm = m;
+  std::vector<uint32_t> windows = mm.layer_windows();  // of the layers run
+  windows.resize(step.config().layers_run ? std::min(step.config().layers_run, mm.layers)
+                                          : mm.layers);
   std::ofstream meta(dir + "/model.json");
   meta << fmt::format(
       "{{\"name\": \"{}\", \"layers_run\": {}, \"hidden\": {}, \"heads\": {}, \"kv_heads\": {}, "
@@ -156,12 +160,12 @@ void check(ModelStep& step, Pool& pool, const std::string& dir, uint32_t decodes
       "{}, "
       "\"qkv_bias\": {}, \"qk_norm\": {}, \"rope_theta\": {}, \"rms_norm_eps\": {}, "
       "\"rope_factor\": {}, \"rope_low\": {}, \"rope_high\": {}, \"rope_original\": {}, "
-      "\"seed\": {}}}\n",
+      "\"seed\": {}, \"layer_windows\": [{}]}}\n",
       mm.name, step.config().layers_run ? step.config().layers_run : mm.layers, mm.hidden, mm.heads,
       mm.kv_heads, mm.head_dim, mm.intermediate, mm.vocab, mm.dtype == DType::kFP16,
       mm.tie_embeddings, mm.qkv_bias, mm.qk_norm, mm.rope_theta, mm.rms_norm_eps,
       mm.rope_scaling.factor, mm.rope_scaling.low_freq_factor, mm.rope_scaling.high_freq_factor,
-      mm.rope_scaling.original_max_position, step.config().seed);
+      mm.rope_scaling.original_max_position, step.config().seed, fmt::join(windows, ", "));
   std::printf("check: %u steps written to %s\n", decodes + 2, dir.c_str());
 }
 
@@ -249,6 +253,31 @@ std::optional<int> launch_or_skip(uint32_t tp, int rank) {
   return std::nullopt;
 }
 
+// --sliding-window and --sliding-window-pattern: the model's window overridden for a check.
+struct WindowOverride {
+  std::optional<uint32_t> window, pattern;
+  void add_options(CLI::App& app) {
+    app.add_option("--sliding-window", window,
+                   "override the model's sliding window (tokens; 0: every layer full attention)")
+        ->check(CLI::Range(0u, 1u << 24));
+    app.add_option("--sliding-window-pattern", pattern,
+                   "override its pattern: every N-th layer full attention (0: every layer slides)")
+        ->check(CLI::Range(0u, 1024u));
+  }
+  // False (said why) when the result is no valid model.
+  bool apply(ModelShape& m) const {
+    if (window) m.sliding_window = *window;
+    if (pattern) m.sliding_window_pattern = *pattern;
+    if (m.sliding_window == 0) m.sliding_window_pattern = 0;
+    if (m.sliding_window_pattern <= m.layers && m.sliding_window != 1) return true;
+    std::printf(
+        "memsim-model-bench: --sliding-window must be 0 or 2 or more, and the pattern at "
+        "most the model's %u layers\n",
+        m.layers);
+    return false;
+  }
+};
+
 int run(int argc, char** argv) {
   CLI::App app{"memsim-model-bench: the model-shaped step on the GPU"};
   std::string model_name = "llama-3.1-8b", gpu_name = "h200", check_dir;
@@ -273,6 +302,8 @@ int run(int argc, char** argv) {
   app.add_option("--pool-gib", pool_gib, "KV pool of the check runs");
   app.add_option("--check", check_dir, "write a check run for tools/model_check.py to DIR");
   app.add_option("--check-decodes", decodes, "decode steps of the check run");
+  WindowOverride win;
+  win.add_options(app);
   uint32_t tp = 1;
   int rank = -1;
   std::string nccl_id;
@@ -308,8 +339,9 @@ int run(int argc, char** argv) {
     return memsim::bench::all_reduce_check(*member.nccl, tp, static_cast<uint32_t>(rank));
   }
   const bool lead = rank <= 0;  // prints the grid
-  const ModelShape model =
+  ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + model_name + ".yaml"));
+  if (!win.apply(model)) return memsim::bench::kExitBadInput;
   const GpuSpec gpu =
       load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + gpu_name + ".yaml"));
   SimClock clock;

@@ -5,9 +5,10 @@ memsim-model-bench --check DIR runs a short ragged serving sequence (prefill chu
 prefix, decodes) through src/exec/model_step and writes each step's inputs and logits. This script
 rebuilds the same random weights in PyTorch tensors (memsim's own fill kernel through
 libmemsim_kernels.so, so the bits are equal), recomputes every sequence from scratch in fp32 with
-plain PyTorch ops (no KV cache, SDPA over the whole sequence), and compares the logits of each
-sequence's last token: relative L2 error below the bound, and the same greedy token wherever the
-reference's top two logits differ by more than the error can move them.
+plain PyTorch ops (no KV cache, SDPA over the whole sequence, each sliding-window layer masked to
+its window), and compares the logits of each sequence's last token: relative L2 error below the
+bound, and the same greedy token wherever the reference's top two logits differ by more than the
+error can move them.
 
 Usage: tools/model_check.py LIBMEMSIM_KERNELS_SO DIR [--bound 0.03]
 """
@@ -86,6 +87,7 @@ class Reference:
         self.final = weight(lib, [h], s(4096, 1), 0.1, 1.0, fp16)
         self.lm = self.embed if m["tie_embeddings"] else weight(lib, [V, h], s(4096, 2), lin(h), 0.0, fp16)
         self.freq = inv_freq(m)
+        self.windows = m.get("layer_windows") or [0] * m["layers_run"]
 
     def last_logits(self, tokens):
         m = self.m
@@ -100,7 +102,8 @@ class Reference:
             rot = torch.cat([-t[..., half:], t[..., :half]], -1)
             return t * cos[:, None, :] + rot * sin[:, None, :]
 
-        for L in self.layers:
+        pos = torch.arange(n, device="cuda")
+        for l, L in enumerate(self.layers):
             y = rms(x, L["ln1"], eps)
             qkv = y @ L["qkv"].T + (L["bias"] if "bias" in L else 0)
             q = qkv[:, : H * D].view(n, H, D)
@@ -109,9 +112,11 @@ class Reference:
             if "qn" in L:
                 q, k = rms(q, L["qn"], eps), rms(k, L["kn"], eps)
             q, k = rope(q), rope(k)
+            w = self.windows[l]  # sliding window: query p sees keys k with p - w < k <= p
+            mask = None if w == 0 else (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - w)
             a = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                               v.transpose(0, 1)[None], is_causal=True,
-                                               enable_gqa=True)
+                                               v.transpose(0, 1)[None], attn_mask=mask,
+                                               is_causal=mask is None, enable_gqa=True)
             x = x + a[0].transpose(0, 1).reshape(n, H * D) @ L["o"].T
             y = rms(x, L["ln2"], eps)
             g, u = (y @ L["gu"].T).chunk(2, -1)

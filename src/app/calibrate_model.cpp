@@ -97,13 +97,6 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
     err << "memsim calibrate: " << e.what() << "\n";
     return 2;
   }
-  if (model.sliding_window) {  // the kernels mask windows; the model step does not pass them
-    err << "memsim calibrate: " << model.name
-        << " has sliding-window layers, and the model step that calibrate times runs every "
-           "layer with full attention (one block table, no window): its steps would be timed "
-           "without the windows\n";
-    return 2;
-  }
   const uint32_t tp = o.tensor_parallel;
   if (tp > 1 && o.rank < 0) {  // the launcher: one process per rank
     int devices = 0;

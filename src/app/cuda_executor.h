@@ -150,8 +150,9 @@ class CudaExecutor final : public StepExecutor {
   Status swap_drop(SeqId seq) override;
   void end() override;
   ExecutorReport report() const override;
-  // Each layer reads its KV cache group's table with its window; the model step (one table for
-  // every layer, no window yet) does not.
+  // Each layer reads its KV cache group's table with its window; the model step does not (one
+  // table for every layer, each windowed layer reading it with its window: vLLM's layout under
+  // --disable-hybrid-kv-cache-manager).
   bool reads_kv_groups() const override { return !c_.model_step; }
   SimTime measured_step_ns() const override { return last_step_ns_; }
   double measured_step_gpu_ms() const override { return last_gpu_ms_; }

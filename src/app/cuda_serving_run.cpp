@@ -92,13 +92,15 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
         fmt::format("model {}: KV dtype must be bf16 or fp16 for the GPU kernels", m.name));
   for (const ServingRunSpec& run : config.runs) {
     // Sliding windows: the attention executor reads each group's table with each layer's
-    // window; the model step packs one block table for every layer and launches no window.
-    if (run.gpu_step == "model" && m.sliding_window)
+    // window; the model step packs one block table for every layer (each windowed layer reads
+    // it with its window), so it takes vLLM's one-group layout only.
+    if (run.gpu_step == "model" && m.sliding_window && run.hybrid_kv_cache)
       return make_error(
           ErrorCode::kNotSupported,
-          fmt::format("run '{}': engine.gpu_step: model with {}'s sliding-window layers: the "
-                      "model step reads one block table with full attention in every layer "
-                      "(gpu_step: attention runs the windows and KV cache groups)",
+          fmt::format("run '{}': engine.gpu_step: model with {}'s sliding-window layers needs "
+                      "engine.disable_hybrid_kv_cache_manager: true (the model step reads one "
+                      "block table for every layer; gpu_step: attention runs the hybrid KV cache "
+                      "groups)",
                       run.label, m.name));
   }
   CudaExecutorConfig base;

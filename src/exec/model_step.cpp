@@ -75,6 +75,11 @@ ModelStep::Impl::StepViews ModelStep::Impl::views(const KvLayout& kv, const Pack
   v.last = reinterpret_cast<const int32_t*>(dev(6));
   v.work = reinterpret_cast<const int32_t*>(dev(7));
   v.dwork = reinterpret_cast<const int32_t*>(dev(8));
+  v.window = p.window;
+  v.wnum_tiles = p.wnum_tiles;
+  v.wdplan = &p.wdplan;
+  v.wwork = reinterpret_cast<const int32_t*>(dev(9));
+  v.wdwork = reinterpret_cast<const int32_t*>(dev(PackedStep::kWindowDecodeWork));
   v.decodes.kv_lens = d_kv_lens;
   if (kv.paged) {
     v.decodes.block_tables = d_tables;
@@ -142,14 +147,17 @@ Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const 
   LayerAttentionArgs a;
   a.cache = view;
   a.kv_scales = kv_scales;
+  // A sliding-window layer reads the same tables through its own work lists (step_metadata.h).
+  const bool windowed = cfg.model.layer_window(l) != 0;
+  a.window = windowed ? v.window : 0;
   if (v.D) {  // rows [0, D)
     a.decode = true;
     a.q = q;
     a.o = attn;
     a.seqs = v.decodes;
-    a.dplan = *v.dplan;
+    a.dplan = windowed ? *v.wdplan : *v.dplan;
     a.workspace = v.workspace;
-    a.work = v.dwork;
+    a.work = windowed ? v.wdwork : v.dwork;
     MEMSIM_STEP_CU(layer_attention(shape, a, stream));
   }
   if (v.D < v.S) {  // rows [D, T)
@@ -158,9 +166,9 @@ Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const 
     a.o = attn + uint64_t{v.D} * q_cols * kElem;
     a.seqs = v.prefills;
     a.qo_indptr = v.indptr;
-    a.work = v.work;
-    a.num_tiles = v.num_tiles;
-    a.psplit = v.psplit;
+    a.work = windowed ? v.wwork : v.work;
+    a.num_tiles = windowed ? v.wnum_tiles : v.num_tiles;
+    a.psplit = windowed ? PrefillSplit{} : v.psplit;
     a.workspace = v.workspace;
     MEMSIM_STEP_CU(layer_attention(shape, a, stream));
   }
@@ -264,7 +272,8 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
                                 void* host_next, bool logits_out) {
   StepViews v = views(kv, p, meta);
   const uint64_t ws_bytes =
-      std::max(v.D ? p.dplan.workspace_bytes : 0, v.D < v.S ? p.pworkspace_bytes : 0);
+      std::max({v.D ? p.dplan.workspace_bytes : 0, v.D && p.window ? p.wdplan.workspace_bytes : 0,
+                v.D < v.S ? p.pworkspace_bytes : 0});
   if (ws_bytes) {
     MEMSIM_ASSIGN_OR_RETURN(v.workspace, act(ws_bytes));
   }
@@ -400,7 +409,7 @@ Result<ModelStep::Impl::Template*> ModelStep::Impl::decode_template(const KvLayo
   }
   Template t;
   t.max_context = max_context;
-  const DecodePlan launch = plan_decode_graph(shape, batch, max_context, limits);
+  const PackedStep launch = packer.graph_launch(batch, max_context);
   MEMSIM_TRY(packer.pack(kv, tmpl, blocks, &t.layout, &launch));
   for (uint32_t i = 0; i < t.layout.T; ++i) {
     const int64_t skip = -1;
@@ -430,7 +439,7 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
   }
   // The split is re-planned for these lengths within the captured launch.
   PackedStep& p = step_packed;
-  MEMSIM_TRY(packer.pack(kv, *in, g.layout.bt_stride, &p, &g.layout.dplan, real));
+  MEMSIM_TRY(packer.pack(kv, *in, g.layout.bt_stride, &p, &g.layout, real));
   if (p.bt_stride != g.layout.bt_stride || p.max_kv > g.max_context)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("decode step of context {} exceeds the graph of batch {} "
@@ -497,10 +506,17 @@ Result<std::vector<uint8_t>> ModelStep::decode_template(const KvLayout& kv, uint
     std::memcpy(bytes.data() + t->layout.at[1] + i * 4, &pos, 4);
     std::memcpy(bytes.data() + t->layout.at[4] + i * 4, &len, 4);
   }
-  // The decode work [8] re-planned for these lengths within the captured launch.
-  const DecodeWork w = plan_decode_work(impl_->shape, std::vector<int32_t>(batch, len),
-                                        impl_->limits, &t->layout.dplan);
+  // The decode work lists [8] (and the windowed layers' [10]) re-planned for these lengths
+  // within the captured launches.
+  const std::vector<int32_t> lens(batch, len);
+  const DecodeWork w = plan_decode_work(impl_->shape, lens, impl_->limits, &t->layout.dplan);
   std::memcpy(bytes.data() + t->layout.at[8], w.words.data(), w.words.size() * 4);
+  if (t->layout.window) {
+    const DecodeWork ww =
+        plan_decode_work(impl_->shape, lens, impl_->limits, &t->layout.wdplan, t->layout.window);
+    std::memcpy(bytes.data() + t->layout.at[PackedStep::kWindowDecodeWork], ww.words.data(),
+                ww.words.size() * 4);
+  }
   return bytes;
 }
 

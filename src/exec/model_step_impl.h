@@ -118,6 +118,11 @@ struct ModelStep::Impl {
     kernels::PrefillSplit psplit;  // the prefills' KV split (kv_chunk 0: unsplit)
     const int32_t *ids = nullptr, *pos = nullptr, *indptr = nullptr, *last = nullptr;
     const int32_t *work = nullptr, *dwork = nullptr;
+    // The sliding-window layers' (window 0: none): decode plan and work list, prefill tiles and
+    // work list (unsplit).
+    uint32_t window = 0, wnum_tiles = 0;
+    const kernels::DecodePlan* wdplan = nullptr;
+    const int32_t *wwork = nullptr, *wdwork = nullptr;
     const int64_t* slots = nullptr;
     kernels::SeqTables decodes, prefills;  // sequences [0, D) and [D, S)
     // The split decode's and the split prefill's (one after the other on the stream: the

@@ -82,7 +82,7 @@ Status ModelStep::Impl::init() {
   MEMSIM_STEP_CU(cudaEventCreate(&ev1));
   MEMSIM_STEP_CU(query_device(&limits));
   packer = StepPacker({cfg.max_seqs, cfg.max_tokens, layers, kv_cols * shape.kv_elem_bytes(), vocab,
-                       shape, limits});
+                       shape, limits, m.sliding_window});
 
   layer.resize(layers);
   for (uint32_t l = 0; l < layers; ++l) MEMSIM_TRY(init_layer(l));

@@ -11,9 +11,11 @@ namespace memsim {
 using namespace kernels;
 
 // One upload: [ids | positions | slot_mapping | indptr | kv_lens | tables | last_rows | prefill
-// work | decode work], from the scratch vectors pack() filled.
+// work | decode work | windowed prefill work | windowed decode work], from the scratch vectors
+// pack() filled.
 void StepPacker::write_sections(const KvLayout& kv, const PrefillPlan& pplan,
-                                const DecodeWork& dwork, uint32_t S, uint32_t bt_stride,
+                                const DecodeWork& dwork, const PrefillPlan& wpplan,
+                                const DecodeWork& wdwork, uint32_t S, uint32_t bt_stride,
                                 PackedStep& p) const {
   const Scratch& b = s_;
   struct Section {
@@ -30,7 +32,10 @@ void StepPacker::write_sections(const KvLayout& kv, const PrefillPlan& pplan,
                                (kv.paged ? uint64_t{S} * bt_stride : b.tables.size()) * 4},
                               {b.last_rows.data(), b.last_rows.size() * 4},
                               {pplan.work.data(), pplan.work.size() * 4},
-                              {dwork.words.data(), dwork.words.size() * 4}};
+                              {dwork.words.data(), dwork.words.size() * 4},
+                              {wpplan.work.data(), wpplan.work.size() * 4},
+                              {wdwork.words.data(), wdwork.words.size() * 4}};
+  static_assert(PackedStep::kSections == 11, "a section each");
   uint64_t meta_bytes = 0;
   for (Section& x : sec) {
     x.at = meta_bytes;
@@ -58,8 +63,16 @@ void StepPacker::write_sections(const KvLayout& kv, const PrefillPlan& pplan,
   }
 }
 
+PackedStep StepPacker::graph_launch(uint32_t batch, uint32_t max_context) const {
+  PackedStep p;
+  p.dplan = plan_decode_graph(c_.shape, batch, max_context, c_.device);
+  p.window = c_.window;
+  if (c_.window) p.wdplan = plan_decode_graph(c_.shape, batch, max_context, c_.device, c_.window);
+  return p;
+}
+
 Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs,
-                        uint32_t min_bt_stride, PackedStep* out, const DecodePlan* fixed,
+                        uint32_t min_bt_stride, PackedStep* out, const PackedStep* fixed,
                         uint32_t listed) {
   const uint32_t S = static_cast<uint32_t>(seqs.size());
   if (S == 0) return make_error(ErrorCode::kInvalidArgument, "a step needs a sequence");
@@ -135,22 +148,28 @@ Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seq
   if (T > c_.max_tokens)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("step of {} tokens exceeds max_tokens {}", T, c_.max_tokens));
-  DecodeWork dwork;
-  PrefillPlan pplan;
+  DecodeWork dwork, wdwork;
+  PrefillPlan pplan, wpplan;
   if (D) {
-    dwork = plan_decode_work(
-        c_.shape, std::vector<int32_t>(kv_lens.begin(), kv_lens.begin() + std::min(D, listed)),
-        c_.device, fixed);
-    if (dwork.words.empty())
+    const std::vector<int32_t> dlens(kv_lens.begin(), kv_lens.begin() + std::min(D, listed));
+    dwork = plan_decode_work(c_.shape, dlens, c_.device, fixed ? &fixed->dplan : nullptr);
+    if (c_.window)
+      wdwork =
+          plan_decode_work(c_.shape, dlens, c_.device, fixed ? &fixed->wdplan : nullptr, c_.window);
+    if (dwork.words.empty() || (c_.window && wdwork.words.empty()))
       return make_error(ErrorCode::kInvalidArgument,
                         fmt::format("{} decodes exceed the graph's batch", D));
   }
   // Eager prefills may split their KV (a short chunk over a long prefix, FlashInfer's split
   // prefill); the workspace is the step's, sized by the plan. Captured steps are decode-only.
-  if (D < S) pplan = plan_prefill(c_.shape, q_lens, pre_kv_lens, &c_.device);
+  // The windowed layers' prefills run unsplit.
+  if (D < S) {
+    pplan = plan_prefill(c_.shape, q_lens, pre_kv_lens, &c_.device);
+    if (c_.window) wpplan = plan_prefill(c_.shape, q_lens, pre_kv_lens);
+  }
 
   PackedStep& p = *out;
-  write_sections(kv, pplan, dwork, S, bt_stride, p);
+  write_sections(kv, pplan, dwork, wpplan, wdwork, S, bt_stride, p);
   p.T = T;
   p.S = S;
   p.bt_stride = bt_stride;
@@ -161,6 +180,9 @@ Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seq
   p.num_tiles = pplan.num_tiles;
   p.psplit = pplan.split;
   p.pworkspace_bytes = pplan.workspace_bytes;
+  p.window = c_.window;
+  p.wdplan = wdwork.plan;
+  p.wnum_tiles = wpplan.num_tiles;
   return {};
 }
 

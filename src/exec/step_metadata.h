@@ -18,20 +18,29 @@ inline uint64_t align16(uint64_t v) {
 }
 
 // A step's metadata, packed for one upload: [ids | positions | slot_mapping | indptr | kv_lens |
-// tables | last_rows | prefill work | decode work], each section 16-byte aligned (at[] its
-// offsets). The sequences are reordered decodes first (order[i] = the caller's index of packed
-// sequence i): the first D run the decode kernel (its work list planned over them), the rest the
-// prefill kernel (indptr and prefill work are theirs, from their first query row), as vLLM
-// orders a FlashInfer batch.
+// tables | last_rows | prefill work | decode work | windowed prefill work | windowed decode
+// work], each section 16-byte aligned (at[] its offsets; the windowed ones empty for a model
+// without sliding-window layers). The sequences are reordered decodes first (order[i] = the
+// caller's index of packed sequence i): the first D run the decode kernel (its work list planned
+// over them), the rest the prefill kernel (indptr and prefill work are theirs, from their first
+// query row), as vLLM orders a FlashInfer batch. The sliding-window layers read the same tables
+// with their own work lists: decode chunks over each sequence's window only, prefill unsplit
+// (the kernels refuse a split with a window).
 struct PackedStep {
+  static constexpr size_t kSections = 11;
+  static constexpr size_t kWindowDecodeWork = 10;  // at[] of the windowed decode work list
   std::vector<uint8_t> bytes;
-  uint64_t at[9] = {};
+  uint64_t at[kSections] = {};
   uint32_t T = 0, S = 0, D = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
   bool decode = true;         // D == S
   kernels::DecodePlan dplan;  // of the D decodes (a work list)
   // Of the prefills: their KV split (kv_chunk 0: unsplit) and its workspace.
   kernels::PrefillSplit psplit;
   uint64_t pworkspace_bytes = 0;
+  // The sliding-window layers' (window 0: none): the decodes' plan over their windows and the
+  // prefills' tiles (unsplit).
+  uint32_t window = 0, wnum_tiles = 0;
+  kernels::DecodePlan wdplan;
   std::vector<uint32_t> order;
 };
 
@@ -43,6 +52,7 @@ struct StepPackerConfig {
   uint64_t vocab = 0;
   kernels::AttentionShape shape;
   kernels::DeviceLimits device;
+  uint32_t window = 0;  // the model's sliding window (ModelShape::sliding_window; 0: none)
 };
 
 // Packs steps into PackedStep, keeping its host buffers from step to step: a graph of 256
@@ -55,13 +65,16 @@ class StepPacker {
   explicit StepPacker(StepPackerConfig config = {}) : c_(config) {}
 
   // `min_bt_stride`: the least table row length (a graph's, fixed at capture). `fixed`: a
-  // captured graph's decode launch the step's work list must fit (null: eager). `listed`: the
-  // decode rows the work list covers, the first ones (a replay's padding rows past them compute
-  // nothing: their outputs are never read, and the list's rows go to real ones). `out` keeps
-  // its buffers too: pass the same one each step.
+  // captured graph's decode launches the step's work lists must fit (its PackedStep: dplan, and
+  // wdplan for the windowed layers; null: eager). `listed`: the decode rows the work lists
+  // cover, the first ones (a replay's padding rows past them compute nothing: their outputs are
+  // never read, and the list's rows go to real ones). `out` keeps its buffers too: pass the same
+  // one each step.
   Status pack(const KvLayout& kv, const std::vector<StepSeqInput>& seqs, uint32_t min_bt_stride,
-              PackedStep* out, const kernels::DecodePlan* fixed = nullptr,
-              uint32_t listed = UINT32_MAX);
+              PackedStep* out, const PackedStep* fixed = nullptr, uint32_t listed = UINT32_MAX);
+  // The decode launches of a captured graph of `batch` sequences up to max_context tokens
+  // (plan_decode_graph): dplan and, for a model with a sliding window, wdplan.
+  PackedStep graph_launch(uint32_t batch, uint32_t max_context) const;
 
  private:
   StepPackerConfig c_;
@@ -72,7 +85,8 @@ class StepPacker {
   } s_;
   // The scratch and the plans' work lists into p.bytes (section offsets in p.at).
   void write_sections(const KvLayout& kv, const kernels::PrefillPlan& pplan,
-                      const kernels::DecodeWork& dwork, uint32_t S, uint32_t bt_stride,
+                      const kernels::DecodeWork& dwork, const kernels::PrefillPlan& wpplan,
+                      const kernels::DecodeWork& wdwork, uint32_t S, uint32_t bt_stride,
                       PackedStep& p) const;
 };
 
