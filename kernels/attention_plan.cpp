@@ -13,7 +13,8 @@ namespace memsim::kernels {
 // attention_plan_split.cpp: cuts a plan's tiles into KV chunks when it decides (or is forced) to.
 void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                         const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
-                        uint32_t force_chunks, uint32_t force_chunk_tokens, PrefillPlan* p);
+                        uint32_t force_chunks, uint32_t force_chunk_tokens, uint32_t window,
+                        PrefillPlan* p);
 
 const char* to_string(KvDtype d) {
   return d == KvDtype::kBf16 ? "bf16" : "fp16";
@@ -266,7 +267,7 @@ uint32_t prefill_tokens_per_tile(const AttentionShape& shape) {
 
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                          const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
-                         uint32_t force_chunks, uint32_t force_chunk_tokens) {
+                         uint32_t force_chunks, uint32_t force_chunk_tokens, uint32_t window) {
   PrefillPlan p;
   const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
   struct Item {
@@ -290,7 +291,8 @@ PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>
   }
   p.num_tiles = static_cast<uint32_t>(items.size());
   if (device || force_chunks || force_chunk_tokens)
-    split_prefill_plan(shape, q_lens, kv_lens, device, force_chunks, force_chunk_tokens, &p);
+    split_prefill_plan(shape, q_lens, kv_lens, device, force_chunks, force_chunk_tokens, window,
+                       &p);
   return p;
 }
 

@@ -59,17 +59,22 @@ uint32_t chunk_tiles_for(const AttentionShape& shape, const std::vector<uint32_t
 
 void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                         const std::vector<int32_t>& kv_lens, const DeviceLimits* device,
-                        uint32_t force_chunks, uint32_t force_chunk_tokens, PrefillPlan* p) {
+                        uint32_t force_chunks, uint32_t force_chunk_tokens, uint32_t window,
+                        PrefillPlan* p) {
   const bool sm90 = split_on_sm90(shape, device);
   const uint32_t kv_tile = sm90 ? kSm90KvTile : prefill_kv_tile(shape.head_dim);
   const int32_t per_tile = static_cast<int32_t>(prefill_tokens_per_tile(shape));
-  // Each item's causal KV range ends with its last query token: [0, prefix + last + 1).
-  std::vector<uint32_t> ends(p->num_tiles), tiles(p->num_tiles);
+  // The first key a query tile starting at position `pos` reads: its window's start (the kernels'
+  // kv_begin), 0 without a window. Its chunks count from there (FlashInfer's effective KV range).
+  auto begin_of = [&](uint32_t pos) { return window && pos + 1 > window ? pos + 1 - window : 0; };
+  // Each item's KV range ends with its last query token: [begin, prefix + last + 1).
+  std::vector<uint32_t> begins(p->num_tiles), ends(p->num_tiles), tiles(p->num_tiles);
   for (uint32_t i = 0; i < p->num_tiles; ++i) {
     const int32_t s = p->work[2 * i], first = p->work[2 * i + 1];
     const int32_t prefix = kv_lens[s] - q_lens[s];
+    begins[i] = begin_of(static_cast<uint32_t>(prefix + first));
     ends[i] = static_cast<uint32_t>(prefix + std::min(q_lens[s], first + per_tile));
-    tiles[i] = ceil_div(ends[i], kv_tile);
+    tiles[i] = ceil_div(ends[i] - begins[i], kv_tile);
   }
   const uint32_t chunk_tiles =
       chunk_tiles_for(shape, tiles, kv_tile, device, force_chunks, force_chunk_tokens,
@@ -83,15 +88,18 @@ void split_prefill_plan(const AttentionShape& shape, const std::vector<int32_t>&
   // Items {sequence, first token, chunk}, each item's chunks together in the planned order.
   std::vector<int32_t> work;
   for (uint32_t i = 0; i < p->num_tiles; ++i)
-    for (uint32_t j = 0; j < ceil_div(ends[i], chunk); ++j)
+    for (uint32_t j = 0; j < ceil_div(ends[i] - begins[i], chunk); ++j)
       work.insert(work.end(), {p->work[2 * i], p->work[2 * i + 1], static_cast<int32_t>(j)});
   const auto items = static_cast<uint32_t>(work.size() / 3);
-  // Token i's partial rows: one per chunk its causal range [0, position + 1) reaches.
+  // Token i's partial rows: one per chunk of its tile's range that its causal range
+  // [begin, position + 1) reaches (with a window, the first ones may hold none of its keys).
   std::vector<int32_t> indptr = {0};
   uint32_t most = 1;
   for (size_t s = 0; s < q_lens.size(); ++s)
     for (int32_t t = 0; t < q_lens[s]; ++t) {
-      const uint32_t n = ceil_div(static_cast<uint32_t>(kv_lens[s] - q_lens[s] + t + 1), chunk);
+      const auto prefix = static_cast<uint32_t>(kv_lens[s] - q_lens[s]);
+      const uint32_t begin = begin_of(prefix + static_cast<uint32_t>(t - t % per_tile));
+      const uint32_t n = ceil_div(prefix + static_cast<uint32_t>(t) + 1 - begin, chunk);
       indptr.push_back(indptr.back() + static_cast<int32_t>(n));
       most = std::max(most, n);
     }

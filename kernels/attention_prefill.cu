@@ -46,8 +46,9 @@ using PrefillTilesOf =
 // [first token's position + 1 - window, last token's position] (tiles before it are not read;
 // those before the last token's window start are masked per row). WINDOW false: full attention
 // with compile-time bounds (the code of a kernel without windows: no registers spent on them).
-// SPLIT: the item's chunk of the causal range, written as partial rows unless a token's keys lie
-// in that one chunk. A split launch has no window (paged_prefill refuses the two together).
+// SPLIT: the item's chunk of that range, written as partial rows unless a token's keys lie in
+// that one chunk (with a window, chunks count from the first token's window start; a row whose
+// window starts past the chunk writes an empty partial, which the merge weighs zero).
 template <typename T, typename KV, int D, bool PAGED, bool SPLIT, bool WINDOW>
 __global__ void __launch_bounds__(128)
     PagedPrefillKernel(const __grid_constant__ PrefillParams<T, KV> p) {
@@ -93,7 +94,6 @@ __global__ void __launch_bounds__(128)
   }
   const uint32_t kv_end = prefix + t0 + nt;
   const uint32_t mask_from = prefix + t0 + 1;
-  static_assert(!(SPLIT && WINDOW), "split prefill has no sliding window");
   // Window: the first query's range starts at kv_begin, the last one's at mask_below.
   const uint32_t window = WINDOW ? p.window : detail::kNoWindow;
   const uint32_t kv_begin = WINDOW && mask_from > window ? mask_from - window : 0;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(128)
   uint32_t kv_lo = kv_begin, kv_hi = kv_end, chunk = 0;
   if constexpr (SPLIT) {
     chunk = static_cast<uint32_t>(p.work[3 * blockIdx.x + 2]);
-    p.split.chunk_range(chunk, kv_end, &kv_lo, &kv_hi);
+    p.split.chunk_range(chunk, kv_begin, kv_end, &kv_lo, &kv_hi);
   }
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
   if constexpr (kFp8) {
@@ -173,13 +173,15 @@ cudaError_t split_prefill(const AttentionShape& shape, const PrefillArgs& a, cud
   if (a.workspace == 0 || a.split.kv_chunk % prefill_kv_tile(shape.head_dim) != 0 ||
       a.split.max_chunks < 2 || a.split.total_q == 0 || a.split.total_q > 65535)
     return cudaErrorInvalidValue;
+  const bool window = a.window > 0 && a.window < detail::kNoWindow;
   const cudaError_t e =
       prefill_sm90_eligible(shape, true)
           ? paged_prefill_sm90(shape, a, stream)
-          : detail::dispatch_kv(shape, a.cache.addressing,
-                                [&]<typename T, typename KV, int D, bool P>() {
-                                  return launch_prefill<T, KV, D, P, true, false>(shape, a, stream);
-                                });
+          : detail::dispatch_kv(
+                shape, a.cache.addressing, [&]<typename T, typename KV, int D, bool P>() {
+                  return window ? launch_prefill<T, KV, D, P, true, true>(shape, a, stream)
+                                : launch_prefill<T, KV, D, P, true, false>(shape, a, stream);
+                });
   if (e != cudaSuccess) return e;
   const detail::PrefillSplitView v = detail::prefill_split_view(shape, a);
   return detail::merge_states(
@@ -198,10 +200,7 @@ cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
     return cudaErrorInvalidValue;
   // A window the positions cannot reach is full attention.
   const bool window = args.window > 0 && args.window < detail::kNoWindow;
-  if (args.split.kv_chunk) {
-    if (window) return cudaErrorInvalidValue;  // split prefill has no sliding window yet
-    return split_prefill(shape, args, stream);
-  }
+  if (args.split.kv_chunk) return split_prefill(shape, args, stream);
   if (prefill_sm90_eligible(shape, false)) return paged_prefill_sm90(shape, args, stream);
   return detail::dispatch_kv(
       shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {

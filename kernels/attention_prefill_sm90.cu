@@ -77,15 +77,15 @@ struct Item {
   uint32_t chunk;  // split launches: the item's KV chunk
 };
 
-// Split launches: the item's KV chunk [lo, hi) of its causal range [0, kv_end) replaces the range
-// (no window: paged_prefill refuses split with one). Chunks are whole 64-token tiles of the
-// mma.sync kernel, not always of kBN: keys at hi and past are masked as if causal (every row's
-// limit is capped at hi, and mask_from with it), rows past hi zero-filled.
+// Split launches: the item's KV chunk [lo, hi) of its range [kv_begin, kv_end) (from its first
+// query's window start with a window, else 0) replaces the range. Chunks are whole 64-token tiles
+// of the mma.sync kernel, not always of kBN: keys at hi and past are masked as if causal (every
+// row's limit is capped at hi, and mask_from with it), rows past hi zero-filled.
 template <typename T>
 __device__ __forceinline__ void split_item(const Sm90Params<T>& p, Item& it) {
   it.chunk = static_cast<uint32_t>(p.work[3 * blockIdx.x + 2]);
   uint32_t lo, hi;
-  p.split.chunk_range(it.chunk, it.kv_end, &lo, &hi);
+  p.split.chunk_range(it.chunk, it.kv_begin, it.kv_end, &lo, &hi);
   it.kv_begin = lo;
   it.kv_end = hi;
   it.mask_from = min(it.mask_from, hi);
@@ -224,18 +224,20 @@ __device__ __forceinline__ float ex2(float x) {  // 2^x, denormal results flushe
 template <bool MASKED>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], uint32_t start,
-                                             const uint32_t (&limit)[2], float scale_log2,
-                                             uint32_t window, int t) {
+                                             const uint32_t (&limit)[2], const uint32_t (&own)[2],
+                                             float scale_log2, uint32_t window, int t) {
   if constexpr (MASKED) {
-    // Row r sees tile columns c with lo[r] <= c < hi[r] (c = 8j + (e & 1) after the thread's 2t).
+    // Row r sees tile columns c with lo[r] <= c < hi[r] (c = 8j + (e & 1) after the thread's 2t):
+    // below its limit (its causal end, capped at a split chunk's end) and, with a window, from
+    // its own causal end (`own`, uncapped) less the window.
     int hi[2], lo[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t rel = int64_t{limit[r]} - start - 2 * t;
+      const int64_t first = int64_t{own[r]} - window - start - 2 * t;
       hi[r] = static_cast<int>(max(min(rel, int64_t{kBN}), int64_t{-1}));
-      lo[r] = window == kNoWindow
-                  ? -1
-                  : static_cast<int>(max(min(rel - window, int64_t{kBN}), int64_t{-1}));
+      lo[r] =
+          window == kNoWindow ? -1 : static_cast<int>(max(min(first, int64_t{kBN}), int64_t{-1}));
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -345,11 +347,12 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
   const int wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   const int g = lane >> 2, t = lane & 3;
   auto k_at = [&](uint32_t s) { return base + kQBytes + 2 * s * kTileBytes; };
-  uint32_t limit[2];
+  uint32_t limit[2], own[2];  // a row's causal end within the item's range, and its own
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const uint32_t row = 64 * wg + 16 * warp + g + 8 * r;
-    limit[r] = row < it.rows ? min(it.prefix + it.t0 + row / p.kv.group + 1, it.kv_end) : 0;
+    own[r] = row < it.rows ? it.prefix + it.t0 + row / p.kv.group + 1 : 0;
+    limit[r] = min(own[r], it.kv_end);
   }
   const uint32_t qa = base + wg * 64 * 128;
   float o[64], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
@@ -379,9 +382,9 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
   fence_regs(s);
   mbar_arrive(stage_bar(base, kKEmpty, 0));
   if (masked(it.kv_begin))
-    softmax_tile<true>(s, m, l, alpha, it.kv_begin, limit, p.kv.scale_log2, p.window, t);
+    softmax_tile<true>(s, m, l, alpha, it.kv_begin, limit, own, p.kv.scale_log2, p.window, t);
   else
-    softmax_tile<false>(s, m, l, alpha, it.kv_begin, limit, p.kv.scale_log2, p.window, t);
+    softmax_tile<false>(s, m, l, alpha, it.kv_begin, limit, own, p.kv.scale_log2, p.window, t);
   pack_p<T>(pa, s);
   for (uint32_t i = 1; i < it.ntiles; ++i) {
     const uint32_t st = i % kStages, prev = (i - 1) % kStages;
@@ -400,9 +403,9 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
     fence_regs(s);
     mbar_arrive(stage_bar(base, kKEmpty, st));
     if (masked(start))
-      softmax_tile<true>(s, m, l, alpha, start, limit, p.kv.scale_log2, p.window, t);
+      softmax_tile<true>(s, m, l, alpha, start, limit, own, p.kv.scale_log2, p.window, t);
     else
-      softmax_tile<false>(s, m, l, alpha, start, limit, p.kv.scale_log2, p.window, t);
+      softmax_tile<false>(s, m, l, alpha, start, limit, own, p.kv.scale_log2, p.window, t);
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
@@ -492,7 +495,7 @@ cudaError_t launch_sm90(const AttentionShape& shape, const PrefillArgs& a, cudaS
   p.tokens_per_tile = prefill_tokens_per_tile(shape);
   p.window = a.window > 0 && a.window < kNoWindow ? a.window : kNoWindow;
   p.work_words = 2;
-  if (a.split.kv_chunk != 0) {  // split (paged_prefill refuses it with a window)
+  if (a.split.kv_chunk != 0) {  // split
     p.split = detail::prefill_split_view(shape, a);
     p.work_words = 3;
   }

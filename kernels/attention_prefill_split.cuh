@@ -21,10 +21,12 @@ struct PrefillSplitView {
   const int32_t* merge_indptr;  // [total_q + 1]: token i's rows, one per chunk its keys reach
   uint32_t kv_chunk;            // KV tokens per chunk, whole KV tiles
 
-  // KV range of chunk `chunk` within the tile's causal range [0, kv_end).
-  __device__ __forceinline__ void chunk_range(uint32_t chunk, uint32_t kv_end, uint32_t* lo,
-                                              uint32_t* hi) const {
-    *lo = min(kv_end, chunk * kv_chunk);
+  // KV range of chunk `chunk` within the tile's range [kv_begin, kv_end): its causal range, from
+  // its first query's window start with a sliding window (0 without one), as the planner cuts it
+  // (split_prefill_plan).
+  __device__ __forceinline__ void chunk_range(uint32_t chunk, uint32_t kv_begin, uint32_t kv_end,
+                                              uint32_t* lo, uint32_t* hi) const {
+    *lo = min(kv_end, kv_begin + chunk * kv_chunk);
     *hi = min(kv_end, *lo + kv_chunk);
   }
 };

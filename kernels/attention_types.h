@@ -206,7 +206,7 @@ struct PrefillPlan {
   // range first (causal tiles late in a sequence do the most work). Split: {sequence, first
   // token, KV chunk} per item (each tile's chunks together), then the merge's indptr over the
   // query tokens (total_q + 1 words: token i's partial rows start at indptr[i], one per chunk
-  // its causal range reaches).
+  // of its tile's range that its causal range reaches).
   std::vector<int32_t> work;  // upload to device memory for the launch
   uint32_t num_tiles = 0;     // grid rows (work items)
   uint64_t total_q = 0;
@@ -224,9 +224,13 @@ struct PrefillPlan {
 // `force_chunk_tokens` > 0: chunks of that many KV tokens (rounded up to whole KV tiles), so that
 // some of a split step's sequences, planned apart with the step's split.kv_chunk, are cut as the
 // step cut them (a reference of the same arithmetic); unsplit when every range fits one chunk.
+// `window` (> 0, the launch's sliding window): a tile's range starts at its first query's window
+// start (the kernels' first key), and its chunks count from there (FlashInfer's effective KV
+// length), so a short chunk over a long prefix splits only the window it reads.
 PrefillPlan plan_prefill(const AttentionShape& shape, const std::vector<int32_t>& q_lens,
                          const std::vector<int32_t>& kv_lens, const DeviceLimits* device = nullptr,
-                         uint32_t force_chunks = 0, uint32_t force_chunk_tokens = 0);
+                         uint32_t force_chunks = 0, uint32_t force_chunk_tokens = 0,
+                         uint32_t window = 0);
 
 struct PrefillArgs {
   uint64_t q = 0;                      // [total_q, q_heads, head_dim], sequences back to back

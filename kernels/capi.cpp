@@ -129,16 +129,18 @@ int memsim_prefill(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int f
 // rule), or with the longest tile's KV range in force_chunks chunks (> 0). Writes the work words
 // (at most `cap`; *words of them), split[4] = {kv_chunk, max_chunks, total_q, partial_rows}
 // (kv_chunk 0: not split, the words are memsim_plan_prefill's) and *workspace_bytes; returns the
-// grid rows, or -1 when cap is too small.
+// grid rows, or -1 when cap is too small. `window`: the launch's sliding window (0: none), whose
+// tiles' chunks count from their windows' starts.
 int64_t memsim_plan_prefill_split(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, int fp16,
                                   const int32_t* q_lens, const int32_t* kv_lens, uint32_t batch,
                                   uint32_t force_chunks, int32_t* work, uint64_t cap,
-                                  uint64_t* words, uint32_t* split, uint64_t* workspace_bytes) {
+                                  uint64_t* words, uint32_t* split, uint64_t* workspace_bytes,
+                                  uint32_t window) {
   DeviceLimits lim;
   if (query_device(&lim) != cudaSuccess) return -1;
   const PrefillPlan p = plan_prefill(
       shape_of(q_heads, kv_heads, head_dim, fp16), std::vector<int32_t>(q_lens, q_lens + batch),
-      std::vector<int32_t>(kv_lens, kv_lens + batch), &lim, force_chunks);
+      std::vector<int32_t>(kv_lens, kv_lens + batch), &lim, force_chunks, 0, window);
   if (p.work.size() > cap) return -1;
   for (size_t i = 0; i < p.work.size(); ++i) work[i] = p.work[i];
   *words = p.work.size();

@@ -492,6 +492,44 @@ TEST_CASE("a split step's sequences planned apart with its chunk length are cut 
   CHECK(plan_prefill(kLlama8B, {64}, {364}, &hopper, 0, 512).split.kv_chunk == 0);
 }
 
+TEST_CASE("a windowed split prefill cuts the window each tile reads, from its start") {
+  const DeviceLimits hopper{132, 2, 2, true};
+  // 16 tokens over 16,384 with a 1,024-token window: the tile reads [15,361, 16,400), 1,039
+  // tokens in 9 Hopper tiles, where full attention reads 16,400 in 129.
+  const PrefillPlan full = plan_prefill(kLlama8B, {16}, {16400}, &hopper);
+  CHECK(full.split.kv_chunk == 1152);  // 15 chunks of 9 tiles
+  const PrefillPlan w = plan_prefill(kLlama8B, {16}, {16400}, &hopper, 0, 0, 1024);
+  CHECK(w.split.kv_chunk == 256);  // the shortest chunk (2 tiles): 5 CTAs a KV head
+  REQUIRE(w.num_tiles == 5);
+  for (int32_t j = 0; j < 5; ++j) {
+    CHECK(w.work[3 * j] == 0);
+    CHECK(w.work[3 * j + 1] == 0);
+    CHECK(w.work[3 * j + 2] == j);
+  }
+  // Token 0 (position 16,384) reaches chunks 0..3 of [15,361, ...); tokens 1..15 all five.
+  CHECK(w.split.max_chunks == 5);
+  CHECK(w.split.total_q == 16);
+  CHECK(w.split.partial_rows == 4 + 15 * 5);
+  const int32_t* indptr = w.work.data() + 3 * w.num_tiles;
+  CHECK(indptr[1] - indptr[0] == 4);
+  CHECK(indptr[16] - indptr[15] == 5);
+  CHECK(w.workspace_bytes == uint64_t{79} * 32 * 129 * sizeof(float));
+  // The checks' reference, planned with the step's chunk and the window, is cut the same way.
+  const PrefillPlan ref = plan_prefill(kLlama8B, {16}, {16400}, &hopper, 0, 256, 1024);
+  CHECK(ref.work == w.work);
+  // A window longer than every position is full attention's plan.
+  CHECK(plan_prefill(kLlama8B, {16}, {16400}, &hopper, 0, 0, 20000).work == full.work);
+  // Tiles of one sequence start their chunks at their own windows: 100 tokens over 3,000 with a
+  // 700-token window, forced into chunks of 128 (the mma.sync kernel's planning: no device).
+  const PrefillPlan r = plan_prefill(kLlama8B, {100}, {3100}, nullptr, 0, 128, 700);
+  REQUIRE(r.split.kv_chunk == 128);
+  const int32_t* ip = r.work.data() + 3 * r.num_tiles;
+  for (int32_t t = 0; t < 100; ++t) {  // tile (t / 32)'s range starts at 3,000 + 32 (t / 32) - 699
+    const int32_t begin = 3000 + 32 * (t / 32) - 699, pos = 3000 + t;
+    CHECK(ip[t + 1] - ip[t] == (pos + 1 - begin + 127) / 128);
+  }
+}
+
 TEST_CASE("synth_value is deterministic, in [-1, 1) on a 2^-23 grid, and keyed") {
   double sum = 0;
   std::set<float> seen;

@@ -77,7 +77,7 @@ def load(path):
     lib.memsim_prefill.argtypes = [u32, u32, u32, C.c_int, C.c_int, u64, u64, u64, u64, i64, u32,
                                    vp, vp, vp, u32, vp, vp, u32, f32, u64, u32] + KV_ARGS
     lib.memsim_plan_prefill_split.argtypes = [u32, u32, u32, C.c_int, vp, vp, u32, u32, vp, u64,
-                                              C.POINTER(u64), C.POINTER(u32), C.POINTER(u64)]
+                                              C.POINTER(u64), C.POINTER(u32), C.POINTER(u64), u32]
     lib.memsim_plan_prefill_split.restype = C.c_int64
     lib.memsim_prefill_split.argtypes = lib.memsim_prefill.argtypes + [C.POINTER(u32), u64]
     lib.memsim_kv_write.argtypes = [u32, u32, u32, C.c_int, u64, u64, i64, vp, u32, u64, u64, i64,
@@ -253,9 +253,10 @@ def decode_case(lib, name, lens, page, hq, hkv, d, dtype, gen, splits=0, window=
                   f"splits={ns.value}")
 
 
-def plan_prefill(lib, c, q_lens, kv_lens, chunks):
+def plan_prefill(lib, c, q_lens, kv_lens, chunks, window=0):
     """(grid rows, device work words, split words or None, workspace, description): the unsplit
-    plan (chunks None), or split-KV as the planner decides for this GPU (0) or forced (> 0)."""
+    plan (chunks None), or split-KV as the planner decides for this GPU (0) or forced (> 0), its
+    chunks counted from each tile's window start with a sliding window."""
     ql = torch.tensor(q_lens, dtype=torch.int32)
     kl = torch.tensor(kv_lens, dtype=torch.int32)
     a = (c.hq, c.hkv, c.d, c.fp16, ql.data_ptr(), kl.data_ptr(), len(q_lens))
@@ -269,7 +270,7 @@ def plan_prefill(lib, c, q_lens, kv_lens, chunks):
         work = torch.empty(cap, dtype=torch.int32)
         nw, ws_bytes, split = u64(), u64(), (u32 * 4)()
         tiles = lib.memsim_plan_prefill_split(*a, chunks, work.data_ptr(), cap, C.byref(nw), split,
-                                              C.byref(ws_bytes))
+                                              C.byref(ws_bytes), window)
         words, ws_bytes = nw.value, ws_bytes.value
     if tiles < 0:
         raise RuntimeError("plan_prefill: work list too small")
@@ -288,7 +289,7 @@ def prefill_case(lib, name, q_lens, prefixes, page, hq, hkv, d, dtype, gen, wind
     c = Caches(lib, kv_lens, page, hq, hkv, d, dtype, gen, kv)
     total = sum(q_lens)
     q = (torch.rand(total, hq, d, device="cuda", generator=gen) * 2 - 1).to(dtype)
-    tiles, work, split, ws, about = plan_prefill(lib, c, q_lens, kv_lens, chunks)
+    tiles, work, split, ws, about = plan_prefill(lib, c, q_lens, kv_lens, chunks, window)
     indptr = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     indptr[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
     indptr = indptr.cuda()
@@ -498,27 +499,37 @@ def window_cases(lib, rng, gen, quick):
 
 
 # Split-KV prefill (short chunks over long prefixes): (q_lens, prefixes, block size, group,
-# head_dim, dtype, kv name, chunks: 0 = the planner's split for this GPU, else forced).
-SPLITS = [([16], [16384], 16, 4, 128, torch.bfloat16, "auto", 0),
-          ([1, 64, 100], [1000, 16000, 3000], 7, 4, 128, torch.bfloat16, "e4m3", 0),
-          ([16], [32752], 13, 1, 64, torch.float16, "e5m2", 0),
-          ([5, 30], [4000, 200], 3, 8, 256, torch.float16, "e4m3", 3),
-          ([64], [8192], 1, 7, 128, torch.bfloat16, "e5m2", 7),
-          ([100, 1], [5000, 0], 33, 1, 64, torch.float16, "auto", 2)]
+# head_dim, dtype, kv name, chunks: 0 = the planner's split for this GPU, else forced, sliding
+# window: 0 = none).
+SPLITS = [([16], [16384], 16, 4, 128, torch.bfloat16, "auto", 0, 0),
+          ([1, 64, 100], [1000, 16000, 3000], 7, 4, 128, torch.bfloat16, "e4m3", 0, 0),
+          ([16], [32752], 13, 1, 64, torch.float16, "e5m2", 0, 0),
+          ([5, 30], [4000, 200], 3, 8, 256, torch.float16, "e4m3", 3, 0),
+          ([64], [8192], 1, 7, 128, torch.bfloat16, "e5m2", 7, 0),
+          ([100, 1], [5000, 0], 33, 1, 64, torch.float16, "auto", 2, 0),
+          # Windows: the Hopper kernel (bf16 / fp16 at head_dim 128) and the mma.sync one (fp8,
+          # head_dim 256), windows shorter and longer than a chunk, a tile whose rows' windows
+          # start in different chunks (q 100 > a tile's tokens), prefixes inside the window.
+          ([16], [16384], 16, 4, 128, torch.bfloat16, "auto", 0, 1024),
+          ([16, 100, 1], [16000, 3000, 50], 16, 4, 128, torch.bfloat16, "auto", 5, 700),
+          ([64], [8192], 7, 2, 128, torch.float16, "auto", 9, 100),
+          ([16, 40], [12000, 900], 16, 2, 256, torch.bfloat16, "auto", 0, 1024),
+          ([30, 5], [4000, 200], 3, 8, 256, torch.float16, "e4m3", 3, 333),
+          ([100], [6000], 5, 4, 128, torch.bfloat16, "e5m2", 6, 2048)]
 
 
 def split_cases(lib, rng, gen, quick):
     """Split-KV prefill through memsim_plan_prefill_split / memsim_prefill_split: the planner's
     chunks and forced ones, bf16 / fp16 / fp8 caches, odd block sizes, GQA, ragged batches."""
     del rng
-    for n, (q_lens, prefixes, page, g, d, dtype, name, chunks) in enumerate(SPLITS):
+    for n, (q_lens, prefixes, page, g, d, dtype, name, chunks, window) in enumerate(SPLITS):
         if quick and n % 2:
             continue
         kv = AUTO if name == "auto" else kv_for(n, name, 448.0 if name == "e4m3" else 57344.0)
         hq, hkv = heads(g)
-        prefill_case(lib, f"prefill split chunks={chunks} d={d} g={g} page={page} q={q_lens} "
-                     f"prefix={prefixes}", q_lens, prefixes, page, hq, hkv, d, dtype, gen,
-                     kv=kv, chunks=chunks)
+        prefill_case(lib, f"prefill split chunks={chunks} window={window} d={d} g={g} "
+                     f"page={page} q={q_lens} prefix={prefixes}", q_lens, prefixes, page, hq, hkv,
+                     d, dtype, gen, window, kv=kv, chunks=chunks)
 
 
 def small_cases(lib, rng, gen, quick):
@@ -538,6 +549,10 @@ def small_cases(lib, rng, gen, quick):
                 gen, 2, 33)
     prefill_case(lib, "prefill e4m3 d=128 g=4 page=7", [1, 16, 40], [0, 30, 100], 7, 32, 8, 128,
                  bf, gen, kv=e4m3)
+    prefill_case(lib, "prefill split window=200 d=128 g=4 page=16", [16, 40], [1500, 300], 16, 32,
+                 8, 128, bf, gen, 200, chunks=4)
+    prefill_case(lib, "prefill split e5m2 window=150 d=64 page=5", [20, 3], [900, 60], 5, 8, 8,
+                 64, hf, gen, 150, e5m2, chunks=3)
     prefill_case(lib, "prefill e5m2 window=20 d=64 g=7 page=13", [33, 5], [200, 0], 13, 28, 4, 64,
                  hf, gen, 20, e5m2)
     prefill_case(lib, "prefill window=50 d=128 g=8 page=3", [70, 3], [90, 0], 3, 32, 4, 128, bf,

@@ -85,9 +85,8 @@ constexpr uint64_t kRefChunkTokens = 1u << 20;
 
 // A part's tables for one lane: the group's block table of each sequence (entries of blocks the
 // window freed point at block 0, vLLM's null block; the kernels read no tile before the window)
-// and the lane's attention plan: decode's for its window, or prefill's (split when a short chunk
-// over a long prefix leaves the GPU idle; a windowed lane prefills unsplit, as the kernels
-// refuse a split with a window).
+// and the lane's attention plan for its window: decode's, or prefill's (split when a short chunk
+// over a long prefix leaves the GPU idle).
 struct LaneTables {
   explicit LaneTables(uint64_t* tally) : d_tables(tally), d_work(tally), ws(tally) {}
   std::vector<std::vector<int32_t>> seq_tables;

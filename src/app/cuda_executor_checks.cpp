@@ -86,7 +86,7 @@ Status CudaExecutor::check_part(const StepWork& w, Part& p, uint32_t layer) {
       for (size_t i = first; i < last; ++i) q_lens.push_back(int32_t(p.seqs[i]->new_tokens));
       const uint32_t chunk = p.lanes[lane]->pplan.split.kv_chunk;
       const PrefillPlan plan =
-          plan_prefill(c_.shape, q_lens, lens, chunk ? &limits_ : nullptr, 0, chunk);
+          plan_prefill(c_.shape, q_lens, lens, chunk ? &limits_ : nullptr, 0, chunk, window);
       MEMSIM_TRY(upload(ref_work_, plan.work, stream_));
       MEMSIM_TRY(ref_ws_.reserve(plan.workspace_bytes));
       a.qo_indptr = ref_indptr_.as<int32_t>();

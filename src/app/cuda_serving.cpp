@@ -201,13 +201,12 @@ Status CudaExecutor::finish_part(Part& p) {
     std::vector<int32_t> q_lens;
     for (const StepSeq* s : p.seqs) q_lens.push_back(static_cast<int32_t>(s->new_tokens));
     MEMSIM_TRY(upload(p.d_indptr, p.indptr, stream_));
-    // A short chunk over a long prefix splits its KV (FlashInfer's split prefill) in the
-    // full-attention lanes, as the model step's prefills do; the kernels refuse a split with a
-    // window, so a windowed lane (which reads at most its window) prefills unsplit.
+    // A short chunk over a long prefix splits its KV (FlashInfer's split prefill), as the model
+    // step's prefills do; a windowed lane splits the window its tiles read.
     bool split = false;
     for (size_t lane = 0; lane < lanes_.size(); ++lane) {
       LaneTables& t = *p.lanes[lane];
-      t.pplan = plan_prefill(c_.shape, q_lens, p.lens, lanes_[lane].window ? nullptr : &limits_);
+      t.pplan = plan_prefill(c_.shape, q_lens, p.lens, &limits_, 0, 0, lanes_[lane].window);
       split = split || t.pplan.split.kv_chunk != 0;
       MEMSIM_TRY(t.ws.reserve(t.pplan.workspace_bytes));
       MEMSIM_TRY(upload(t.d_work, t.pplan.work, stream_));

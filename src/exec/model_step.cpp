@@ -78,6 +78,7 @@ ModelStep::Impl::StepViews ModelStep::Impl::views(const KvLayout& kv, const Pack
   v.window = p.window;
   v.wnum_tiles = p.wnum_tiles;
   v.wdplan = &p.wdplan;
+  v.wpsplit = p.wpsplit;
   v.wwork = reinterpret_cast<const int32_t*>(dev(9));
   v.wdwork = reinterpret_cast<const int32_t*>(dev(PackedStep::kWindowDecodeWork));
   v.decodes.kv_lens = d_kv_lens;
@@ -168,7 +169,7 @@ Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const 
     a.qo_indptr = v.indptr;
     a.work = windowed ? v.wwork : v.work;
     a.num_tiles = windowed ? v.wnum_tiles : v.num_tiles;
-    a.psplit = windowed ? PrefillSplit{} : v.psplit;
+    a.psplit = windowed ? v.wpsplit : v.psplit;
     a.workspace = v.workspace;
     MEMSIM_STEP_CU(layer_attention(shape, a, stream));
   }
@@ -273,7 +274,7 @@ Status ModelStep::Impl::forward(const KvLayout& kv, const PackedStep& p, DevPtr 
   StepViews v = views(kv, p, meta);
   const uint64_t ws_bytes =
       std::max({v.D ? p.dplan.workspace_bytes : 0, v.D && p.window ? p.wdplan.workspace_bytes : 0,
-                v.D < v.S ? p.pworkspace_bytes : 0});
+                v.D < v.S ? p.pworkspace_bytes : 0, v.D < v.S ? p.wpworkspace_bytes : 0});
   if (ws_bytes) {
     MEMSIM_ASSIGN_OR_RETURN(v.workspace, act(ws_bytes));
   }

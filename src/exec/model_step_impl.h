@@ -118,10 +118,11 @@ struct ModelStep::Impl {
     kernels::PrefillSplit psplit;  // the prefills' KV split (kv_chunk 0: unsplit)
     const int32_t *ids = nullptr, *pos = nullptr, *indptr = nullptr, *last = nullptr;
     const int32_t *work = nullptr, *dwork = nullptr;
-    // The sliding-window layers' (window 0: none): decode plan and work list, prefill tiles and
-    // work list (unsplit).
+    // The sliding-window layers' (window 0: none): decode plan and work list, prefill tiles,
+    // work list and KV split.
     uint32_t window = 0, wnum_tiles = 0;
     const kernels::DecodePlan* wdplan = nullptr;
+    kernels::PrefillSplit wpsplit;
     const int32_t *wwork = nullptr, *wdwork = nullptr;
     const int64_t* slots = nullptr;
     kernels::SeqTables decodes, prefills;  // sequences [0, D) and [D, S)

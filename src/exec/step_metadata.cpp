@@ -161,11 +161,12 @@ Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seq
                         fmt::format("{} decodes exceed the graph's batch", D));
   }
   // Eager prefills may split their KV (a short chunk over a long prefix, FlashInfer's split
-  // prefill); the workspace is the step's, sized by the plan. Captured steps are decode-only.
-  // The windowed layers' prefills run unsplit.
+  // prefill; the windowed layers' over the window their tiles read); the workspace is the
+  // step's, sized by the plans. Captured steps are decode-only.
   if (D < S) {
     pplan = plan_prefill(c_.shape, q_lens, pre_kv_lens, &c_.device);
-    if (c_.window) wpplan = plan_prefill(c_.shape, q_lens, pre_kv_lens);
+    if (c_.window)
+      wpplan = plan_prefill(c_.shape, q_lens, pre_kv_lens, &c_.device, 0, 0, c_.window);
   }
 
   PackedStep& p = *out;
@@ -183,6 +184,8 @@ Status StepPacker::pack(const KvLayout& kv, const std::vector<StepSeqInput>& seq
   p.window = c_.window;
   p.wdplan = wdwork.plan;
   p.wnum_tiles = wpplan.num_tiles;
+  p.wpsplit = wpplan.split;
+  p.wpworkspace_bytes = wpplan.workspace_bytes;
   return {};
 }
 

@@ -24,8 +24,8 @@ inline uint64_t align16(uint64_t v) {
 // caller's index of packed sequence i): the first D run the decode kernel (its work list planned
 // over them), the rest the prefill kernel (indptr and prefill work are theirs, from their first
 // query row), as vLLM orders a FlashInfer batch. The sliding-window layers read the same tables
-// with their own work lists: decode chunks over each sequence's window only, prefill unsplit
-// (the kernels refuse a split with a window).
+// with their own work lists: decode chunks over each sequence's window only, prefill chunks (when
+// split) over the window each query tile reads.
 struct PackedStep {
   static constexpr size_t kSections = 11;
   static constexpr size_t kWindowDecodeWork = 10;  // at[] of the windowed decode work list
@@ -37,10 +37,12 @@ struct PackedStep {
   // Of the prefills: their KV split (kv_chunk 0: unsplit) and its workspace.
   kernels::PrefillSplit psplit;
   uint64_t pworkspace_bytes = 0;
-  // The sliding-window layers' (window 0: none): the decodes' plan over their windows and the
-  // prefills' tiles (unsplit).
+  // The sliding-window layers' (window 0: none): the decodes' plan over their windows, and the
+  // prefills' tiles, KV split and its workspace.
   uint32_t window = 0, wnum_tiles = 0;
   kernels::DecodePlan wdplan;
+  kernels::PrefillSplit wpsplit;
+  uint64_t wpworkspace_bytes = 0;
   std::vector<uint32_t> order;
 };
 
