@@ -563,18 +563,19 @@ TEST_CASE("prefill at head_dim 128: long ranges through the Hopper kernel where 
 
 // Split-KV prefill: the planner's split (`lim`) or a forced one against the float64 reference,
 // paged and contiguous bit-identical; an unsplit plan (the grid already full, or one chunk) must
-// give the unsplit launch's bits. Returns the plan's chunk length (0: not split).
+// give the unsplit launch's bits. `window` (> 0): both launches and the plan slide over it.
+// Returns the plan's chunk length (0: not split).
 uint32_t check_split_prefill(const AttentionShape& sh, uint32_t page,
                              const std::vector<int32_t>& q_lens,
                              const std::vector<int32_t>& prefixes, const DeviceLimits* lim,
-                             uint32_t force, std::mt19937& rng) {
+                             uint32_t force, std::mt19937& rng, uint32_t window = 0) {
   const uint32_t D = sh.head_dim;
   std::vector<int32_t> kv_lens(q_lens.size());
   for (size_t i = 0; i < q_lens.size(); ++i) kv_lens[i] = q_lens[i] + prefixes[i];
   const Batch b = make_batch(sh, page, kv_lens, rng);
   const PrefillPlan base = plan_prefill(sh, q_lens, kv_lens);
-  const PrefillPlan plan = plan_prefill(sh, q_lens, kv_lens, lim, force);
-  CAPTURE(to_string(sh.dtype), D, sh.q_heads, sh.kv_heads, q_lens[0], prefixes[0], force,
+  const PrefillPlan plan = plan_prefill(sh, q_lens, kv_lens, lim, force, 0, window);
+  CAPTURE(to_string(sh.dtype), D, sh.q_heads, sh.kv_heads, q_lens[0], prefixes[0], force, window,
           plan.num_tiles, plan.split.kv_chunk, plan.split.max_chunks);
   if (plan.split.kv_chunk == 0) REQUIRE(plan.work == base.work);
   std::vector<int32_t> indptr(q_lens.size() + 1, 0);
@@ -595,6 +596,7 @@ uint32_t check_split_prefill(const AttentionShape& sh, uint32_t page,
   a.work = w0.p;  // the unsplit launch
   a.num_tiles = base.num_tiles;
   a.o = o0.addr();
+  a.window = window;
   CUDA_OK(paged_prefill(sh, a, nullptr));
   a.work = w1.p;  // the plan's
   a.num_tiles = plan.num_tiles;
@@ -614,9 +616,10 @@ uint32_t check_split_prefill(const AttentionShape& sh, uint32_t page,
     for (int32_t i = 0; i < q_lens[s]; ++i)
       for (uint32_t h = 0; h < sh.q_heads; ++h) {
         const uint64_t at = (uint64_t(indptr[s] + i) * sh.q_heads + h) * D;
-        reference_row(b, static_cast<uint32_t>(s), h / sh.group(), &qf[at],
-                      static_cast<uint32_t>(prefixes[s] + i + 1), 1.0 / std::sqrt(double(D)),
-                      &ref[at]);
+        const auto end = static_cast<uint32_t>(prefixes[s] + i + 1);
+        reference_row(b, static_cast<uint32_t>(s), h / sh.group(), &qf[at], end,
+                      1.0 / std::sqrt(double(D)), &ref[at],
+                      window && end > window ? end - window : 0);
       }
   const Err e = compare(sh.dtype, got, ref);
   CAPTURE(e.rel, e.max_abs);
@@ -683,6 +686,29 @@ TEST_CASE("split-KV prefill small: the sanitizers' case") {
   std::mt19937 rng(37);
   CHECK(check_split_prefill({8, 2, 128, KvDtype::kBf16}, 5, {20, 3}, {600, 300}, &hopper, 0, rng));
   CHECK(check_split_prefill({8, 2, 128, KvDtype::kFp16}, 1, {40}, {500}, nullptr, 3, rng) == 192);
+  CHECK(check_split_prefill({8, 2, 128, KvDtype::kBf16}, 5, {40}, {900}, &hopper, 0, rng, 300));
+  CHECK(check_split_prefill({8, 8, 64, KvDtype::kFp16}, 3, {20}, {700}, nullptr, 3, rng, 150));
+}
+
+// With a sliding window each query tile's chunks count from its first query's window start:
+// the planner's chunks (the Hopper kernel's at head_dim 128 where it runs) and forced ones,
+// windows shorter and longer than a chunk, tiles whose rows' windows start in different chunks
+// (100 tokens: several query tiles), prefixes inside the window, every head_dim.
+TEST_CASE("split-KV prefill with a sliding window matches the reference") {
+  const DeviceLimits hopper{132, 2, 2, true}, h100{132, 2, 2};
+  std::mt19937 rng(41);
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp16})
+    for (uint32_t D : {64u, 128u, 256u}) {
+      const AttentionShape g4{8, 2, D, dt};
+      for (uint32_t window : {100u, 700u, 2048u}) {
+        // 16 tokens read 115 keys with the 100-token window: one chunk (unsplit).
+        const uint32_t chunk = check_split_prefill(g4, 16, {16}, {6000}, &hopper, 0, rng, window);
+        CHECK((chunk > 0) == (window > 100));
+        check_split_prefill(g4, 7, {16, 100, 1}, {5000, 3000, 50}, nullptr, 5, rng, window);
+        check_split_prefill(g4, 1, {64}, {4000}, &h100, 0, rng, window);
+      }
+      check_split_prefill({28, 4, D, dt}, 5, {9, 130}, {2000, 1500}, nullptr, 3, rng, 333);
+    }
 }
 
 TEST_CASE("sliding-window decode matches a float64 reference, split and listed") {
