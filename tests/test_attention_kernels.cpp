@@ -784,33 +784,6 @@ TEST_CASE("paged_kv_write places rows by slot and skips negative slots") {
   CHECK(dv.download() == want_v);
 }
 
-TEST_CASE("decode and prefill reject paged block strides of 2^32 elements or more") {
-  // The kernels keep a token's offset within its block in 32 bits; a larger stride is refused
-  // before any launch rather than addressed wrongly.
-  const AttentionShape sh{8, 8, 128, KvDtype::kBf16};
-  DevBuf<int32_t> table(std::vector<int32_t>{0}), lens(std::vector<int32_t>{1}),
-      indptr(std::vector<int32_t>{0, 1});
-  DevBuf<uint16_t> cache(std::vector<uint16_t>(16 * 1024, 0));
-  DecodePlan plan;
-  plan.max_batch = 1;
-  plan.num_splits = 1;
-  DecodeArgs d;
-  d.seqs.block_tables = table.p;
-  d.seqs.kv_lens = lens.p;
-  PrefillArgs p;
-  p.qo_indptr = indptr.p;
-  p.seqs = {lens.p, table.p, 1, nullptr, nullptr};
-  p.work = table.p;
-  p.num_tiles = 1;
-  for (const int64_t stride : {int64_t{1} << 32, (int64_t{1} << 32) + 1024, int64_t{0}}) {
-    d.cache = {cache.addr(), cache.addr(), stride, 16, KvAddressing::kPaged};
-    p.cache = d.cache;
-    CHECK(paged_decode(sh, plan, d, nullptr) == cudaErrorInvalidValue);
-    CHECK(paged_prefill(sh, p, nullptr) == cudaErrorInvalidValue);
-  }
-  CHECK(cudaGetLastError() == cudaSuccess);
-}
-
 }  // namespace
 }  // namespace memsim::kernels
 
