@@ -85,8 +85,10 @@ constexpr uint64_t kRefChunkTokens = 1u << 20;
 
 // A part's tables for one lane: the group's block table of each sequence (entries of blocks the
 // window freed point at block 0, vLLM's null block; the kernels read no tile before the window)
-// and the lane's attention plan for its window: decode's, or prefill's (split when a short chunk
-// over a long prefix leaves the GPU idle).
+// and, in the first lane of each window only (CudaExecutor::plan_lane_), the attention plan for
+// that window: decode's, or prefill's (split when a short chunk over a long prefix leaves the
+// GPU idle), with its work list and workspace. The plan depends on the window and the lengths
+// only, so lanes of one window share it; their layers run one after another on one stream.
 struct LaneTables {
   explicit LaneTables(uint64_t* tally) : d_tables(tally), d_work(tally), ws(tally) {}
   std::vector<std::vector<int32_t>> seq_tables;
@@ -220,9 +222,10 @@ class CudaExecutor final : public StepExecutor {
   uint32_t layers_run_ = 0;
   std::vector<int32_t> table_;
   std::vector<uint32_t> ka_, kb_;
-  std::vector<KvLane> lanes_;                   // kv_lanes: layers of one group table and window
-  std::vector<uint32_t> layer_lane_;            // the model's layers' lanes
-  uint32_t groups_ = 1;                         // KV cache groups of the pool (slot mappings)
+  std::vector<KvLane> lanes_;         // kv_lanes: layers of one group table and window
+  std::vector<uint32_t> layer_lane_;  // the model's layers' lanes
+  std::vector<uint32_t> plan_lane_;   // per lane: the first lane of its window (holds the plan)
+  uint32_t groups_ = 1;               // KV cache groups of the pool (slot mappings)
   std::vector<std::vector<int64_t>> slot_map_;  // per group: the step's new tokens' slots
   uint64_t own_bytes_ = 0;  // device memory of the buffers below (declared first)
   std::vector<std::unique_ptr<DeviceBuffer>> d_slots_;  // per group

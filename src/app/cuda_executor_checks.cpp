@@ -73,7 +73,8 @@ Status CudaExecutor::check_part(const StepWork& w, Part& p, uint32_t layer) {
     a.seqs = {ref_lens_.as<int32_t>(), ref_tables_.as<int32_t>(), max_len, nullptr, nullptr};
     a.window = window;
     if (p.decode) {
-      a.dplan = p.lanes[lane]->dplan;  // the step's split: identical arithmetic per sequence
+      a.dplan =
+          p.lanes[plan_lane_[lane]]->dplan;  // the step's split: identical arithmetic per sequence
       a.dplan.max_batch = c;
       a.dplan.workspace_bytes = a.dplan.num_splits > 1
                                     ? uint64_t{c} * a.dplan.num_splits * c_.shape.q_heads *
@@ -84,7 +85,7 @@ Status CudaExecutor::check_part(const StepWork& w, Part& p, uint32_t layer) {
       // The step's KV chunk (if it split), so these sequences are cut as the step cut them.
       std::vector<int32_t> q_lens;
       for (size_t i = first; i < last; ++i) q_lens.push_back(int32_t(p.seqs[i]->new_tokens));
-      const uint32_t chunk = p.lanes[lane]->pplan.split.kv_chunk;
+      const uint32_t chunk = p.lanes[plan_lane_[lane]]->pplan.split.kv_chunk;
       const PrefillPlan plan =
           plan_prefill(c_.shape, q_lens, lens, chunk ? &limits_ : nullptr, 0, chunk, window);
       MEMSIM_TRY(upload(ref_work_, plan.work, stream_));

@@ -114,6 +114,9 @@ void CudaExecutor::plan_lanes() {
   KvLanes l = kv_lanes(layout_, c_.layer_windows, c_.layers);
   lanes_ = std::move(l.lanes);
   layer_lane_ = std::move(l.layer_lane);
+  plan_lane_.assign(lanes_.size(), 0);
+  for (uint32_t i = 0; i < lanes_.size(); ++i)
+    while (lanes_[plan_lane_[i]].window != lanes_[i].window) ++plan_lane_[i];
   groups_ = l.groups;
   slot_map_.assign(groups_, {});
   while (d_slots_.size() < groups_) d_slots_.push_back(std::make_unique<DeviceBuffer>(&own_bytes_));
@@ -179,7 +182,7 @@ Status CudaExecutor::finish_part(Part& p) {
       std::copy(t.seq_tables[i].begin(), t.seq_tables[i].end(),
                 t.tables.begin() + i * uint64_t{t.bt_stride});
     MEMSIM_TRY(upload(t.d_tables, t.tables, stream_));
-    if (!p.decode) continue;
+    if (!p.decode || plan_lane_[lane] != lane) continue;
     const uint32_t window = lanes_[lane].window;  // the plan splits the window only
     uint64_t sum = 0;
     for (int32_t len : p.lens)
@@ -205,6 +208,7 @@ Status CudaExecutor::finish_part(Part& p) {
     // step's prefills do; a windowed lane splits the window its tiles read.
     bool split = false;
     for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+      if (plan_lane_[lane] != lane) continue;
       LaneTables& t = *p.lanes[lane];
       t.pplan = plan_prefill(c_.shape, q_lens, p.lens, &limits_, 0, 0, lanes_[lane].window);
       split = split || t.pplan.split.kv_chunk != 0;
@@ -252,6 +256,7 @@ Status CudaExecutor::run_layer(uint32_t layer) {
   for (const Part* p : {&dec_, &pre_}) {
     if (p->seqs.empty()) continue;
     const LaneTables& l = *p->lanes[lane];
+    const LaneTables& plan = *p->lanes[plan_lane_[lane]];
     const SeqTables t{p->d_lens.as<int32_t>(), l.d_tables.as<int32_t>(), l.bt_stride,
                       p->d_slots.as<int32_t>(), nullptr};
     LayerAttentionArgs a;
@@ -260,14 +265,14 @@ Status CudaExecutor::run_layer(uint32_t layer) {
     a.cache = view(layer);
     a.seqs = t;
     a.window = lanes_[lane].window;
-    a.workspace = l.ws.addr();
+    a.workspace = plan.ws.addr();
     if (p->decode) {
-      a.dplan = l.dplan;
+      a.dplan = plan.dplan;
     } else {
       a.qo_indptr = p->d_indptr.as<int32_t>();
-      a.work = l.d_work.as<int32_t>();
-      a.num_tiles = l.pplan.num_tiles;
-      a.psplit = l.pplan.split;
+      a.work = plan.d_work.as<int32_t>();
+      a.num_tiles = plan.pplan.num_tiles;
+      a.psplit = plan.pplan.split;
     }
     MEMSIM_TRY(attend(*p, a));
   }

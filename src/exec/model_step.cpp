@@ -66,20 +66,19 @@ ModelStep::Impl::StepViews ModelStep::Impl::views(const KvLayout& kv, const Pack
   v.dplan = &p.dplan;
   v.psplit = p.psplit;
   auto dev = [&](size_t i) { return meta + p.at[i]; };
-  v.ids = reinterpret_cast<const int32_t*>(dev(0));
-  v.pos = reinterpret_cast<const int32_t*>(dev(1));
-  v.slots = reinterpret_cast<const int64_t*>(dev(2));
-  v.indptr = reinterpret_cast<const int32_t*>(dev(3));
-  const auto* d_kv_lens = reinterpret_cast<const int32_t*>(dev(4));
-  const auto* d_tables = reinterpret_cast<const int32_t*>(dev(5));
-  v.last = reinterpret_cast<const int32_t*>(dev(6));
-  v.work = reinterpret_cast<const int32_t*>(dev(7));
-  v.dwork = reinterpret_cast<const int32_t*>(dev(8));
-  v.window = p.window;
+  v.ids = reinterpret_cast<const int32_t*>(dev(PackedStep::kIds));
+  v.pos = reinterpret_cast<const int32_t*>(dev(PackedStep::kPositions));
+  v.slots = reinterpret_cast<const int64_t*>(dev(PackedStep::kSlots));
+  v.indptr = reinterpret_cast<const int32_t*>(dev(PackedStep::kIndptr));
+  const auto* d_kv_lens = reinterpret_cast<const int32_t*>(dev(PackedStep::kKvLens));
+  const auto* d_tables = reinterpret_cast<const int32_t*>(dev(PackedStep::kTables));
+  v.last = reinterpret_cast<const int32_t*>(dev(PackedStep::kLastRows));
+  v.work = reinterpret_cast<const int32_t*>(dev(PackedStep::kPrefillWork));
+  v.dwork = reinterpret_cast<const int32_t*>(dev(PackedStep::kDecodeWork));
   v.wnum_tiles = p.wnum_tiles;
   v.wdplan = &p.wdplan;
   v.wpsplit = p.wpsplit;
-  v.wwork = reinterpret_cast<const int32_t*>(dev(9));
+  v.wwork = reinterpret_cast<const int32_t*>(dev(PackedStep::kWindowPrefillWork));
   v.wdwork = reinterpret_cast<const int32_t*>(dev(PackedStep::kWindowDecodeWork));
   v.decodes.kv_lens = d_kv_lens;
   if (kv.paged) {
@@ -149,8 +148,8 @@ Result<DevPtr> ModelStep::Impl::attention(uint32_t l, const KvLayout& kv, const 
   a.cache = view;
   a.kv_scales = kv_scales;
   // A sliding-window layer reads the same tables through its own work lists (step_metadata.h).
-  const bool windowed = cfg.model.layer_window(l) != 0;
-  a.window = windowed ? v.window : 0;
+  a.window = cfg.model.layer_window(l);
+  const bool windowed = a.window != 0;
   if (v.D) {  // rows [0, D)
     a.decode = true;
     a.q = q;
@@ -414,7 +413,7 @@ Result<ModelStep::Impl::Template*> ModelStep::Impl::decode_template(const KvLayo
   MEMSIM_TRY(packer.pack(kv, tmpl, blocks, &t.layout, &launch));
   for (uint32_t i = 0; i < t.layout.T; ++i) {
     const int64_t skip = -1;
-    std::memcpy(t.layout.bytes.data() + t.layout.at[2] + i * 8, &skip, 8);
+    std::memcpy(t.layout.bytes.data() + t.layout.at[PackedStep::kSlots] + i * 8, &skip, 8);
   }
   MEMSIM_ASSIGN_OR_RETURN(t.host_out, backend.host_malloc_pinned(align16(uint64_t{batch} * 4)));
   return &templates.emplace(batch, std::move(t)).first->second;
@@ -452,7 +451,7 @@ Result<StepResult> ModelStep::Impl::replay(const Graph& g, const KvLayout& kv,
                       "decode replay: metadata layout differs from the capture's");
   for (uint32_t t = real; t < p.T; ++t) {
     const int64_t skip = -1;
-    std::memcpy(p.bytes.data() + p.at[2] + t * 8, &skip, 8);
+    std::memcpy(p.bytes.data() + p.at[PackedStep::kSlots] + t * 8, &skip, 8);
   }
   std::memcpy(reinterpret_cast<void*>(g.host_in), p.bytes.data(), p.bytes.size());
   const double prep_ms = since_run_start();
@@ -503,15 +502,16 @@ Result<std::vector<uint8_t>> ModelStep::decode_template(const KvLayout& kv, uint
   if (context > max_context)
     return make_error(ErrorCode::kInvalidArgument, "decode template: context above max_context");
   const auto pos = static_cast<int32_t>(context - 1), len = static_cast<int32_t>(context);
-  for (uint32_t i = 0; i < batch; ++i) {  // positions [1], kv_lens [4]
-    std::memcpy(bytes.data() + t->layout.at[1] + i * 4, &pos, 4);
-    std::memcpy(bytes.data() + t->layout.at[4] + i * 4, &len, 4);
+  for (uint32_t i = 0; i < batch; ++i) {
+    std::memcpy(bytes.data() + t->layout.at[PackedStep::kPositions] + i * 4, &pos, 4);
+    std::memcpy(bytes.data() + t->layout.at[PackedStep::kKvLens] + i * 4, &len, 4);
   }
-  // The decode work lists [8] (and the windowed layers' [10]) re-planned for these lengths
-  // within the captured launches.
+  // The decode work lists (and the windowed layers') re-planned for these lengths within the
+  // captured launches.
   const std::vector<int32_t> lens(batch, len);
   const DecodeWork w = plan_decode_work(impl_->shape, lens, impl_->limits, &t->layout.dplan);
-  std::memcpy(bytes.data() + t->layout.at[8], w.words.data(), w.words.size() * 4);
+  std::memcpy(bytes.data() + t->layout.at[PackedStep::kDecodeWork], w.words.data(),
+              w.words.size() * 4);
   if (t->layout.window) {
     const DecodeWork ww =
         plan_decode_work(impl_->shape, lens, impl_->limits, &t->layout.wdplan, t->layout.window);

@@ -118,9 +118,9 @@ struct ModelStep::Impl {
     kernels::PrefillSplit psplit;  // the prefills' KV split (kv_chunk 0: unsplit)
     const int32_t *ids = nullptr, *pos = nullptr, *indptr = nullptr, *last = nullptr;
     const int32_t *work = nullptr, *dwork = nullptr;
-    // The sliding-window layers' (window 0: none): decode plan and work list, prefill tiles,
-    // work list and KV split.
-    uint32_t window = 0, wnum_tiles = 0;
+    // The sliding-window layers' (a model without them: unused): decode plan and work list,
+    // prefill tiles, work list and KV split.
+    uint32_t wnum_tiles = 0;
     const kernels::DecodePlan* wdplan = nullptr;
     kernels::PrefillSplit wpsplit;
     const int32_t *wwork = nullptr, *wdwork = nullptr;

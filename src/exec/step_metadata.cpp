@@ -35,7 +35,7 @@ void StepPacker::write_sections(const KvLayout& kv, const PrefillPlan& pplan,
                               {dwork.words.data(), dwork.words.size() * 4},
                               {wpplan.work.data(), wpplan.work.size() * 4},
                               {wdwork.words.data(), wdwork.words.size() * 4}};
-  static_assert(PackedStep::kSections == 11, "a section each");
+  static_assert(PackedStep::kWindowDecodeWork + 1 == PackedStep::kSections, "a section each");
   uint64_t meta_bytes = 0;
   for (Section& x : sec) {
     x.at = meta_bytes;
@@ -52,7 +52,7 @@ void StepPacker::write_sections(const KvLayout& kv, const PrefillPlan& pplan,
     std::memset(dst + sec[i].at + sec[i].bytes, 0, align16(sec[i].bytes) - sec[i].bytes);
   }
   if (kv.paged) {
-    auto* row = reinterpret_cast<int32_t*>(dst + sec[5].at);
+    auto* row = reinterpret_cast<int32_t*>(dst + sec[PackedStep::kTables].at);
     const int32_t* from = b.tables.data();
     for (const uint32_t n : b.table_rows) {
       std::copy(from, from + n, row);

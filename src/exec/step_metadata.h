@@ -27,8 +27,21 @@ inline uint64_t align16(uint64_t v) {
 // with their own work lists: decode chunks over each sequence's window only, prefill chunks (when
 // split) over the window each query tile reads.
 struct PackedStep {
-  static constexpr size_t kSections = 11;
-  static constexpr size_t kWindowDecodeWork = 10;  // at[] of the windowed decode work list
+  // at[]'s sections, in upload order.
+  enum Section : size_t {
+    kIds,
+    kPositions,
+    kSlots,
+    kIndptr,
+    kKvLens,
+    kTables,
+    kLastRows,
+    kPrefillWork,
+    kDecodeWork,
+    kWindowPrefillWork,
+    kWindowDecodeWork,
+    kSections
+  };
   std::vector<uint8_t> bytes;
   uint64_t at[kSections] = {};
   uint32_t T = 0, S = 0, D = 0, bt_stride = 1, max_kv = 0, num_tiles = 0;
