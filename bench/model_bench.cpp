@@ -253,9 +253,11 @@ std::optional<int> launch_or_skip(uint32_t tp, int rank) {
   return std::nullopt;
 }
 
-// --sliding-window and --sliding-window-pattern: the model's window overridden for a check.
-struct WindowOverride {
+// The model's overrides: --sliding-window and --sliding-window-pattern (its window, for a
+// check) and --kv-cache-dtype (an fp8 cache).
+struct ModelOverrides {
   std::optional<uint32_t> window, pattern;
+  std::string kv_cache_dtype = "auto";
   void add_options(CLI::App& app) {
     app.add_option("--sliding-window", window,
                    "override the model's sliding window (tokens; 0: every layer full attention)")
@@ -263,18 +265,34 @@ struct WindowOverride {
     app.add_option("--sliding-window-pattern", pattern,
                    "override its pattern: every N-th layer full attention (0: every layer slides)")
         ->check(CLI::Range(0u, 1024u));
+    app.add_option("--kv-cache-dtype", kv_cache_dtype,
+                   "the KV cache's dtype, as vLLM's --kv-cache-dtype: auto (the model's), fp8 (= "
+                   "fp8_e4m3, quantized by the KV write with scales of 1.0) or fp8_e5m2")
+        ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}));
   }
-  // False (said why) when the result is no valid model.
-  bool apply(ModelShape& m) const {
+  // False (said why) when the result is no valid model, or a --check run (whose PyTorch
+  // reference keeps the model's dtype) is asked of an fp8 cache.
+  bool apply(ModelShape& m, bool check) const {
     if (window) m.sliding_window = *window;
     if (pattern) m.sliding_window_pattern = *pattern;
     if (m.sliding_window == 0) m.sliding_window_pattern = 0;
-    if (m.sliding_window_pattern <= m.layers && m.sliding_window != 1) return true;
-    std::printf(
-        "memsim-model-bench: --sliding-window must be 0 or 2 or more, and the pattern at "
-        "most the model's %u layers\n",
-        m.layers);
-    return false;
+    if (m.sliding_window_pattern > m.layers || m.sliding_window == 1) {
+      std::printf(
+          "memsim-model-bench: --sliding-window must be 0 or 2 or more, and the pattern at "
+          "most the model's %u layers\n",
+          m.layers);
+      return false;
+    }
+    if (kv_cache_dtype == "auto") return true;
+    if (check) {
+      std::printf(
+          "memsim-model-bench: --check with --kv-cache-dtype %s: the PyTorch check does "
+          "not quantize the cache (use --graph-check, or the grid)\n",
+          kv_cache_dtype.c_str());
+      return false;
+    }
+    m.kv_dtype = kv_cache_dtype == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
+    return true;
   }
 };
 
@@ -302,8 +320,8 @@ int run(int argc, char** argv) {
   app.add_option("--pool-gib", pool_gib, "KV pool of the check runs");
   app.add_option("--check", check_dir, "write a check run for tools/model_check.py to DIR");
   app.add_option("--check-decodes", decodes, "decode steps of the check run");
-  WindowOverride win;
-  win.add_options(app);
+  ModelOverrides overrides;
+  overrides.add_options(app);
   uint32_t tp = 1;
   int rank = -1;
   std::string nccl_id;
@@ -341,7 +359,7 @@ int run(int argc, char** argv) {
   const bool lead = rank <= 0;  // prints the grid
   ModelShape model =
       load_model_shape(ConfigNode::load_file(root() + "/configs/models/" + model_name + ".yaml"));
-  if (!win.apply(model)) return memsim::bench::kExitBadInput;
+  if (!overrides.apply(model, !check_dir.empty())) return memsim::bench::kExitBadInput;
   const GpuSpec gpu =
       load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + gpu_name + ".yaml"));
   SimClock clock;
@@ -362,13 +380,14 @@ int run(int argc, char** argv) {
       static_cast<uint64_t>((check_dir.empty() && !graph_check ? 1 : pool_gib) * (1ull << 30)));
   const DevPtr pool_base = pool.base;
   const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
-  std::printf("memsim-model-bench: %s (%u of %u layers)%s, weights %.2f GiB, block %u\n",
-              model.name.c_str(), run_layers, model.layers,
-              rank >= 0 ? fmt::format(", rank {} of {}, all-reduce {}", rank, tp,
-                                      member.group->all_reduce_kind())
-                              .c_str()
-                        : "",
-              double(step->weight_bytes()) / (1ull << 30), block_size);
+  std::printf(
+      "memsim-model-bench: %s (%u of %u layers)%s, weights %.2f GiB, block %u, KV %s\n",
+      model.name.c_str(), run_layers, model.layers,
+      rank >= 0
+          ? fmt::format(", rank {} of {}, all-reduce {}", rank, tp, member.group->all_reduce_kind())
+                .c_str()
+          : "",
+      double(step->weight_bytes()) / (1ull << 30), block_size, to_string(model.kv_cache_dtype()));
   if (!check_dir.empty()) {
     check(*step, pool, rank >= 0 ? fmt::format("{}/rank{}", check_dir, rank) : check_dir, decodes);
     return 0;

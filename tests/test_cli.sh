@@ -512,6 +512,14 @@ if /usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1; then
   check "degenerate: a plot that says why" test -s "$(ls "$TMP"/out_degenerate/*/kv_summary.png)"
 fi
 
+# A model profile's options without --model would go unused: refused before anything runs.
+for opt in "--kv-cache-dtype fp8" "--graphs" "--layers 2"; do
+  name=calibrate_needs_model_${opt%% *}; name=${name//-/}
+  run "$name" calibrate --backend cuda $opt
+  expect_rc "$name" 2
+  expect_in "$TMP/$name.err" "${opt%% *} requires --model" "calibrate $opt without --model: says why"
+done
+
 # calibrate --check of two runs' calls (no GPU needed): one run at about the model's time per map,
 # one at 6x: per run 1 and 0 classes within 25%, the class beyond any model's reach, and pooled out.
 for i in 1 2; do

@@ -214,12 +214,20 @@ requests: {{source: synthetic, count: 2, arrival: {{process: burst}}, prompt: {{
       Catch::Contains(path + ":5:") && Catch::Contains("engine.kv_cache_dtype") &&
           Catch::Contains("'fp8_e4m4' is not one of: auto, fp8, fp8_e4m3, fp8_e5m2") &&
           Catch::Contains("did you mean 'fp8_e4m3'?"));
-  // A measured profile was taken with the model's KV dtype: step_time: profile refuses fp8.
+  // An fp8 cache's steps need a profile of their own: Llama-3.1-8B's H200 one is committed
+  // (h200.profiles/llama-3.1-8b.fp8.yaml); for fp8_e5m2 there is none, and step_time: profile
+  // names the file and the command that writes it.
   std::string prof = text;
   prof.replace(prof.find("fp8_e4m4"), 8, "fp8\n  step_time: profile");
-  CHECK_THROWS_WITH(load_serving_config(dir.write("prof.yaml", prof), {}),
-                    Catch::Contains("prof.yaml:") && Catch::Contains("kv_cache_dtype fp8") &&
-                        Catch::Contains("measured with a bf16 KV cache"));
+  const ServingConfig with = load_serving_config(dir.write("prof.yaml", prof), {});
+  REQUIRE(with.kv_profiles.at(DType::kFP8).eager != nullptr);
+  CHECK(with.kv_profiles.at(DType::kFP8).eager->profile().kv_cache_dtype == DType::kFP8);
+  prof = replace_once(prof, "kv_cache_dtype: fp8\n", "kv_cache_dtype: fp8_e5m2\n");
+  CHECK_THROWS_WITH(
+      load_serving_config(dir.write("e5m2.yaml", prof), {}),
+      Catch::Contains("e5m2.yaml:") &&
+          Catch::Contains("h200.profiles/llama-3.1-8b.fp8_e5m2.yaml does not exist") &&
+          Catch::Contains("--model llama-3.1-8b --kv-cache-dtype fp8_e5m2 writes it"));
 }
 
 }  // namespace memsim::test

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "src/app/serving_writers.h"
 #include "src/config/loaders.h"
 #include "src/config/step_profile_loader.h"
 #include "src/serve/serving_experiment.h"
@@ -468,6 +469,87 @@ TEST_CASE("a graph profile prices the decode steps of runs that capture graphs")
   dir.write("gpus/h200.profiles/llama-3.1-8b.yaml", format_step_profile(other, {}));
   CHECK_THROWS_WITH(load_serving_config(path, {}),
                     Catch::Contains("model: is not the experiment's model llama-3.1-8b"));
+}
+
+TEST_CASE("an fp8 KV cache's runs are priced by the fp8 profile (<model>.fp8.yaml)") {
+  ProfiledExperiment x;
+  const TempDir& dir = x.dir;
+  const std::string fp8_runs = x.exp +
+                               "  - label: fp8\n    engine: {kv_cache_dtype: fp8}\n"
+                               "  - label: e5m2\n    engine: {kv_cache_dtype: fp8_e5m2}\n";
+  const std::string path = dir.write("fp8.yaml", fp8_runs);
+  CHECK(step_profile_file("qwen3-8b", false, 1, DType::kFP8) == "qwen3-8b.fp8.yaml");
+  CHECK(step_profile_file("qwen3-8b", true, 2, DType::kFP8) == "qwen3-8b.tp2.fp8.graphs.yaml");
+  CHECK(step_profile_file("qwen3-8b", false, 1, DType::kFP8E5M2) == "qwen3-8b.fp8_e5m2.yaml");
+
+  // Only the bf16 profile: the fp8 runs take the roofline, and step_time: profile on one of them
+  // names the missing file and the command that writes it.
+  x.write_profile();
+  const std::string fp8_file = "gpus/h200.profiles/llama-3.1-8b.fp8.yaml";
+  {
+    const ServingConfig c = load_serving_config(path, {});
+    REQUIRE(c.kv_profiles.count(DType::kFP8) == 1);
+    CHECK(c.kv_profiles.at(DType::kFP8).eager == nullptr);
+    CHECK_THAT(c.kv_profiles.at(DType::kFP8).note,
+               Catch::Contains("with an fp8 KV cache") && Catch::Contains("--kv-cache-dtype fp8"));
+    const ServingResults r = run_serving_experiment(c);
+    REQUIRE(r.runs.size() == 4);
+    CHECK(r.runs[2].result.step_time_source == "roofline");
+    CHECK_THROWS_WITH(load_serving_config(path, {"runs.2.engine.step_time=profile"}),
+                      Catch::Contains("fp8.yaml:") &&
+                          Catch::Contains("llama-3.1-8b.fp8.yaml does not exist") &&
+                          Catch::Contains("--kv-cache-dtype fp8 writes it"));
+  }
+  // The fp8 profile (every step 20 ms) prices the fp8 run; bf16 keeps its 40 ms and e5m2, which
+  // has none, the roofline.
+  StepProfile f = x.p;
+  f.kv_cache_dtype = DType::kFP8;
+  f.decode = {{1, {100, 10000}, {20, 20}}, {256, {100, 10000}, {20, 20}}};
+  f.prefill = {{1, {0, 10000}, {20, 20}}, {8192, {0, 10000}, {20, 20}}};
+  dir.write(fp8_file, format_step_profile(f, {}));
+  const ServingConfig c = load_serving_config(path, {});
+  REQUIRE(c.kv_profiles.at(DType::kFP8).eager != nullptr);
+  const ServingResults r = run_serving_experiment(c);
+  REQUIRE(r.runs.size() == 4);
+  for (const ServingRunResult& o : r.runs) REQUIRE(o.result.error.empty());
+  CHECK(r.runs[0].result.step_time_source == "profile h200/llama-3.1-8b (eager)");
+  CHECK(r.runs[0].result.tpot_ms.p50 == Approx(40.0).margin(1e-6));
+  CHECK(r.runs[1].result.step_time_source == "roofline");
+  CHECK(r.runs[2].result.step_time_source == "profile h200/llama-3.1-8b (eager, fp8 KV cache)");
+  CHECK(r.runs[2].result.tpot_ms.p50 == Approx(20.0).margin(1e-6));
+  CHECK(r.runs[2].result.tpot_ms.p99 == Approx(20.0).margin(1e-6));
+  CHECK(r.runs[3].result.step_time_source == "roofline");
+  // Each run's step-time line names its own profile, or why it has none.
+  const std::string table = format_serving_table(c, r);
+  CHECK_THAT(table, Catch::Contains("step time: profile h200/llama-3.1-8b (eager, fp8 KV cache) (" +
+                                    (dir.path() / fp8_file).string() + ")") &&
+                        Catch::Contains("no measured profile of llama-3.1-8b with an fp8_e5m2 KV "
+                                        "cache"));
+  // The band and step_profile_scale move the fp8 profile's steps too.
+  const PredictionBand band = prediction_band(c, r, 0.01, 2);
+  REQUIRE(band.runs.size() == 4);
+  CHECK(band.runs[2].lo[3] == Approx(19.8).margin(1e-6));
+  CHECK(band.runs[2].hi[3] == Approx(20.2).margin(1e-6));
+  const ServingResults half = run_serving_experiment(with_profile_scale(c, 0.5, 0.5));
+  CHECK(half.runs[2].result.tpot_ms.p50 == Approx(10.0).margin(1e-6));
+  CHECK(half.runs[0].result.tpot_ms.p50 == Approx(20.0).margin(1e-6));
+
+  // The file holds its cache's dtype: a bf16 profile at the fp8 path is refused, and the key
+  // round-trips (fp8_e4m3 is fp8).
+  const std::string fp8_text = format_step_profile(f, {});
+  CHECK(fp8_text.find("kv_cache_dtype: fp8\n") != std::string::npos);
+  CHECK(
+      load_step_profile(ConfigNode::load_file(dir.write(
+                            "e4m3.yaml", replace_once(fp8_text, "dtype: fp8", "dtype: fp8_e4m3"))))
+          .kv_cache_dtype == DType::kFP8);
+  CHECK_THROWS_WITH(load_step_profile(ConfigNode::load_file(
+                        dir.write("bad.yaml", replace_once(fp8_text, "dtype: fp8", "dtype: fp9")))),
+                    Catch::Contains("kv_cache_dtype") && Catch::Contains("did you mean 'fp8'"));
+  dir.write(fp8_file, format_step_profile(x.p, {}));
+  CHECK_THROWS_WITH(load_serving_config(path, {}),
+                    Catch::Contains("llama-3.1-8b.fp8.yaml:") &&
+                        Catch::Contains("holds steps over a kv_cache_dtype auto cache, but this "
+                                        "file is the fp8 one's profile"));
 }
 
 TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, collectives in it") {

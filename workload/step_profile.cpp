@@ -141,6 +141,7 @@ ProfiledStepTime::ProfiledStepTime(StepProfile profile, std::shared_ptr<const St
 
 std::string ProfiledStepTime::describe() const {
   std::string s = p_.gpu + "/" + p_.model + " (" + p_.mode;
+  if (p_.kv_cache_dtype) s += fmt::format(", {} KV cache", to_string(*p_.kv_cache_dtype));
   if (p_.tensor_parallel > 1)
     s += fmt::format(", one rank of TP {}, {} all-reduce", p_.tensor_parallel, p_.all_reduce);
   if (graphs()) s += fmt::format("; decode as CUDA graphs of {} sizes", graph_sizes_.size());

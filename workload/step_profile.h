@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ struct StepProfile {
   // Under tensor parallelism, what the steps' all-reduces ran on: "custom" (vLLM's custom
   // all-reduce up to 8 MiB, NCCL above) or "nccl" (NCCL only; a file without the key).
   std::string all_reduce = "nccl";
+  // The KV cache's element type when it is not the model's (calibrate --kv-cache-dtype: vLLM's
+  // fp8 e4m3 or fp8_e5m2 cache, quantized by the KV write with scales of 1.0); nullopt: the
+  // model's dtype. An fp8 cache's steps read half the KV bytes, so they have profiles of their
+  // own (step_profile_file).
+  std::optional<DType> kv_cache_dtype;
   std::string measured;             // free text: device, driver, date
   std::vector<ProfileRow> decode;   // one new token per sequence, by batch size (ascending)
   std::vector<ProfileRow> prefill;  // one sequence's chunk, by chunk tokens (ascending)
@@ -105,6 +111,7 @@ class ProfiledStepTime {
   const std::vector<uint32_t>& graph_sizes() const { return graph_sizes_; }
   const std::vector<bool>& rows_at_once() const { return at_once_; }
   // "<gpu>/<model> (eager)" or "<gpu>/<model> (eager; decode as CUDA graphs of N sizes)", with
+  // ", fp8 KV cache" after the mode for an fp8 cache's profile and
   // ", scaled: decode x0.970, prefill x1.000" when the profile was scaled.
   std::string describe() const;
 

@@ -25,6 +25,7 @@ namespace {
 // engine will.
 int write_profile(const CalibrateModelOptions& o, StepProfile& p, const ModelShape& model,
                   int device, std::ostream& out, std::ostream& err) {
+  const std::optional<DType> kv = p.kv_cache_dtype;
   const uint32_t tp = p.tensor_parallel;
   cudaDeviceProp prop{};
   int driver = 0;
@@ -39,17 +40,21 @@ int write_profile(const CalibrateModelOptions& o, StepProfile& p, const ModelSha
                   (driver % 1000) / 10, date,
                   o.layers ? fmt::format(", {} of {} layers", o.layers, model.layers) : "");
   const std::string path =
-      o.out_path.empty() ? step_profile_path(o.gpu_path, model.name, o.graphs, tp) : o.out_path;
+      o.out_path.empty() ? step_profile_path(o.gpu_path, model.name, o.graphs, tp, kv) : o.out_path;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   const std::string tp_flag =
       tp > 1 ? fmt::format(" --tensor-parallel {} --all-reduce {}", tp, p.all_reduce) : "";
+  const std::string kv_flag = kv ? fmt::format(" --kv-cache-dtype {}", to_string(*kv)) : "";
   const std::string text = format_step_profile(
-      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}",
-                      model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag),
+      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}{}",
+                      model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag, kv_flag),
           fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
-                      "16, tables over blocks in random order), {}, median of 5 steps; the "
+                      "16, tables over blocks in random order{}), {}, median of 5 steps; the "
                       "serving engine interpolates it (step_profile.h){}",
+                      kv ? fmt::format("; an {} cache the KV write quantizes with scales of 1.0",
+                                       to_string(*kv))
+                         : "",
                       o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
                                  "to 32K, prefill eager"
                                : "eager launches",
@@ -125,6 +130,8 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   }
   ModelStepConfig cfg;
   cfg.model = model;
+  if (o.kv_cache_dtype != "auto")  // vLLM: fp8 = fp8_e4m3
+    cfg.model.kv_dtype = o.kv_cache_dtype == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
   cfg.layers_run = o.layers;
   cfg.max_tokens = 8192;
   cfg.max_seqs = 512;
@@ -145,6 +152,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   StepProfile p = std::move(profile).value();
   p.gpu = gpu.name;
   p.tensor_parallel = tp;
+  p.kv_cache_dtype = cfg.model.kv_dtype;
   if (member.group) p.all_reduce = member.group->all_reduce_kind();
   return write_profile(o, p, model, device, out, err);
 }

@@ -14,6 +14,9 @@ struct CalibrateModelOptions {
   std::string out_path;  // empty: step_profile_path(gpu_path, model)
   uint32_t layers = 0;   // layers run (0 = all; fewer only for quick trials: times are per run)
   bool graphs = false;   // decode steps as captured CUDA graphs (profile mode "graphs")
+  // The KV cache's dtype (vLLM's --kv-cache-dtype): auto (the model's), fp8 (= fp8_e4m3) or
+  // fp8_e5m2. An fp8 cache's profile is <model>[.tp<N>].fp8[.graphs].yaml.
+  std::string kv_cache_dtype = "auto";
   int device = 0;
   // Tensor parallelism: one process per rank on GPUs 0..N-1 over NCCL (this command again with
   // rank and nccl_id set), each running the grid on its shard; rank 0 writes the rank's profile

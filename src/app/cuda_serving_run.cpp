@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "backends/cuda/cuda_backend.h"
@@ -20,17 +21,19 @@ namespace memsim {
 ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream& out) {
   ServingPredictions p;
   p.profile = run_serving_experiment(config);
-  if (!config.step_profile) return p;
-  p.band = prediction_band(config, p.profile, 0.01, 4);
-  // The probe scales the profile's rows: a run priced by the roofline (an fp8 KV cache, say)
-  // would not use the scale.
-  const bool priced = std::any_of(p.profile.runs.begin(), p.profile.runs.end(), [](const auto& r) {
+  const auto priced = std::find_if(p.profile.runs.begin(), p.profile.runs.end(), [](const auto& r) {
     return r.result.step_time_source.rfind("profile", 0) == 0;
   });
-  if (!priced) {
-    out << "\nspeed probe: not run (no run prices its steps from the profile)\n";
+  if (priced == p.profile.runs.end()) {  // all priced by the roofline: no band, no probe
+    if (config.step_profile)
+      out << "\nspeed probe: not run (no run prices its steps from a profile)\n";
     return p;
   }
+  p.band = prediction_band(config, p.profile, 0.01, 4);
+  // The probe times the grid of the first profiled run's profile (its KV cache dtype's), with
+  // that cache; its factors then scale every profile (the same machine's speed).
+  const std::optional<DType> kv = priced->spec.kv_cache_dtype;
+  const StepProfiles probed = profiles_for(config, kv);
   if (config.parallel.sizes.tensor > 1) {  // the probe's step would need every rank
     out << "\nspeed probe: not run under tensor parallelism (its steps would need every rank)\n";
     return p;
@@ -42,12 +45,12 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
     MEMSIM_ASSIGN_OR_RETURN(
         auto backend, CudaBackend::create(unpriced_gpu_spec(config.gpu.name), clock, nullptr));
     ModelStepConfig mc;  // as calibrate --model builds the step it profiles
-    mc.model = config.model;
+    mc.model = with_kv_cache_dtype(config.model, kv);
     mc.max_tokens = 8192;
     mc.max_seqs = 512;
     MEMSIM_ASSIGN_OR_RETURN(auto step, ModelStep::create(mc, *backend));
     std::ostringstream log;  // the profiler's per-point lines; the table below has them
-    return probe_profile_speed(*step, *backend, config.step_profile->profile(), log);
+    return probe_profile_speed(*step, *backend, probed.eager->profile(), log);
   }();
   if (!probe.ok()) {
     p.probe_error = probe.error().message;
@@ -58,7 +61,7 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
   out << fmt::format(
       "\nspeed probe: isolated steps of the profile's grid on this GPU, eager (as calibrate "
       "--model times them), against {}\n",
-      config.step_profile_path);
+      probed.path);
   out << fmt::format("{:<8} {:>6} {:>7} {:>11} {:>11} {:>7}\n", "step", "size", "point", "profile",
                      "this GPU", "ratio");
   for (const ProbePoint& q : p.probe->points)
@@ -221,14 +224,19 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
   const auto compared = [](const ServingRunResult& m) {
     return m.spec.gpu_step == "model" && m.result.error.empty() && m.budget_error.empty();
   };
-  std::string source;
-  for (const ServingRunResult& r : predicted.runs)
-    if (!r.result.step_time_source.empty()) source = r.result.step_time_source;
+  // Each run's step-time model: its KV cache dtype's profile, or the roofline.
+  std::set<std::string> sources;
+  for (const ServingRunResult& r : predicted.runs) {
+    const std::string& s = r.result.step_time_source;
+    if (!s.empty())
+      sources.insert(s.rfind("profile", 0) == 0 ? profiles_for(config, r.spec.kv_cache_dtype).path
+                                                : s);
+  }
   out << fmt::format(
       "\nmeasured (every step of the model timed on the GPU) vs predicted (sim backend, step "
       "time: {}), same requests and seed; err = predicted / measured - 1; host = share of the "
       "measured step time outside the GPU's kernels\n",
-      source == "roofline" ? source : config.step_profile_path);
+      fmt::join(sources, ", "));
   out << fmt::format("{:<30}", "run");
   for (const ServingMetric& m : kServingMetrics) out << fmt::format(" {:>21}", m.name);
   out << fmt::format(" {:>6} {:>13}\n", "host", "graph steps");

@@ -103,10 +103,13 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
       "calibrated GPU YAML to write (default configs/gpus/<name>.calibrated.yaml); with --model, "
       "the profile to write (default configs/gpus/<name>.profiles/<model>.yaml, "
       "<model>.graphs.yaml with --graphs)");
-  c.cmd->add_option("--model", c.model.model,
-                    "measure this model's step times (configs/models/NAME.yaml) and write its "
-                    "step-time profile instead of the primitive costs");
-  c.cmd->add_option("--layers", c.model.layers, "with --model: layers to run (0 = all)");
+  // The options of a model's profile need --model (without it they would go unused).
+  CLI::Option* model =
+      c.cmd->add_option("--model", c.model.model,
+                        "measure this model's step times (configs/models/NAME.yaml) and write "
+                        "its step-time profile instead of the primitive costs");
+  c.cmd->add_option("--layers", c.model.layers, "with --model: layers to run (0 = all)")
+      ->needs(model);
   c.cmd
       ->add_option("--in-context", o.in_context,
                    "fit the primitive costs to these calls.csv files (written by --backend "
@@ -119,18 +122,29 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
                    "one workload (their spread, their calls pooled); fits and writes nothing")
       ->check(CLI::ExistingFile)
       ->excludes("--in-context");
-  c.cmd->add_flag("--graphs", c.model.graphs,
-                  "with --model: decode steps as captured CUDA graphs (as vLLM runs them)");
+  c.cmd
+      ->add_flag("--graphs", c.model.graphs,
+                 "with --model: decode steps as captured CUDA graphs (as vLLM runs them)")
+      ->needs(model);
+  c.cmd
+      ->add_option("--kv-cache-dtype", c.model.kv_cache_dtype,
+                   "with --model: the KV cache's dtype, as vLLM's --kv-cache-dtype: auto (the "
+                   "model's), fp8 (= fp8_e4m3) or fp8_e5m2; writes <model>.fp8.yaml (or "
+                   ".fp8_e5m2.yaml)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}))
+      ->needs(model);
   c.cmd
       ->add_option("--tensor-parallel", c.model.tensor_parallel,
                    "with --model: one rank's steps under tensor parallelism over N GPUs of this "
                    "host (one process each, NCCL); writes <model>.tp<N>.yaml")
-      ->check(CLI::Range(1, 64));
+      ->check(CLI::Range(1, 64))
+      ->needs(model);
   c.cmd
       ->add_option("--all-reduce", c.model.all_reduce,
                    "with --tensor-parallel: custom (vLLM's custom all-reduce up to 8 MiB, NCCL "
                    "above; its default) or nccl")
-      ->check(CLI::IsMember({"custom", "nccl"}));
+      ->check(CLI::IsMember({"custom", "nccl"}))
+      ->needs(model);
   c.cmd->add_option("--rank", c.model.rank, "(set by --tensor-parallel)")->group("");
   c.cmd->add_option("--nccl-id", c.model.nccl_id, "(set by --tensor-parallel)")->group("");
 }

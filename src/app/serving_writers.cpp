@@ -168,20 +168,22 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
   if (explain && !shown.empty())
     o << table_legend(kKvBudgetLines, kKvBudgetAnchor, true, "budget lines");
   for (const RequestSet& s : c.request_sets) o << "requests: " << s.summary.describe() << "\n";
-  std::set<std::string> sources;
-  for (const ServingRunResult& r : results.runs)
-    if (!r.result.step_time_source.empty()) sources.insert(r.result.step_time_source);
-  for (const std::string& s : sources) {
+  // Each run's step-time source once, with where its profile is (that of the run's KV cache
+  // dtype) or why there is none.
+  std::set<std::string> shown_sources;
+  for (const ServingRunResult& r : results.runs) {
+    const std::string& s = r.result.step_time_source;
+    if (s.empty()) continue;
+    const StepProfiles p = profiles_for(c, r.spec.kv_cache_dtype);
     std::string why;
     if (s.rfind("roofline", 0) == 0)
-      why = c.step_profile ? " (engine.step_time: roofline)" : " (" + c.step_profile_note + ")";
+      why = p.eager ? " (engine.step_time: roofline)" : " (" + p.note + ")";
     else if (s == "measured")
       why = " (the GPU's wall time of each model step)";
     else
-      why = c.step_profile_note.empty()
-                ? fmt::format(" ({})", c.step_profile_path)
-                : fmt::format(" ({}; {})", c.step_profile_path, c.step_profile_note);
-    o << "step time: " << s << why << "\n";
+      why =
+          p.note.empty() ? fmt::format(" ({})", p.path) : fmt::format(" ({}; {})", p.path, p.note);
+    if (shown_sources.insert(s + why).second) o << "step time: " << s << why << "\n";
   }
   if (c.parallel.sizes.data > 1)
     o << fmt::format(

@@ -11,7 +11,8 @@ namespace memsim {
 const ConfigKeys& step_profile_keys() {
   static const ConfigKeys kKeys = {
       {"",
-       {"gpu", "model", "mode", "tensor_parallel", "all_reduce", "measured", "decode", "prefill"}},
+       {"gpu", "model", "mode", "tensor_parallel", "all_reduce", "kv_cache_dtype", "measured",
+        "decode", "prefill"}},
       {"decode[]", {"batch", "contexts", "ms"}},
       {"prefill[]", {"chunk", "prefixes", "ms"}},
   };
@@ -68,6 +69,10 @@ StepProfile load_step_profile(const ConfigNode& node) {
   if (auto v = node.find("tensor_parallel"))
     p.tensor_parallel = static_cast<uint32_t>(v->as_uint_in(1, 1024));
   if (auto v = node.find("all_reduce")) p.all_reduce = v->as_choice({"nccl", "custom"});
+  if (auto v = node.find("kv_cache_dtype")) {
+    const std::string kv = v->as_choice({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"});
+    if (kv != "auto") p.kv_cache_dtype = kv == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
+  }
   if (auto v = node.find("measured")) p.measured = v->as_string();
   p.decode = load_rows(node["decode"], "decode[]");
   if (p.decode.empty()) node["decode"].fail("must list at least one row");
@@ -81,6 +86,7 @@ std::string format_step_profile(const StepProfile& p, const std::vector<std::str
   o += fmt::format("gpu: {}\nmodel: {}\nmode: {}\n", p.gpu, p.model, p.mode);
   if (p.tensor_parallel > 1)
     o += fmt::format("tensor_parallel: {}\nall_reduce: {}\n", p.tensor_parallel, p.all_reduce);
+  if (p.kv_cache_dtype) o += fmt::format("kv_cache_dtype: {}\n", to_string(*p.kv_cache_dtype));
   o += fmt::format("measured: \"{}\"\n", p.measured);
   o += "decode:    # one new token per sequence: step ms by batch x context tokens per sequence\n";
   for (const ProfileRow& r : p.decode)
@@ -95,25 +101,29 @@ std::string format_step_profile(const StepProfile& p, const std::vector<std::str
   return o;
 }
 
-std::string step_profile_file(const std::string& model, bool graphs, uint32_t tensor_parallel) {
+std::string step_profile_file(const std::string& model, bool graphs, uint32_t tensor_parallel,
+                              std::optional<DType> kv_cache_dtype) {
   return model + (tensor_parallel > 1 ? fmt::format(".tp{}", tensor_parallel) : "") +
+         (kv_cache_dtype ? fmt::format(".{}", to_string(*kv_cache_dtype)) : "") +
          (graphs ? ".graphs.yaml" : ".yaml");
 }
 
 std::string step_profile_path(const std::string& gpu_file, const std::string& model, bool graphs,
-                              uint32_t tensor_parallel) {
+                              uint32_t tensor_parallel, std::optional<DType> kv_cache_dtype) {
   const std::filesystem::path g(gpu_file);
   return (g.parent_path() / (g.stem().string() + ".profiles") /
-          step_profile_file(model, graphs, tensor_parallel))
+          step_profile_file(model, graphs, tensor_parallel, kv_cache_dtype))
       .string();
 }
 
 ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_file,
                                   const std::string& gpu_name, const std::string& model,
-                                  bool graphs, uint32_t tensor_parallel) {
+                                  bool graphs, uint32_t tensor_parallel,
+                                  std::optional<DType> kv_cache_dtype) {
   namespace fs = std::filesystem;
-  const std::string file = step_profile_file(model, graphs, tensor_parallel);
-  const fs::path beside = step_profile_path(gpu_file, model, graphs, tensor_parallel);
+  const std::string file = step_profile_file(model, graphs, tensor_parallel, kv_cache_dtype);
+  const fs::path beside =
+      step_profile_path(gpu_file, model, graphs, tensor_parallel, kv_cache_dtype);
   std::vector<fs::path> by_name;
   for (const fs::path& d : config_dirs(at, "gpus"))
     by_name.push_back(d / (gpu_name + ".profiles") / file);
@@ -131,15 +141,19 @@ ProfileLocation find_step_profile(const ConfigNode& at, const std::string& gpu_f
       beside.string() == named || beside.lexically_normal().string().ends_with("/" + named)
           ? beside.string()
           : beside.string() + " or " + named;
+  const std::string kv = kv_cache_dtype ? to_string(*kv_cache_dtype) : "";
   return {beside.string(),
-          fmt::format("no measured profile of {}{} on {}: none at {} ({})", model,
-                      tensor_parallel > 1 ? fmt::format(" at TP {}", tensor_parallel) : "",
-                      gpu_name, looked,
-                      tensor_parallel > 1
-                          ? fmt::format("memsim calibrate --backend cuda --model {} "
-                                        "--tensor-parallel {} writes one",
-                                        model, tensor_parallel)
-                          : std::string("memsim calibrate --backend cuda --model writes one"))};
+          fmt::format(
+              "no measured profile of {}{}{} on {}: none at {} ({})", model,
+              tensor_parallel > 1 ? fmt::format(" at TP {}", tensor_parallel) : "",
+              kv.empty() ? "" : " with an " + kv + " KV cache", gpu_name, looked,
+              tensor_parallel > 1 || !kv.empty()
+                  ? fmt::format("memsim calibrate --backend cuda --model {}{}{} writes one", model,
+                                tensor_parallel > 1
+                                    ? fmt::format(" --tensor-parallel {}", tensor_parallel)
+                                    : "",
+                                kv.empty() ? "" : " --kv-cache-dtype " + kv)
+                  : std::string("memsim calibrate --backend cuda --model writes one"))};
 }
 
 }  // namespace memsim

@@ -49,6 +49,7 @@ Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, cons
   const uint64_t blocks = pool / block_bytes;
   if (blocks == 0) return make_error(ErrorCode::kOutOfMemory, "KV pool holds no block");
   MEMSIM_ASSIGN_OR_RETURN(DevPtr base, backend.device_malloc(blocks * block_bytes, "kv_cache"));
+  // Random 16-bit values; an fp8 cache reads their bytes as fp8 (some NaN: times do not vary).
   const auto dtype = m.dtype == DType::kFP16 ? kernels::KvDtype::kFp16 : kernels::KvDtype::kBf16;
   if (cudaError_t e = kernels::random_half(dtype, base, blocks * block_bytes / 2, 7, nullptr);
       e != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess) {

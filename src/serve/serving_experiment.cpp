@@ -76,19 +76,6 @@ std::optional<DType> parse_kv_cache_dtype(const ConfigNode& v) {
   return s == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
 }
 
-// A run's engine.kv_cache_dtype, refused with step_time: profile (the measured profiles were taken
-// with the model's KV dtype; the roofline prices an fp8 cache's steps).
-std::optional<DType> checked_kv_cache_dtype(const EngineSettings& e, const ModelShape& model,
-                                            const ConfigNode& at) {
-  if (e.kv_cache_dtype && e.step_time == "profile")
-    at.fail(fmt::format(
-        "engine.step_time: profile with engine.kv_cache_dtype {}: the step profiles were "
-        "measured with a {} KV cache (use step_time: roofline or auto, which price an fp8 "
-        "cache's steps by the roofline)",
-        to_string(*e.kv_cache_dtype), to_string(model.dtype)));
-  return e.kv_cache_dtype;
-}
-
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
   node.expect_keys(keys_at(serving_config_keys(), "engine"));
   if (auto v = node.find("export_snapshot")) e.export_snapshot = v->as_bool();
@@ -169,8 +156,11 @@ void check_kv_groups(const ServingConfig& c, const ConfigNode& root,
 
 std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu,
                                      const std::vector<uint32_t>& sizes, uint32_t max_model_len) {
-  const kernels::AttentionShape shape{model.heads, model.kv_heads,
-                                      static_cast<uint32_t>(model.head_dim)};
+  kernels::AttentionShape shape{model.heads, model.kv_heads, static_cast<uint32_t>(model.head_dim)};
+  // An fp8 cache's decode kernel fills fewer CTA slots (decode_ctas_bound).
+  if (const DType kv = model.kv_cache_dtype(); kv == DType::kFP8 || kv == DType::kFP8E5M2)
+    shape.kv_cache =
+        kv == DType::kFP8 ? kernels::KvCacheDtype::kFp8E4m3 : kernels::KvCacheDtype::kFp8E5m2;
   const kernels::DeviceLimits limits{gpu.compute.sms, gpu.compute.decode_ctas_per_sm};
   const uint64_t slots = uint64_t{limits.num_sms} * kernels::decode_ctas(shape, limits);
   const uint32_t context = graph_context_for(max_model_len);
@@ -295,11 +285,13 @@ void check_shadowed_overrides(const ConfigNode& root, const std::vector<ConfigNo
   }
 }
 
-// The measured step-time profiles of (gpu, model), eager and graphs, when they were calibrated.
-// Under tensor parallelism, one rank's profiles (<model>.tp<N>...): their steps include the
-// collectives.
-void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, ServingConfig& c) {
+// The measured step-time profiles of (gpu, model, KV cache dtype `kv`; nullopt: the model's),
+// eager and graphs, when they were calibrated. Under tensor parallelism, one rank's profiles
+// (<model>.tp<N>...): their steps include the collectives.
+StepProfiles load_step_profiles(const ConfigNode& root, const std::string& gpu_file,
+                                const ServingConfig& c, std::optional<DType> kv) {
   const uint32_t tp = c.parallel.sizes.tensor;
+  const auto kv_name = [](std::optional<DType> d) { return d ? to_string(*d) : "auto"; };
   auto load_profile = [&](const std::string& path, const char* mode) -> std::optional<StepProfile> {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) return std::nullopt;
@@ -309,6 +301,11 @@ void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, Ser
       pnode["model"].fail("is not the experiment's model " + c.model.name);
     if (prof.mode != mode)
       pnode["mode"].fail(fmt::format("is {}, but this file holds the {} profile", prof.mode, mode));
+    if (prof.kv_cache_dtype != kv)
+      pnode.fail(
+          fmt::format("holds steps over a kv_cache_dtype {} cache, but this file is the {} "
+                      "one's profile",
+                      kv_name(prof.kv_cache_dtype), kv_name(kv)));
     if (prof.tensor_parallel != tp)
       pnode.fail(
           fmt::format("holds steps at tensor_parallel {}, but this file is the TP {} profile",
@@ -323,16 +320,30 @@ void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, Ser
     if (std::string why = check_step_profile(prof); !why.empty()) pnode.fail(why);
     return prof;
   };
+  StepProfiles s;
   const ProfileLocation eager =
-      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, false, tp);
-  c.step_profile_path = eager.path;
-  c.step_profile_note = eager.note;
-  if (auto prof = load_profile(c.step_profile_path, "eager"))
-    c.step_profile = std::make_shared<const ProfiledStepTime>(std::move(*prof));
-  c.graph_profile_path =
-      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, true, tp).path;
-  if (auto prof = load_profile(c.graph_profile_path, "graphs"))
-    c.graph_profile = std::make_shared<const StepProfile>(std::move(*prof));
+      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, false, tp, kv);
+  s.path = eager.path;
+  s.note = eager.note;
+  if (auto prof = load_profile(s.path, "eager"))
+    s.eager = std::make_shared<const ProfiledStepTime>(std::move(*prof));
+  s.graph_path =
+      find_step_profile(root["gpu"], gpu_file, c.gpu.name, c.model.name, true, tp, kv).path;
+  if (auto prof = load_profile(s.graph_path, "graphs"))
+    s.graphs = std::make_shared<const StepProfile>(std::move(*prof));
+  return s;
+}
+
+// The model dtype's profiles and the fp8 caches' (ServingConfig::kv_profiles).
+void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, ServingConfig& c) {
+  StepProfiles own = load_step_profiles(root, gpu_file, c, std::nullopt);
+  c.step_profile_path = std::move(own.path);
+  c.step_profile_note = std::move(own.note);
+  c.step_profile = std::move(own.eager);
+  c.graph_profile_path = std::move(own.graph_path);
+  c.graph_profile = std::move(own.graphs);
+  for (const DType kv : {DType::kFP8, DType::kFP8E5M2})
+    c.kv_profiles[kv] = load_step_profiles(root, gpu_file, c, kv);
 }
 
 // vLLM's front-end fans a request of n samples out as n requests, each balanced on its own;
@@ -355,6 +366,16 @@ std::string tp_calibrate_flags(const ParallelSettings& p) {
                      all_reduce_kind(p.sizes, p.comm));
 }
 
+// engine.step_time: profile needs the profile of the run's KV cache dtype.
+void check_profile_exists(const ServingConfig& c, std::optional<DType> kv, const ConfigNode& at) {
+  if (const StepProfiles p = profiles_for(c, kv); !p.eager)
+    at.fail(fmt::format(
+        "engine.step_time: profile, but {} does not exist (memsim calibrate --backend cuda "
+        "--model {}{}{} writes it)",
+        p.path, c.model.name, tp_calibrate_flags(c.parallel),
+        kv ? fmt::format(" --kv-cache-dtype {}", to_string(*kv)) : ""));
+}
+
 // `parallel:` (what serving models of it), the step profiles (a rank's under TP), and under TP
 // the rank's shard and the collectives' times.
 void load_parallel_and_step_time(const ConfigNode& root, const std::string& gpu_file,
@@ -371,14 +392,17 @@ void load_parallel_and_step_time(const ConfigNode& root, const std::string& gpu_
         std::string_view(all_reduce_kind(c.parallel.sizes, c.parallel.comm)) == "custom";
     c.collectives =
         std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp, custom));
-    if (!c.step_profile)
-      c.step_profile_note += "; each rank is priced by the roofline plus the collectives";
+    const char* roofline = "; each rank is priced by the roofline plus the collectives";
+    if (!c.step_profile) c.step_profile_note += roofline;
+    for (auto& [kv, p] : c.kv_profiles)
+      if (!p.eager) p.note += roofline;
   }
   if (pp > 1) {
     auto t = PipelineTime::make(c.rank_model, c.gpu, pp, tp, c.collectives);
     if (!t.ok()) root["parallel"]["pipeline_parallel_size"].fail(t.error().message);
     c.pipeline = std::make_shared<const PipelineTime>(std::move(t).value());
     c.step_profile_note += "; each step split over " + c.pipeline->source();
+    for (auto& [kv, p] : c.kv_profiles) p.note += "; each step split over " + c.pipeline->source();
   }
 }
 
@@ -477,13 +501,9 @@ ServingConfig load_serving_config(const ConfigNode& root) {
     run.validate_sample = e.validate_sample;
     run.gpu_layers = e.gpu_layers;
     run.gpu_step = e.gpu_step;
-    run.kv_cache_dtype = checked_kv_cache_dtype(e, c.model, at);
+    run.kv_cache_dtype = e.kv_cache_dtype;
     run.hybrid_kv_cache = e.hybrid_kv_cache;
-    if (e.step_time == "profile" && !c.step_profile)
-      at.fail(
-          fmt::format("engine.step_time: profile, but {} does not exist (memsim calibrate "
-                      "--backend cuda --model {}{} writes it)",
-                      c.step_profile_path, c.model.name, tp_calibrate_flags(c.parallel)));
+    if (e.step_time == "profile") check_profile_exists(c, e.kv_cache_dtype, at);
     run.step_time = e.step_time;
     run.requests = *req;
     if (run.label.empty()) run.label = k->params.empty() ? k->impl : k->impl + " " + k->params;
@@ -511,11 +531,29 @@ ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill)
   if (c.graph_profile)
     c.graph_profile =
         std::make_shared<const StepProfile>(scale_step_profile(*c.graph_profile, decode, 1.0));
-  if (c.step_profile || c.graph_profile) {
+  bool any = c.step_profile || c.graph_profile;
+  for (auto& [kv, s] : c.kv_profiles) {
+    if (s.eager)
+      s.eager = std::make_shared<const ProfiledStepTime>(
+          scale_step_profile(s.eager->profile(), decode, prefill));
+    if (s.graphs)
+      s.graphs = std::make_shared<const StepProfile>(scale_step_profile(*s.graphs, decode, 1.0));
+    any = any || s.eager || s.graphs;
+  }
+  if (any) {
     c.profile_decode_scale *= decode;
     c.profile_prefill_scale *= prefill;
   }
   return c;
+}
+
+StepProfiles profiles_for(const ServingConfig& c, std::optional<DType> kv_cache_dtype) {
+  if (kv_cache_dtype) {
+    auto it = c.kv_profiles.find(*kv_cache_dtype);
+    return it != c.kv_profiles.end() ? it->second : StepProfiles{};
+  }
+  return {c.step_profile_path, c.step_profile_note, c.step_profile, c.graph_profile_path,
+          c.graph_profile};
 }
 
 ModelShape with_kv_cache_dtype(ModelShape model, std::optional<DType> kv) {
@@ -613,12 +651,14 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     e.hybrid_kv_cache = o.spec.hybrid_kv_cache;
     e.sample_interval = c.sample_interval;
     if (!o.spec.enforce_eager) e.graph_sizes = o.budget.capture_sizes;
-    // Measured profiles price steps with the model's KV dtype: an fp8 cache takes the roofline.
-    if (o.spec.step_time != "roofline" && !o.spec.kv_cache_dtype) e.step_profile = c.step_profile;
-    if (e.step_profile && c.graph_profile && !e.graph_sizes.empty())
+    // The profiles of the run's KV cache dtype (an fp8 cache's own: half the KV bytes a step);
+    // without them, the roofline.
+    const StepProfiles prof = profiles_for(c, o.spec.kv_cache_dtype);
+    if (o.spec.step_time != "roofline") e.step_profile = prof.eager;
+    if (e.step_profile && prof.graphs && !e.graph_sizes.empty())
       e.step_profile = std::make_shared<const ProfiledStepTime>(
-          c.step_profile->profile(), c.graph_profile, e.graph_sizes,
-          graph_rows_at_once(c.rank_model, c.gpu, e.graph_sizes, o.spec.serve.max_model_len));
+          prof.eager->profile(), prof.graphs, e.graph_sizes,
+          graph_rows_at_once(rank_model, c.gpu, e.graph_sizes, o.spec.serve.max_model_len));
     if (o.spec.validate_content) e.executor = [] { return std::make_unique<ContentExecutor>(); };
     e.validate_sample = o.spec.validate_sample;
     if (hooks.customize) hooks.customize(o.spec, e);
@@ -661,7 +701,10 @@ PredictionBand prediction_band(const ServingConfig& config, const ServingResults
   band.rel = rel;
   if (!(rel > 0 && rel < 1) || steps < 1)
     throw std::invalid_argument("prediction_band: rel must be in (0, 1) and steps at least 1");
-  if (!config.step_profile && !config.graph_profile) return band;
+  const bool profiled = config.step_profile || config.graph_profile ||
+                        std::any_of(config.kv_profiles.begin(), config.kv_profiles.end(),
+                                    [](const auto& k) { return k.second.eager != nullptr; });
+  if (!profiled) return band;
   const auto failed = [](const ServingRunResult& r) {
     return !r.budget_error.empty() || !r.result.error.empty();
   };

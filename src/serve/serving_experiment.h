@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +58,15 @@ struct ServingRunSpec {
 // `model` with the run's KV cache element type (engine.kv_cache_dtype).
 ModelShape with_kv_cache_dtype(ModelShape model, std::optional<DType> kv);
 
+// The measured profiles of one (gpu, model, KV cache dtype): eager and graphs.
+struct StepProfiles {
+  std::string path;  // where the eager profile is or would be
+  std::string note;  // how it was found (by the GPU's name), or why there is none
+  std::shared_ptr<const ProfiledStepTime> eager;  // null: none exists
+  std::string graph_path;
+  std::shared_ptr<const StepProfile> graphs;  // null: none exists
+};
+
 struct ServingConfig {
   std::string source;  // the YAML file
   std::string experiment;
@@ -87,6 +97,10 @@ struct ServingConfig {
   // prefill rows multiplied by these (another machine's speed against the profiled one, as the
   // --backend cuda speed probe measures it); 1 = the profile as measured.
   double profile_decode_scale = 1, profile_prefill_scale = 1;
+  // The profiles of steps over an fp8 KV cache (calibrate --kv-cache-dtype fp8 or fp8_e5m2:
+  // <model>.fp8[.graphs].yaml), which price the runs of that engine.kv_cache_dtype; the fields
+  // above are the model dtype's. One entry per fp8 dtype, its `eager` null where none exists.
+  std::map<DType, StepProfiles> kv_profiles;
   std::vector<RequestSet> request_sets;  // one per distinct `requests:` block
   std::vector<ServingRunSpec> runs;
 };
@@ -154,6 +168,10 @@ ServingConfig load_serving_config(const ConfigNode& root);
 // are positive and finite.
 ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill);
 
+// The profiles that price a run whose engine.kv_cache_dtype is `kv_cache_dtype` (nullopt: the
+// model's dtype): the config's own, or its kv_profiles entry (empty when there is none).
+StepProfiles profiles_for(const ServingConfig& c, std::optional<DType> kv_cache_dtype);
+
 // Runs every run of the config (in parallel unless hooks.serial). A run that exhausts host
 // memory throws HostMemoryError (core/host_memory.h) once all runs have ended.
 ServingResults run_serving_experiment(const ServingConfig& config,
@@ -197,7 +215,8 @@ PredictionBand prediction_band(const ServingConfig& config, const ServingResults
 // Per graph size: whether its decode attention runs every sequence as one CTA row per KV head,
 // all in one wave (ProfiledStepTime's rows_at_once), by the kernels' planner for the captured
 // launch at graph_context_for(max_model_len): no split, and the batch's rows within the CTA
-// slots (gpu.compute.sms x kernels::decode_ctas: decode_ctas_per_sm, 1 at head_dim 256).
+// slots (gpu.compute.sms x kernels::decode_ctas: decode_ctas_per_sm, 1 at head_dim 256, 2 over
+// the model's fp8 KV cache).
 std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu,
                                      const std::vector<uint32_t>& sizes, uint32_t max_model_len);
 
