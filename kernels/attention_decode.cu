@@ -45,18 +45,19 @@ struct WorkView {
 
 template <typename T, int D>
 using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
-// fp8 caches: the same warps and Q layout over 128-token tiles in two stages (an fp8 row is half
-// a bf16 row's bytes, so a tile is a bf16 tile's bytes, copies and block-table fetches, in the same
-// shared memory). Measured on an H100 against 64-token tiles in four stages (docs/kernels.md):
-// 1.04x the tokens/s at 1 x 32K and 1.08x at 256 x 4K, paged within 3% of contiguous there.
-// head_dim 256 keeps 64-token tiles in four stages (a 128-token tile's row fetches spill there).
+// fp8 caches: 128-token tiles in two stages (an fp8 row is half a bf16 row's bytes, so a tile is
+// a bf16 tile's bytes, copies and block-table fetches, in the same shared memory). Measured on an
+// H100 against 64-token tiles in four stages (docs/kernels.md): 1.04x the tokens/s at 1 x 32K and
+// 1.08x at 256 x 4K, paged within 3% of contiguous there. Four warps below head_dim 256; at 256
+// (one CTA per SM) eight, 16 tokens of every tile each: on an H200 1.15-1.20x as fast as four
+// warps over 64-token tiles in four stages, paged vs contiguous +8% -> +2..+5%; four warps over
+// 128-token tiles ran 0.8x as fast (docs/results/kernels.md, 2026-11-28).
 // The mma operands stay in the model's dtype (fp8 -> fp16 -> bf16 in registers): fp16 operands
 // (prefill's, with Q rescaled into fp16) cut the kernel's instructions by 28% but left paged
 // decode's time unchanged on an H200 and slowed contiguous decode 7-13% (docs/results/kernels.md).
 template <typename T, int D>
 using DecodeFp8Tiles =
-    detail::Fp8Tiles<T, D, 1, 4, (D >= 256 ? 1 : 2) * static_cast<int>(kDecodeTile), 1,
-                     (D >= 256 ? 4 : 2), T>;
+    detail::Fp8Tiles<T, D, 1, (D >= 256 ? 8 : 4), 2 * static_cast<int>(kDecodeTile), 1, 2, T>;
 
 template <typename T, typename KV, int D>
 using DecodeTilesOf =
@@ -71,7 +72,8 @@ inline constexpr int kDecodeMinCtas = static_cast<int>(decode_ctas_bound(D, deta
 
 // Grid (split, kv_head, sequence), or (1, kv_head, work item) with a work list; 128 threads: the
 // four warps take 16 tokens each of every 64-token KV tile (fp8 below head_dim 256: 32 of every
-// 128-token tile) for the group's query rows, then merge their softmax states in shared memory.
+// 128-token tile; fp8 at 256: eight warps, 256 threads, 16 of every 128-token tile) for the
+// group's query rows, then merge their softmax states in shared memory.
 // Three CTAs per SM, fp8 two (shared memory allows one at head_dim 256). A CTA writes its output
 // row directly when its sequence has one split (one chunk), else a partial output at row `part`
 // for the combine. With a sliding window the splits (chunks) cut [window_begin, kv_len) as they
