@@ -268,7 +268,7 @@ struct ModelOverrides {
     app.add_option("--kv-cache-dtype", kv_cache_dtype,
                    "the KV cache's dtype, as vLLM's --kv-cache-dtype: auto (the model's), fp8 (= "
                    "fp8_e4m3, quantized by the KV write with scales of 1.0) or fp8_e5m2")
-        ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}));
+        ->check(CLI::IsMember(memsim::kv_cache_dtype_names()));
   }
   // False (said why) when the result is no valid model, or a --check run (whose PyTorch
   // reference keeps the model's dtype) is asked of an fp8 cache.
@@ -291,7 +291,7 @@ struct ModelOverrides {
           kv_cache_dtype.c_str());
       return false;
     }
-    m.kv_dtype = kv_cache_dtype == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
+    m.kv_dtype = kv_cache_dtype_from_name(kv_cache_dtype);
     return true;
   }
 };

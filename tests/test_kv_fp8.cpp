@@ -220,8 +220,8 @@ requests: {{source: synthetic, count: 2, arrival: {{process: burst}}, prompt: {{
   std::string prof = text;
   prof.replace(prof.find("fp8_e4m4"), 8, "fp8\n  step_time: profile");
   const ServingConfig with = load_serving_config(dir.write("prof.yaml", prof), {});
-  REQUIRE(with.kv_profiles.at(DType::kFP8).eager != nullptr);
-  CHECK(with.kv_profiles.at(DType::kFP8).eager->profile().kv_cache_dtype == DType::kFP8);
+  REQUIRE(with.profiles.at(DType::kFP8).eager != nullptr);
+  CHECK(with.profiles.at(DType::kFP8).eager->profile().kv_cache_dtype == DType::kFP8);
   prof = replace_once(prof, "kv_cache_dtype: fp8\n", "kv_cache_dtype: fp8_e5m2\n");
   CHECK_THROWS_WITH(
       load_serving_config(dir.write("e5m2.yaml", prof), {}),

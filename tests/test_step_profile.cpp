@@ -334,7 +334,7 @@ TEST_CASE("a serving experiment without a profile uses the roofline") {
   const std::string& path = x.path;
   // No profile yet: both runs use the roofline, and step_time: profile is an error.
   ServingConfig plain = load_serving_config(path, {});
-  CHECK(plain.step_profile == nullptr);
+  CHECK(profiles_for(plain, std::nullopt).eager == nullptr);
   CHECK_THROWS_WITH(load_serving_config(
                         dir.write("noprof.yaml", exp + "step_profile_scale: {decode: 0.9}\n"), {}),
                     Catch::Contains("noprof.yaml:") &&
@@ -356,7 +356,7 @@ TEST_CASE("a serving experiment uses the (gpu, model) profile beside the GPU fil
   const ServingConfig plain = load_serving_config(path, {});  // before the profile exists
   x.write_profile();
   const ServingConfig c = load_serving_config(path, {});
-  REQUIRE(c.step_profile != nullptr);
+  REQUIRE(profiles_for(c, std::nullopt).eager != nullptr);
   const ServingResults r = run_serving_experiment(c);
   REQUIRE(r.runs.size() == 2);
   const ServingResult& prof = r.runs[0].result;
@@ -444,7 +444,7 @@ TEST_CASE("a graph profile prices the decode steps of runs that capture graphs")
   g.decode = {{1, {100, 10000}, {30, 30}}, {256, {100, 10000}, {30, 30}}};
   dir.write("gpus/h200.profiles/llama-3.1-8b.graphs.yaml", format_step_profile(g, {}));
   const ServingConfig cg = load_serving_config(path, {});
-  REQUIRE(cg.graph_profile != nullptr);
+  REQUIRE(profiles_for(cg, std::nullopt).graphs != nullptr);
   const ServingResults rg = run_serving_experiment(cg);
   const ServingResult& graphed = rg.runs[0].result;
   REQUIRE(graphed.error.empty());
@@ -488,9 +488,9 @@ TEST_CASE("an fp8 KV cache's runs are priced by the fp8 profile (<model>.fp8.yam
   const std::string fp8_file = "gpus/h200.profiles/llama-3.1-8b.fp8.yaml";
   {
     const ServingConfig c = load_serving_config(path, {});
-    REQUIRE(c.kv_profiles.count(DType::kFP8) == 1);
-    CHECK(c.kv_profiles.at(DType::kFP8).eager == nullptr);
-    CHECK_THAT(c.kv_profiles.at(DType::kFP8).note,
+    REQUIRE(c.profiles.count(DType::kFP8) == 1);
+    CHECK(c.profiles.at(DType::kFP8).eager == nullptr);
+    CHECK_THAT(c.profiles.at(DType::kFP8).note,
                Catch::Contains("with an fp8 KV cache") && Catch::Contains("--kv-cache-dtype fp8"));
     const ServingResults r = run_serving_experiment(c);
     REQUIRE(r.runs.size() == 4);
@@ -508,7 +508,7 @@ TEST_CASE("an fp8 KV cache's runs are priced by the fp8 profile (<model>.fp8.yam
   f.prefill = {{1, {0, 10000}, {20, 20}}, {8192, {0, 10000}, {20, 20}}};
   dir.write(fp8_file, format_step_profile(f, {}));
   const ServingConfig c = load_serving_config(path, {});
-  REQUIRE(c.kv_profiles.at(DType::kFP8).eager != nullptr);
+  REQUIRE(c.profiles.at(DType::kFP8).eager != nullptr);
   const ServingResults r = run_serving_experiment(c);
   REQUIRE(r.runs.size() == 4);
   for (const ServingRunResult& o : r.runs) REQUIRE(o.result.error.empty());
@@ -557,7 +557,7 @@ TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, c
   const std::string tp2 = x.dir.write("tp2.yaml", x.exp + "parallel: {tensor_parallel_size: 2}\n");
   // No TP-2 profile: the roofline plus the collectives; step_time: profile names the file to make.
   const ServingConfig none = load_serving_config(tp2, {});
-  CHECK(none.step_profile == nullptr);
+  CHECK(profiles_for(none, std::nullopt).eager == nullptr);
   CHECK_THROWS_WITH(load_serving_config(tp2, {"engine.step_time=profile"}),
                     Catch::Contains("h200.profiles/llama-3.1-8b.tp2.yaml does not exist") &&
                         Catch::Contains("--tensor-parallel 2"));
@@ -566,7 +566,7 @@ TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, c
   CHECK(roof.runs[0].result.step_time_source.rfind("roofline + collectives (", 0) == 0);
   // One GPU's profile does not price a TP-2 rank.
   x.write_profile();
-  CHECK(load_serving_config(tp2, {}).step_profile == nullptr);
+  CHECK(profiles_for(load_serving_config(tp2, {}), std::nullopt).eager == nullptr);
   // The rank's profile: every step 40 ms, collectives included (nothing is added to it).
   StepProfile p = x.p;
   p.tensor_parallel = 2;
@@ -574,8 +574,8 @@ TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, c
   const std::string file =
       x.dir.write("gpus/h200.profiles/llama-3.1-8b.tp2.yaml", format_step_profile(p, {}));
   const ServingConfig c = load_serving_config(tp2, {});
-  REQUIRE(c.step_profile != nullptr);
-  CHECK(c.step_profile_path == file);
+  REQUIRE(profiles_for(c, std::nullopt).eager != nullptr);
+  CHECK(profiles_for(c, std::nullopt).path == file);
   const ServingResults r = run_serving_experiment(c);
   REQUIRE(r.runs.size() == 2);
   REQUIRE(r.runs[0].result.error.empty());
@@ -591,7 +591,8 @@ TEST_CASE("under tensor parallelism a rank's profile (tp<N>) prices its steps, c
                     Catch::Contains("llama-3.1-8b.tp2.yaml:") &&
                         Catch::Contains("measured with the nccl all-reduce") &&
                         Catch::Contains("--all-reduce custom"));
-  CHECK(load_serving_config(tp2, {"parallel.custom_all_reduce=false"}).step_profile != nullptr);
+  CHECK(profiles_for(load_serving_config(tp2, {"parallel.custom_all_reduce=false"}), std::nullopt)
+            .eager != nullptr);
   // A file of another size's steps is refused, naming it.
   p.tensor_parallel = 4;
   x.dir.write("gpus/h200.profiles/llama-3.1-8b.tp2.yaml", format_step_profile(p, {}));

@@ -42,6 +42,22 @@ const char* to_string(DType t) {
   return "unknown";
 }
 
+const std::vector<std::string>& kv_cache_dtype_names() {
+  static const std::vector<std::string> names{"auto", "fp8", "fp8_e4m3", "fp8_e5m2"};
+  return names;
+}
+
+std::optional<DType> kv_cache_dtype_from_name(const std::string& name) {
+  if (name == "auto") return std::nullopt;
+  return name == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
+}
+
+kernels::KvCacheDtype kernel_kv_cache(DType kv) {
+  if (kv == DType::kFP8) return kernels::KvCacheDtype::kFp8E4m3;
+  if (kv == DType::kFP8E5M2) return kernels::KvCacheDtype::kFp8E5m2;
+  return kernels::KvCacheDtype::kAuto;
+}
+
 // Parameter count (all weights in the model dtype):
 //   embedding                 vocab x hidden
 //   per layer  q_proj         hidden x heads x head_dim        (+ heads x head_dim bias)

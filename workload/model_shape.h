@@ -6,12 +6,24 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_types.h"
+
 namespace memsim {
 
 // kFP8 is e4m3 (vLLM's kv_cache_dtype "fp8" and "fp8_e4m3"); kFP8E5M2 its e5m2 variant.
 enum class DType : uint8_t { kBF16, kFP16, kFP32, kFP8, kInt32, kInt64, kFP8E5M2 };
 uint64_t dtype_bytes(DType t);
 const char* to_string(DType t);
+
+// vLLM's kv_cache_dtype names (CacheDType): auto, fp8, fp8_e4m3, fp8_e5m2.
+const std::vector<std::string>& kv_cache_dtype_names();
+// The KV cache dtype a name gives: nullopt for "auto" (the model's dtype), kFP8 for "fp8" and
+// "fp8_e4m3" (vLLM's fp8 is e4m3), kFP8E5M2 for "fp8_e5m2". The name must be one of
+// kv_cache_dtype_names() (callers check it against that list first).
+std::optional<DType> kv_cache_dtype_from_name(const std::string& name);
+// The attention kernels' cache format for a KV dtype: the fp8 formats, kAuto (the model's
+// dtype) for the rest.
+kernels::KvCacheDtype kernel_kv_cache(DType kv);
 
 struct ModelShape {
   std::string name;

@@ -130,8 +130,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   }
   ModelStepConfig cfg;
   cfg.model = model;
-  if (o.kv_cache_dtype != "auto")  // vLLM: fp8 = fp8_e4m3
-    cfg.model.kv_dtype = o.kv_cache_dtype == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
+  cfg.model.kv_dtype = kv_cache_dtype_from_name(o.kv_cache_dtype);
   cfg.layers_run = o.layers;
   cfg.max_tokens = 8192;
   cfg.max_seqs = 512;

@@ -25,7 +25,7 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
     return r.result.step_time_source.rfind("profile", 0) == 0;
   });
   if (priced == p.profile.runs.end()) {  // all priced by the roofline: no band, no probe
-    if (config.step_profile)
+    if (profiles_for(config, std::nullopt).eager)
       out << "\nspeed probe: not run (no run prices its steps from a profile)\n";
     return p;
   }
@@ -132,9 +132,7 @@ Result<ServingRunHooks> cuda_serving_hooks(const ServingConfig& config, int rank
     c.model = with_kv_cache_dtype(m, spec.kv_cache_dtype);
     // engine.kv_cache_dtype fp8: one byte per element in the pool (the engine sizes it from
     // the model's KV dtype), quantized by the KV write with scales of 1.0 (kv_scales).
-    if (spec.kv_cache_dtype)
-      c.shape.kv_cache = *spec.kv_cache_dtype == DType::kFP8E5M2 ? kernels::KvCacheDtype::kFp8E5m2
-                                                                 : kernels::KvCacheDtype::kFp8E4m3;
+    if (spec.kv_cache_dtype) c.shape.kv_cache = kernel_kv_cache(*spec.kv_cache_dtype);
     e.measured_clock = c.model_step;
     c.max_tokens = spec.serve.max_num_batched_tokens;
     c.max_seqs = spec.serve.max_num_seqs;

@@ -18,6 +18,7 @@
 #include "src/app/plots.h"
 #include "src/app/replay_command.h"
 #include "src/app/sweep.h"
+#include "workload/model_shape.h"
 
 namespace {
 
@@ -131,7 +132,7 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
                    "with --model: the KV cache's dtype, as vLLM's --kv-cache-dtype: auto (the "
                    "model's), fp8 (= fp8_e4m3) or fp8_e5m2; writes <model>.fp8.yaml (or "
                    ".fp8_e5m2.yaml)")
-      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}))
+      ->check(CLI::IsMember(memsim::kv_cache_dtype_names()))
       ->needs(model);
   c.cmd
       ->add_option("--tensor-parallel", c.model.tensor_parallel,

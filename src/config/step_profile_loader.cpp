@@ -69,10 +69,8 @@ StepProfile load_step_profile(const ConfigNode& node) {
   if (auto v = node.find("tensor_parallel"))
     p.tensor_parallel = static_cast<uint32_t>(v->as_uint_in(1, 1024));
   if (auto v = node.find("all_reduce")) p.all_reduce = v->as_choice({"nccl", "custom"});
-  if (auto v = node.find("kv_cache_dtype")) {
-    const std::string kv = v->as_choice({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"});
-    if (kv != "auto") p.kv_cache_dtype = kv == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
-  }
+  if (auto v = node.find("kv_cache_dtype"))
+    p.kv_cache_dtype = kv_cache_dtype_from_name(v->as_choice(kv_cache_dtype_names()));
   if (auto v = node.find("measured")) p.measured = v->as_string();
   p.decode = load_rows(node["decode"], "decode[]");
   if (p.decode.empty()) node["decode"].fail("must list at least one row");

@@ -58,9 +58,8 @@ Status ModelStep::Impl::init() {
   // engine.kv_cache_dtype: an fp8 cache the KV write quantizes into and attention dequantizes,
   // with per-tensor scales of 1.0 (kv_scales: vLLM's default when the checkpoint has none).
   const DType kv = m.kv_cache_dtype();
-  if (kv == DType::kFP8 || kv == DType::kFP8E5M2)
-    shape.kv_cache = kv == DType::kFP8 ? KvCacheDtype::kFp8E4m3 : KvCacheDtype::kFp8E5m2;
-  else if (kv != m.dtype)
+  shape.kv_cache = kernel_kv_cache(kv);
+  if (shape.kv_cache == KvCacheDtype::kAuto && kv != m.dtype)
     return make_error(ErrorCode::kNotSupported,
                       fmt::format("model {}: a {} KV cache (the executor stores the model's "
                                   "dtype or fp8)",

@@ -71,9 +71,7 @@ struct EngineSettings {
 // engine.kv_cache_dtype, vLLM's CacheDType values: auto (the model's dtype), fp8 (= fp8_e4m3,
 // vLLM's default fp8 format), fp8_e4m3, fp8_e5m2.
 std::optional<DType> parse_kv_cache_dtype(const ConfigNode& v) {
-  const std::string s = v.as_choice({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"});
-  if (s == "auto") return std::nullopt;
-  return s == "fp8_e5m2" ? DType::kFP8E5M2 : DType::kFP8;
+  return kv_cache_dtype_from_name(v.as_choice(kv_cache_dtype_names()));
 }
 
 EngineSettings parse_engine(const ConfigNode& node, EngineSettings e) {
@@ -158,9 +156,7 @@ std::vector<bool> graph_rows_at_once(const ModelShape& model, const GpuSpec& gpu
                                      const std::vector<uint32_t>& sizes, uint32_t max_model_len) {
   kernels::AttentionShape shape{model.heads, model.kv_heads, static_cast<uint32_t>(model.head_dim)};
   // An fp8 cache's decode kernel fills fewer CTA slots (decode_ctas_bound).
-  if (const DType kv = model.kv_cache_dtype(); kv == DType::kFP8 || kv == DType::kFP8E5M2)
-    shape.kv_cache =
-        kv == DType::kFP8 ? kernels::KvCacheDtype::kFp8E4m3 : kernels::KvCacheDtype::kFp8E5m2;
+  shape.kv_cache = kernel_kv_cache(model.kv_cache_dtype());
   const kernels::DeviceLimits limits{gpu.compute.sms, gpu.compute.decode_ctas_per_sm};
   const uint64_t slots = uint64_t{limits.num_sms} * kernels::decode_ctas(shape, limits);
   const uint32_t context = graph_context_for(max_model_len);
@@ -334,16 +330,11 @@ StepProfiles load_step_profiles(const ConfigNode& root, const std::string& gpu_f
   return s;
 }
 
-// The model dtype's profiles and the fp8 caches' (ServingConfig::kv_profiles).
+// The model dtype's profiles and the fp8 caches' (ServingConfig::profiles).
 void load_step_profiles(const ConfigNode& root, const std::string& gpu_file, ServingConfig& c) {
-  StepProfiles own = load_step_profiles(root, gpu_file, c, std::nullopt);
-  c.step_profile_path = std::move(own.path);
-  c.step_profile_note = std::move(own.note);
-  c.step_profile = std::move(own.eager);
-  c.graph_profile_path = std::move(own.graph_path);
-  c.graph_profile = std::move(own.graphs);
-  for (const DType kv : {DType::kFP8, DType::kFP8E5M2})
-    c.kv_profiles[kv] = load_step_profiles(root, gpu_file, c, kv);
+  for (const std::optional<DType> kv :
+       {std::optional<DType>{}, std::optional{DType::kFP8}, std::optional{DType::kFP8E5M2}})
+    c.profiles[kv] = load_step_profiles(root, gpu_file, c, kv);
 }
 
 // vLLM's front-end fans a request of n samples out as n requests, each balanced on its own;
@@ -393,16 +384,14 @@ void load_parallel_and_step_time(const ConfigNode& root, const std::string& gpu_
     c.collectives =
         std::make_shared<const CollectiveTime>(*CollectiveTime::make(c.gpu, tp, custom));
     const char* roofline = "; each rank is priced by the roofline plus the collectives";
-    if (!c.step_profile) c.step_profile_note += roofline;
-    for (auto& [kv, p] : c.kv_profiles)
+    for (auto& [kv, p] : c.profiles)
       if (!p.eager) p.note += roofline;
   }
   if (pp > 1) {
     auto t = PipelineTime::make(c.rank_model, c.gpu, pp, tp, c.collectives);
     if (!t.ok()) root["parallel"]["pipeline_parallel_size"].fail(t.error().message);
     c.pipeline = std::make_shared<const PipelineTime>(std::move(t).value());
-    c.step_profile_note += "; each step split over " + c.pipeline->source();
-    for (auto& [kv, p] : c.kv_profiles) p.note += "; each step split over " + c.pipeline->source();
+    for (auto& [kv, p] : c.profiles) p.note += "; each step split over " + c.pipeline->source();
   }
 }
 
@@ -425,9 +414,9 @@ ServingConfig load_serving_config(const ConfigNode& root) {
                                             c.model.name, tp_calibrate_flags(c.parallel));
   if (auto sc = root.find("step_profile_scale")) {
     sc->expect_keys(keys_at(serving_config_keys(), "step_profile_scale"));
-    if (!c.step_profile)
+    if (const StepProfiles own = profiles_for(c, std::nullopt); !own.eager)
       sc->fail(fmt::format("scales the step profile, but {} does not exist ({} writes it)",
-                           c.step_profile_path, calibrate));
+                           own.path, calibrate));
     const double d = sc->has("decode") ? (*sc)["decode"].as_double_in(0.01, 100) : 1.0;
     const double p = sc->has("prefill") ? (*sc)["prefill"].as_double_in(0.01, 100) : 1.0;
     c = with_profile_scale(std::move(c), d, p);
@@ -525,20 +514,13 @@ ServingConfig load_serving_config(const ConfigNode& root) {
 }
 
 ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill) {
-  if (c.step_profile)
-    c.step_profile = std::make_shared<const ProfiledStepTime>(
-        scale_step_profile(c.step_profile->profile(), decode, prefill));
-  if (c.graph_profile)
-    c.graph_profile =
-        std::make_shared<const StepProfile>(scale_step_profile(*c.graph_profile, decode, 1.0));
-  bool any = c.step_profile || c.graph_profile;
-  for (auto& [kv, s] : c.kv_profiles) {
+  const bool any = any_step_profile(c);
+  for (auto& [kv, s] : c.profiles) {
     if (s.eager)
       s.eager = std::make_shared<const ProfiledStepTime>(
           scale_step_profile(s.eager->profile(), decode, prefill));
     if (s.graphs)
       s.graphs = std::make_shared<const StepProfile>(scale_step_profile(*s.graphs, decode, 1.0));
-    any = any || s.eager || s.graphs;
   }
   if (any) {
     c.profile_decode_scale *= decode;
@@ -548,12 +530,13 @@ ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill)
 }
 
 StepProfiles profiles_for(const ServingConfig& c, std::optional<DType> kv_cache_dtype) {
-  if (kv_cache_dtype) {
-    auto it = c.kv_profiles.find(*kv_cache_dtype);
-    return it != c.kv_profiles.end() ? it->second : StepProfiles{};
-  }
-  return {c.step_profile_path, c.step_profile_note, c.step_profile, c.graph_profile_path,
-          c.graph_profile};
+  auto it = c.profiles.find(kv_cache_dtype);
+  return it != c.profiles.end() ? it->second : StepProfiles{};
+}
+
+bool any_step_profile(const ServingConfig& c) {
+  return std::any_of(c.profiles.begin(), c.profiles.end(),
+                     [](const auto& k) { return k.second.eager || k.second.graphs; });
 }
 
 ModelShape with_kv_cache_dtype(ModelShape model, std::optional<DType> kv) {
@@ -701,10 +684,7 @@ PredictionBand prediction_band(const ServingConfig& config, const ServingResults
   band.rel = rel;
   if (!(rel > 0 && rel < 1) || steps < 1)
     throw std::invalid_argument("prediction_band: rel must be in (0, 1) and steps at least 1");
-  const bool profiled = config.step_profile || config.graph_profile ||
-                        std::any_of(config.kv_profiles.begin(), config.kv_profiles.end(),
-                                    [](const auto& k) { return k.second.eager != nullptr; });
-  if (!profiled) return band;
+  if (!any_step_profile(config)) return band;
   const auto failed = [](const ServingRunResult& r) {
     return !r.budget_error.empty() || !r.result.error.empty();
   };

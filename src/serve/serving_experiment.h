@@ -86,21 +86,16 @@ struct ServingConfig {
   std::shared_ptr<const CollectiveTime> collectives;
   std::shared_ptr<const PipelineTime> pipeline;  // null: one stage
   SimTime sample_interval = 100'000'000;
-  std::string step_profile_path;  // where the (gpu, model) profile is or would be
-  std::string step_profile_note;  // how it was found (by the GPU's name), or why there is none
-  std::shared_ptr<const ProfiledStepTime> step_profile;  // null: none exists
-  // The profile of decode steps replayed as CUDA graphs (calibrate --graphs), used for the
-  // decode steps of runs that capture graphs (not enforce_eager); null: none exists.
-  std::string graph_profile_path;
-  std::shared_ptr<const StepProfile> graph_profile;
+  // The measured step profiles of each KV cache dtype, which price the runs of that
+  // engine.kv_cache_dtype: nullopt is the model's dtype (calibrate: <model>[.tpN].yaml), kFP8
+  // and kFP8E5M2 the fp8 caches' (calibrate --kv-cache-dtype: <model>.fp8[_e5m2].yaml). Each
+  // holds the eager profile and the one of decode steps replayed as CUDA graphs (calibrate
+  // --graphs: the decode steps of runs that capture graphs). All three keys are present.
+  std::map<std::optional<DType>, StepProfiles> profiles;
   // step_profile_scale: {decode, prefill}: both profiles' decode rows and the eager profile's
   // prefill rows multiplied by these (another machine's speed against the profiled one, as the
   // --backend cuda speed probe measures it); 1 = the profile as measured.
   double profile_decode_scale = 1, profile_prefill_scale = 1;
-  // The profiles of steps over an fp8 KV cache (calibrate --kv-cache-dtype fp8 or fp8_e5m2:
-  // <model>.fp8[.graphs].yaml), which price the runs of that engine.kv_cache_dtype; the fields
-  // above are the model dtype's. One entry per fp8 dtype, its `eager` null where none exists.
-  std::map<DType, StepProfiles> kv_profiles;
   std::vector<RequestSet> request_sets;  // one per distinct `requests:` block
   std::vector<ServingRunSpec> runs;
 };
@@ -169,8 +164,10 @@ ServingConfig load_serving_config(const ConfigNode& root);
 ServingConfig with_profile_scale(ServingConfig c, double decode, double prefill);
 
 // The profiles that price a run whose engine.kv_cache_dtype is `kv_cache_dtype` (nullopt: the
-// model's dtype): the config's own, or its kv_profiles entry (empty when there is none).
+// model's dtype): its entry of c.profiles (empty when there is none).
 StepProfiles profiles_for(const ServingConfig& c, std::optional<DType> kv_cache_dtype);
+// Whether any dtype has a measured profile (eager or graphs).
+bool any_step_profile(const ServingConfig& c);
 
 // Runs every run of the config (in parallel unless hooks.serial). A run that exhausts host
 // memory throws HostMemoryError (core/host_memory.h) once all runs have ended.
