@@ -20,9 +20,9 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
 cudaError_t paged_prefill(const AttentionShape& shape, const PrefillArgs& args,
                           cudaStream_t stream);
 // Whether paged_prefill runs this shape on the Hopper wgmma kernel (attention_prefill_sm90.cu):
-// bf16/fp16 caches at head_dim 128 on a compute capability 9.0 device, split launches (`split`)
-// as unsplit ones, unless the environment sets MEMSIM_PREFILL_SM90=0 (then the mma.sync kernel,
-// as on other GPUs).
+// bf16/fp16 Q (its own dtype's or an fp8 cache) at head_dim 128 on a compute capability 9.0 device,
+// split launches (`split`) as unsplit ones, unless the environment sets MEMSIM_PREFILL_SM90=0 (then
+// the mma.sync kernel, as on other GPUs).
 bool prefill_sm90_eligible(const AttentionShape& shape, bool split);
 // paged_decode or paged_prefill, as args.decode says.
 cudaError_t layer_attention(const AttentionShape& shape, const LayerAttentionArgs& args,

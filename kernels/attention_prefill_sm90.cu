@@ -1,14 +1,16 @@
 // PrefillSm90Kernel: the paged causal prefill on Hopper (sm_90a, FlashAttention-3 style): one
 // producer warpgroup gathers Q and the K/V tiles token by token (paged or contiguous) with
-// cp.async into 128-byte-swizzled shared memory, two consumer warpgroups of 64 query rows each
-// run S = Q K^T and O += P V on wgmma with the softmax in registers (split-KV launches: a chunk
-// of the KV range per item, written as partial rows for the merge); host launcher.
+// cp.async into 128-byte-swizzled shared memory (fp8 caches: through a staging buffer, converted
+// to the compute dtype by the producer), two consumer warpgroups of 64 query rows each run
+// S = Q K^T and O += P V on wgmma with the softmax in registers (split-KV launches: a chunk of the
+// KV range per item, written as partial rows for the merge); host launcher.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
 
 #include "kernels/attention.h"
 #include "kernels/attention_core.cuh"
+#include "kernels/attention_fp8.cuh"
 #include "kernels/attention_prefill_sm90.h"
 #include "kernels/attention_prefill_split.cuh"
 #include "kernels/attention_sm90.cuh"
@@ -36,15 +38,24 @@ constexpr uint32_t kQBytes = kRows * kD * 2;
 // is free once its Q K^T is done, a tile before its V, whose P V runs in the next iteration).
 constexpr uint32_t kBarAt = kQBytes + 2 * kStages * kTileBytes;
 constexpr uint32_t kBarBytes = 8 * (1 + 4 * kStages);
-constexpr uint32_t kOffsAt = kBarAt + 128;                   // row offsets [3][kBN]
-constexpr size_t kSmemBytes = kOffsAt + 3 * kBN * 8 + 1024;  // + alignment slack
+constexpr uint32_t kOffsAt = kBarAt + 128;  // row offsets [3][kBN]
+// fp8 caches: a K or V tile's fp8 rows ([kBN][kD] bytes) land by cp.async in one of kStaging
+// staging buffers after the row offsets; the producer converts each one kAhead copies later.
+constexpr uint32_t kStagingAt = kOffsAt + 3 * kBN * 8;
+constexpr uint32_t kStagingBytes = kBN * kD;
+constexpr int kStaging = 3;
+constexpr int kAhead = 2;  // copies in flight before the oldest is converted
+static_assert(kAhead < kStaging, "a staging buffer is converted before it is copied into again");
+template <bool FP8>
+constexpr size_t kSmemBytes = kStagingAt + (FP8 ? kStaging * kStagingBytes : 0) + 1024;  // + slack
 static_assert(kHalfBytes == kRows * 64 * 2, "Q halves and K/V halves share the stride");
 static_assert(kBarBytes <= 128, "barriers fit before the row offsets");
+static_assert(kSmemBytes<true> <= 227 * 1024, "fp8 staging fits an SM's shared memory");
 static_assert(kBN == kSm90KvTile, "the split planner cuts chunks of this kernel's tiles");
 
-template <typename T>
+template <typename T, typename KV>
 struct Sm90Params {
-  detail::KvParams<T, T> kv;
+  detail::KvParams<T, KV> kv;
   const int32_t* qo_indptr;
   const int32_t* work;  // {sequence, first token} per CTA row
   uint32_t tokens_per_tile;
@@ -81,8 +92,8 @@ struct Item {
 // query's window start with a window, else 0) replaces the range. Chunks are whole 64-token tiles
 // of the mma.sync kernel, not always of kBN: keys at hi and past are masked as if causal (every
 // row's limit is capped at hi, and mask_from with it), rows past hi zero-filled.
-template <typename T>
-__device__ __forceinline__ void split_item(const Sm90Params<T>& p, Item& it) {
+template <class P>
+__device__ __forceinline__ void split_item(const P& p, Item& it) {
   it.chunk = static_cast<uint32_t>(p.work[3 * blockIdx.x + 2]);
   uint32_t lo, hi;
   p.split.chunk_range(it.chunk, it.kv_begin, it.kv_end, &lo, &hi);
@@ -92,8 +103,8 @@ __device__ __forceinline__ void split_item(const Sm90Params<T>& p, Item& it) {
   it.ntiles = (hi - lo + kBN - 1) / kBN;
 }
 
-template <typename T>
-__device__ __forceinline__ Item make_item(const Sm90Params<T>& p) {
+template <class P>
+__device__ __forceinline__ Item make_item(const P& p) {
   Item it;
   const uint32_t item = blockIdx.x;
   it.head = blockIdx.y;
@@ -139,15 +150,79 @@ __device__ __forceinline__ void copy_rows(uint32_t dst, const char* src, const i
   }
 }
 
+// fp8: one K or V tile's rows into a staging buffer `dst` ([kBN][128 bytes], unswizzled): 8
+// threads a row, each copying its 16 bytes (chunk c of the row, at `src`), 16 rows a pass; offs as
+// in copy_rows.
+template <bool FULL>
+__device__ __forceinline__ void copy_rows_fp8(uint32_t dst, const char* src, const int64_t* offs,
+                                              int r) {
+#pragma unroll
+  for (int j = 0; j < kBN / 16; ++j) {
+    const int64_t o = offs[16 * j + r];
+    const uint32_t d = dst + j * 16 * kD;
+    if constexpr (FULL) {
+      cp_async_16(d, src + o);
+    } else {
+      cp_async_16(d, src + (o >= 0 ? o : 0), o >= 0);
+    }
+  }
+}
+
+// fp8: converts a staged tile to T in the swizzled layout of `tile` (exact: every fp8 value is a
+// bf16 and an fp16 value; the scales are applied in fp32 by the consumers). Thread (r, c) turns
+// chunk c of rows 16j + r (dims 16c..16c+15) into the tile's chunks 2c and 2c + 1; threads
+// c >= 4 store the odd chunk first, so the 8 threads of a row write 8 distinct bank groups.
+template <typename T, typename KV>
+__device__ __forceinline__ void convert_tile(unsigned char* tile, const unsigned char* staged,
+                                             int r, int c) {
+  const bool odd_first = c >= 4;
+#pragma unroll
+  for (int j = 0; j < kBN / 16; ++j) {
+    const int row = 16 * j + r;
+    const uint4 w = *reinterpret_cast<const uint4*>(staged + row * kD + c * 16);
+    uint4 lo, hi;
+    lo.x = detail::fp8x2_to<T, KV>(w.x);
+    lo.y = detail::fp8x2_to<T, KV>(w.x >> 16);
+    lo.z = detail::fp8x2_to<T, KV>(w.y);
+    lo.w = detail::fp8x2_to<T, KV>(w.y >> 16);
+    hi.x = detail::fp8x2_to<T, KV>(w.z);
+    hi.y = detail::fp8x2_to<T, KV>(w.z >> 16);
+    hi.z = detail::fp8x2_to<T, KV>(w.w);
+    hi.w = detail::fp8x2_to<T, KV>(w.w >> 16);
+    const int first = 2 * c + (odd_first ? 1 : 0), second = 2 * c + (odd_first ? 0 : 1);
+    *reinterpret_cast<uint4*>(tile + swz(row, first)) = odd_first ? hi : lo;
+    *reinterpret_cast<uint4*>(tile + swz(row, second)) = odd_first ? lo : hi;
+  }
+}
+
+// fp8: the tile (i) and operand (which: 0 K, 1 V) of the producer's copy j, in produce's order
+// K0, K1, V0, K2, V1, ..., K(n-1), V(n-2), V(n-1) for n tiles.
+__device__ __forceinline__ void job_tile(uint32_t j, uint32_t n, uint32_t& i, int& which) {
+  if (j == 0) {
+    i = 0;
+    which = 0;
+  } else if (j % 2 == 1) {
+    i = (j + 1) / 2;
+    which = i < n ? 0 : 1;
+    if (which) i = n - 1;
+  } else {
+    i = j / 2 - 1;
+    which = 1;
+  }
+}
+
 // Producer warpgroup (tid 0..127): Q once, then every K/V tile into the stage ring, tile i's K
 // before tile i - 1's V (FlashAttention-3's order: K, needed first, waits only for the Q K^T two
 // tiles back, not for the P V a tile back). Each thread looks up one token's row (block table) a
 // tile ahead, so the table load's latency hides behind the current copies, and shares its byte
 // offset through shared memory (three buffers: V reads a tile's offsets an iteration after K; one
-// named barrier a tile); the copies complete on the stage's full barrier.
-template <typename T, class Loc>
-__device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, const Loc& loc,
+// named barrier a tile); the copies complete on the stage's full barrier. fp8 caches: each copy
+// lands in the next staging buffer (one commit group), and the one kAhead copies before it,
+// complete by then, is converted into its stage, which the producer's threads then mark full.
+template <typename T, typename KV, class Loc>
+__device__ __forceinline__ void produce(const Sm90Params<T, KV>& p, const Item& it, const Loc& loc,
                                         unsigned char* sm, uint32_t base, int tid) {
+  constexpr bool kFp8 = detail::kIsFp8<KV>;
   {
     const int chunk = tid & 15, r0 = tid >> 4;
     const uint32_t h = it.head;
@@ -179,10 +254,40 @@ __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, 
     if (have) loc.fetch(pos, a, b);
   };
   auto publish = [&](uint32_t i) {
-    offs[(i % 3) * kBN + tid] = have ? loc.offset(a, b) * static_cast<int64_t>(sizeof(T)) : -1;
+    offs[(i % 3) * kBN + tid] = have ? loc.offset(a, b) * static_cast<int64_t>(sizeof(KV)) : -1;
+  };
+  // fp8: jobs = the copies issued so far. Copy j (job_tile) lands in staging buffer j % kStaging
+  // and is converted kAhead copies later, its loads in flight meanwhile. A thread converts the
+  // bytes it copied itself, so neither the conversion nor the buffer's reuse needs a barrier.
+  uint32_t jobs = 0;
+  auto convert = [&](uint32_t j) {
+    uint32_t i;
+    int which;
+    job_tile(j, it.ntiles, i, which);
+    const uint32_t s = i % kStages;
+    if (i >= kStages)
+      mbar_wait(stage_bar(base, which ? kVEmpty : kKEmpty, s), ((i / kStages) + 1) & 1);
+    convert_tile<T, KV>(sm + kQBytes + (2 * s + which) * kTileBytes,
+                        sm + kStagingAt + (j % kStaging) * kStagingBytes, r, c);
+    fence_proxy_async();  // the generic-proxy stores, before the consumers' wgmma reads
+    mbar_arrive(stage_bar(base, which ? kVFull : kKFull, s));
+  };
+  auto load_fp8 = [&](uint32_t i, int which) {
+    const int64_t* o = offs + (i % 3) * kBN;
+    const uint32_t d = base + kStagingAt + (jobs % kStaging) * kStagingBytes + r * kD + c * 16;
+    const char* src = which ? vsrc : ksrc;
+    if (it.kv_begin + (i + 1) * kBN <= it.kv_end)
+      copy_rows_fp8<true>(d, src, o, r);
+    else
+      copy_rows_fp8<false>(d, src, o, r);
+    detail::cp_async_commit();
+    if (++jobs > kAhead) {
+      detail::cp_async_wait<kAhead>();  // copy jobs - 1 - kAhead has landed
+      convert(jobs - 1 - kAhead);
+    }
   };
   // Tile i's K (which 0) or V (1) into its stage from offset buffer i % 3.
-  auto load = [&](uint32_t i, int which) {
+  auto load_tile = [&](uint32_t i, int which) {
     const uint32_t s = i % kStages;
     const int64_t* o = offs + (i % 3) * kBN;
     const uint32_t d = base + kQBytes + (2 * s + which) * kTileBytes + mine;
@@ -195,6 +300,12 @@ __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, 
       copy_rows<false>(d, src, o, r);
     cp_async_arrive(stage_bar(base, which ? kVFull : kKFull, s));
   };
+  auto load = [&](uint32_t i, int which) {
+    if constexpr (kFp8)
+      load_fp8(i, which);
+    else
+      load_tile(i, which);
+  };
   fetch(0);
   publish(0);
   for (uint32_t i = 0; i < it.ntiles; ++i) {
@@ -206,6 +317,8 @@ __device__ __forceinline__ void produce(const Sm90Params<T>& p, const Item& it, 
   }
   if (it.ntiles > 0) load(it.ntiles - 1, 1);
   detail::cp_async_wait<0>();
+  if constexpr (kFp8)
+    for (uint32_t j = jobs > kAhead ? jobs - kAhead : 0; j < jobs; ++j) convert(j);
 }
 
 __device__ __forceinline__ float ex2(float x) {  // 2^x, denormal results flushed to zero
@@ -341,8 +454,8 @@ __device__ __forceinline__ bool store_partial_sm90(const detail::PrefillSplitVie
 // Q K^T is issued together with tile i - 1's P V, and the softmax of tile i runs while P V is in
 // flight (FlashAttention-3's intra-warpgroup overlap). PINGPONG: the two warpgroups take turns
 // issuing their MMAs (named barriers 2 and 3), so one's softmax runs under the other's MMAs.
-template <typename T, bool PINGPONG>
-__device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, uint32_t base,
+template <typename T, typename KV, bool PINGPONG>
+__device__ __forceinline__ void consume(const Sm90Params<T, KV>& p, const Item& it, uint32_t base,
                                         int ctid) {
   const int wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -431,7 +544,7 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
     const float sum = detail::quad_sum(l[r]);
     const uint32_t row = 64 * wg + 16 * warp + g + 8 * r;
     if (row >= it.rows) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = sum > 0.f ? p.kv.v_scale / sum : 0.f;  // v_scale: 1 unless fp8
     const uint32_t tok = row / p.kv.group, head = row % p.kv.group;
     if (p.split.partial_o != nullptr &&
         store_partial_sm90(p.split, o, m[r], sum, inv, r, t, it.chunk, it.q0 + it.t0 + tok,
@@ -447,12 +560,19 @@ __device__ __forceinline__ void consume(const Sm90Params<T>& p, const Item& it, 
   }
 }
 
+// Registers per thread of the producer and the consumers (128 x producer + 256 x consumer <=
+// 64K): an fp8 producer converts tiles and gets more.
+template <typename KV>
+constexpr int kProducerRegs = detail::kIsFp8<KV> ? 56 : 40;
+template <typename KV>
+constexpr int kConsumerRegs = detail::kIsFp8<KV> ? 224 : 232;
+
 // Grid (work item, kv_head), 384 threads: warpgroup 0 produces, 1 and 2 consume. Rows as in
 // PagedPrefillKernel (r = token * group + head, 128 a CTA); KV range [kv_begin, kv_end) in tiles
 // of 128 tokens, masked only where a tile crosses some row's causal limit or window start.
-template <typename T, bool PAGED, bool PINGPONG>
+template <typename T, typename KV, bool PAGED, bool PINGPONG>
 __global__ void __launch_bounds__(kThreads, 1)
-    PrefillSm90Kernel(const __grid_constant__ Sm90Params<T> p) {
+    PrefillSm90Kernel(const __grid_constant__ Sm90Params<T, KV> p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = detail::smem_addr(smem_raw);
@@ -472,24 +592,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (tid < 128) {
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<kProducerRegs<KV>>();
     const auto loc = detail::make_locator<PAGED, kD>(p.kv, it.seq, it.head);
-    produce<T>(p, it, loc, sm, base, tid);
+    produce<T, KV>(p, it, loc, sm, base, tid);
   } else {
-    setmaxnreg_inc<232>();
-    consume<T, PINGPONG>(p, it, base, tid - 128);
+    setmaxnreg_inc<kConsumerRegs<KV>>();
+    consume<T, KV, PINGPONG>(p, it, base, tid - 128);
   }
 #else
   __trap();  // launched only on compute capability 9.0 (prefill_sm90_eligible)
 #endif
 }
 
-template <typename T, bool PAGED, bool PINGPONG>
+template <typename T, typename KV, bool PAGED, bool PINGPONG>
 cudaError_t launch_sm90(const AttentionShape& shape, const PrefillArgs& a, cudaStream_t stream) {
-  constexpr auto kernel = PrefillSm90Kernel<T, PAGED, PINGPONG>;
-  if (cudaError_t e = detail::allow_smem<kernel>(kSmemBytes); e != cudaSuccess) return e;
-  Sm90Params<T> p{};
-  p.kv = detail::make_kv_params<T, T>(shape, a.q, a.o, a.cache, a.seqs, a.scale);
+  constexpr auto kernel = PrefillSm90Kernel<T, KV, PAGED, PINGPONG>;
+  constexpr size_t smem = kSmemBytes<detail::kIsFp8<KV>>;
+  if (cudaError_t e = detail::allow_smem<kernel>(smem); e != cudaSuccess) return e;
+  Sm90Params<T, KV> p{};
+  p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
   p.qo_indptr = a.qo_indptr;
   p.work = a.work;
   p.tokens_per_tile = prefill_tokens_per_tile(shape);
@@ -499,7 +620,7 @@ cudaError_t launch_sm90(const AttentionShape& shape, const PrefillArgs& a, cudaS
     p.split = detail::prefill_split_view(shape, a);
     p.work_words = 3;
   }
-  kernel<<<dim3(a.num_tiles, shape.kv_heads), kThreads, kSmemBytes, stream>>>(p);
+  kernel<<<dim3(a.num_tiles, shape.kv_heads), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -510,7 +631,7 @@ bool prefill_sm90_eligible(const AttentionShape& shape, bool /*split: both run h
     const char* e = std::getenv("MEMSIM_PREFILL_SM90");
     return e != nullptr && e[0] == '0';
   }();
-  if (disabled || shape.kv_fp8() || shape.head_dim != kD) return false;
+  if (disabled || shape.head_dim != kD) return false;
   if (prefill_rows(shape.head_dim) != kRows || !check_shape(shape).empty()) return false;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -522,14 +643,16 @@ bool prefill_sm90_eligible(const AttentionShape& shape, bool /*split: both run h
 
 cudaError_t paged_prefill_sm90(const AttentionShape& shape, const PrefillArgs& a,
                                cudaStream_t stream) {
-  return detail::dispatch(shape, a.cache.addressing, [&]<typename T, int D, bool PAGED>() {
-    if constexpr (D == kD) {
-      // Pingpong on (without it: 373.6 TFLOP/s at 4K x 4K causal against 378.3, one H100 call).
-      return launch_sm90<T, PAGED, true>(shape, a, stream);
-    } else {
-      return cudaErrorInvalidValue;
-    }
-  });
+  return detail::dispatch_kv(shape, a.cache.addressing,
+                             [&]<typename T, typename KV, int D, bool PAGED>() {
+                               if constexpr (D == kD) {
+                                 // Pingpong on (without it: 373.6 TFLOP/s at 4K x 4K causal against
+                                 // 378.3, one H100 call).
+                                 return launch_sm90<T, KV, PAGED, true>(shape, a, stream);
+                               } else {
+                                 return cudaErrorInvalidValue;
+                               }
+                             });
 }
 
 }  // namespace memsim::kernels
