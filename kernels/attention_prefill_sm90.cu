@@ -127,12 +127,13 @@ __device__ __forceinline__ Item make_item(const P& p) {
   return it;
 }
 
-// One K or V tile (FULL: every row before kv_end): 8 threads a row, each copying its 16 bytes of
-// both 64-dim halves (a warp reads 4 rows x 128 contiguous bytes per copy), 16 rows a pass.
-// `dst` holds the thread's fixed part of the swizzled address (row & 7 is the same in every pass),
-// `src` the cache base plus its chunk; offs[row] is the row's byte offset (< 0: past kv_end,
-// zero-filled).
-template <bool FULL>
+// One K or V tile (FULL: every row before kv_end): 8 threads a row, 16 rows a pass. A bf16/fp16
+// row is two 64-dim halves of 128 bytes, each thread copying its 16 bytes of both (a warp reads 4
+// rows x 128 contiguous bytes per copy) into the swizzled tile; an fp8 row (FP8) is 128 bytes, each
+// thread copying its 16 into the unswizzled staging buffer ([kBN][128 bytes]). `dst` holds the
+// thread's fixed part of the address (row & 7 is the same in every pass), `src` the cache base
+// plus its chunk; offs[row] is the row's byte offset (< 0: past kv_end, zero-filled).
+template <bool FULL, bool FP8>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const char* src, const int64_t* offs,
                                           int r) {
 #pragma unroll
@@ -141,29 +142,11 @@ __device__ __forceinline__ void copy_rows(uint32_t dst, const char* src, const i
     const uint32_t d = dst + j * 16 * 128;
     if constexpr (FULL) {
       cp_async_16(d, src + o);
-      cp_async_16(d + kHalfBytes, src + o + 128);
+      if constexpr (!FP8) cp_async_16(d + kHalfBytes, src + o + 128);
     } else {
       const char* g = src + (o >= 0 ? o : 0);
       cp_async_16(d, g, o >= 0);
-      cp_async_16(d + kHalfBytes, g + 128, o >= 0);
-    }
-  }
-}
-
-// fp8: one K or V tile's rows into a staging buffer `dst` ([kBN][128 bytes], unswizzled): 8
-// threads a row, each copying its 16 bytes (chunk c of the row, at `src`), 16 rows a pass; offs as
-// in copy_rows.
-template <bool FULL>
-__device__ __forceinline__ void copy_rows_fp8(uint32_t dst, const char* src, const int64_t* offs,
-                                              int r) {
-#pragma unroll
-  for (int j = 0; j < kBN / 16; ++j) {
-    const int64_t o = offs[16 * j + r];
-    const uint32_t d = dst + j * 16 * kD;
-    if constexpr (FULL) {
-      cp_async_16(d, src + o);
-    } else {
-      cp_async_16(d, src + (o >= 0 ? o : 0), o >= 0);
+      if constexpr (!FP8) cp_async_16(d + kHalfBytes, g + 128, o >= 0);
     }
   }
 }
@@ -277,9 +260,9 @@ __device__ __forceinline__ void produce(const Sm90Params<T, KV>& p, const Item& 
     const uint32_t d = base + kStagingAt + (jobs % kStaging) * kStagingBytes + r * kD + c * 16;
     const char* src = which ? vsrc : ksrc;
     if (it.kv_begin + (i + 1) * kBN <= it.kv_end)
-      copy_rows_fp8<true>(d, src, o, r);
+      copy_rows<true, true>(d, src, o, r);
     else
-      copy_rows_fp8<false>(d, src, o, r);
+      copy_rows<false, true>(d, src, o, r);
     detail::cp_async_commit();
     if (++jobs > kAhead) {
       detail::cp_async_wait<kAhead>();  // copy jobs - 1 - kAhead has landed
@@ -295,9 +278,9 @@ __device__ __forceinline__ void produce(const Sm90Params<T, KV>& p, const Item& 
     if (i >= kStages)
       mbar_wait(stage_bar(base, which ? kVEmpty : kKEmpty, s), ((i / kStages) + 1) & 1);
     if (it.kv_begin + (i + 1) * kBN <= it.kv_end)
-      copy_rows<true>(d, src, o, r);
+      copy_rows<true, false>(d, src, o, r);
     else
-      copy_rows<false>(d, src, o, r);
+      copy_rows<false, false>(d, src, o, r);
     cp_async_arrive(stage_bar(base, which ? kVFull : kKFull, s));
   };
   auto load = [&](uint32_t i, int which) {
