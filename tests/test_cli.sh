@@ -513,12 +513,22 @@ if /usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1; then
 fi
 
 # A model profile's options without --model would go unused: refused before anything runs.
-for opt in "--kv-cache-dtype fp8" "--graphs" "--layers 2"; do
+for opt in "--kv-cache-dtype fp8" "--graphs" "--layers 2" "--decode-batches 1,8"; do
   name=calibrate_needs_model_${opt%% *}; name=${name//-/}
   run "$name" calibrate --backend cuda $opt
   expect_rc "$name" 2
   expect_in "$TMP/$name.err" "${opt%% *} requires --model" "calibrate $opt without --model: says why"
 done
+
+# A profile's decode batches out of order or out of range: refused before any GPU work.
+run decode_batches_order calibrate --backend cuda --model llama-3.1-8b --decode-batches 8,4
+expect_rc decode_batches_order 2
+expect_in "$TMP/decode_batches_order.err" "--decode-batches: batches must ascend (4 after 8)" \
+  "calibrate --decode-batches 8,4: says which is out of order"
+run decode_batches_range calibrate --backend cuda --model llama-3.1-8b --decode-batches 1,1024
+expect_rc decode_batches_range 2
+expect_in "$TMP/decode_batches_range.err" "--decode-batches: batch 1024 is outside 1..512" \
+  "calibrate --decode-batches 1,1024: names the batch and the range"
 
 # calibrate --check of two runs' calls (no GPU needed): one run at about the model's time per map,
 # one at 6x: per run 1 and 0 classes within 25%, the class beyond any model's reach, and pooled out.

@@ -234,6 +234,15 @@ TEST_CASE("profile: validation names what is wrong") {
   CHECK_THROWS_AS(ProfiledStepTime(p), std::invalid_argument);
 }
 
+TEST_CASE("profile: calibrate's decode batches are checked before any GPU work") {
+  CHECK(check_decode_batches({1, 2, 4, 8, 16, 24, 512}, 512).empty());
+  CHECK(check_decode_batches({}, 512) == "no batch size given");
+  CHECK(check_decode_batches({0, 8}, 512) == "batch 0 is outside 1..512");
+  CHECK(check_decode_batches({8, 513}, 512) == "batch 513 is outside 1..512");
+  CHECK(check_decode_batches({8, 8}, 512) == "batches must ascend (8 after 8)");
+  CHECK(check_decode_batches({16, 8}, 512) == "batches must ascend (8 after 16)");
+}
+
 TEST_CASE("profile file: round trip and located errors") {
   TempDir dir;
   StepProfile p = grid();

@@ -76,6 +76,17 @@ std::string check_step_profile(const StepProfile& p) {
   return check_rows(p.prefill, "prefill");
 }
 
+std::string check_decode_batches(const std::vector<uint32_t>& batches, uint32_t max_seqs) {
+  if (batches.empty()) return "no batch size given";
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i] == 0 || batches[i] > max_seqs)
+      return fmt::format("batch {} is outside 1..{}", batches[i], max_seqs);
+    if (i && batches[i] <= batches[i - 1])
+      return fmt::format("batches must ascend ({} after {})", batches[i], batches[i - 1]);
+  }
+  return {};
+}
+
 StepProfile scale_step_profile(StepProfile p, double decode, double prefill) {
   for (double f : {decode, prefill})
     if (!(f > 0) || !std::isfinite(f))

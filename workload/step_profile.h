@@ -54,6 +54,10 @@ StepProfile scale_step_profile(StepProfile p, double decode, double prefill);
 // points ascending, one time per point, times positive and finite, at least one decode row).
 std::string check_step_profile(const StepProfile& p);
 
+// Empty when `batches` can be a profile's decode rows for a model step of up to `max_seqs`
+// sequences (non-empty, ascending, each 1..max_seqs), else what is wrong.
+std::string check_decode_batches(const std::vector<uint32_t>& batches, uint32_t max_seqs);
+
 // One grid point measured on two machines: the reference profile's time and this one's.
 struct ProbePoint {
   bool decode = true;

@@ -46,9 +46,14 @@ int write_profile(const CalibrateModelOptions& o, StepProfile& p, const ModelSha
   const std::string tp_flag =
       tp > 1 ? fmt::format(" --tensor-parallel {} --all-reduce {}", tp, p.all_reduce) : "";
   const std::string kv_flag = kv ? fmt::format(" --kv-cache-dtype {}", to_string(*kv)) : "";
+  const std::string batches_flag =
+      o.decode_batches.empty()
+          ? ""
+          : fmt::format(" --decode-batches {}", fmt::join(o.decode_batches, ","));
   const std::string text = format_step_profile(
-      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}{}",
-                      model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag, kv_flag),
+      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}{}{}",
+                      model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag, kv_flag,
+                      batches_flag),
           fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
                       "16, tables over blocks in random order{}), {}, median of 5 steps; the "
                       "serving engine interpolates it (step_profile.h){}",
@@ -133,7 +138,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   cfg.model.kv_dtype = kv_cache_dtype_from_name(o.kv_cache_dtype);
   cfg.layers_run = o.layers;
   cfg.max_tokens = 8192;
-  cfg.max_seqs = 512;
+  cfg.max_seqs = kCalibrateMaxSeqs;
   cfg.tp = member.group.get();
   auto step = ModelStep::create(cfg, **backend);
   if (!step.ok()) {
@@ -142,6 +147,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   }
   ProfileGrid grid;
   grid.graphs = o.graphs;
+  if (!o.decode_batches.empty()) grid.batches = o.decode_batches;
   auto profile = measure_step_profile(**step, **backend, grid, out);
   if (!profile.ok()) {
     err << "memsim calibrate: " << profile.error().message << "\n";

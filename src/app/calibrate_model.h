@@ -5,8 +5,12 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace memsim {
+
+// The most sequences one profiled step holds (the model step's max_seqs, the grid's last row).
+inline constexpr uint32_t kCalibrateMaxSeqs = 512;
 
 struct CalibrateModelOptions {
   std::string gpu_path = "configs/gpus/h200.yaml";
@@ -14,6 +18,10 @@ struct CalibrateModelOptions {
   std::string out_path;  // empty: step_profile_path(gpu_path, model)
   uint32_t layers = 0;   // layers run (0 = all; fewer only for quick trials: times are per run)
   bool graphs = false;   // decode steps as captured CUDA graphs (profile mode "graphs")
+  // The decode rows' batch sizes, ascending, 1..kCalibrateMaxSeqs (check_decode_batches);
+  // empty: ProfileGrid's (powers of two).
+  // With --graphs, the engine's capture sizes give a row for every graph a replay can run.
+  std::vector<uint32_t> decode_batches;
   // The KV cache's dtype (vLLM's --kv-cache-dtype): auto (the model's), fp8 (= fp8_e4m3) or
   // fp8_e5m2. An fp8 cache's profile is <model>[.tp<N>].fp8[.graphs].yaml.
   std::string kv_cache_dtype = "auto";

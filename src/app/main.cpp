@@ -19,6 +19,7 @@
 #include "src/app/replay_command.h"
 #include "src/app/sweep.h"
 #include "workload/model_shape.h"
+#include "workload/step_profile.h"
 
 namespace {
 
@@ -126,6 +127,13 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
   c.cmd
       ->add_flag("--graphs", c.model.graphs,
                  "with --model: decode steps as captured CUDA graphs (as vLLM runs them)")
+      ->needs(model);
+  c.cmd
+      ->add_option("--decode-batches", c.model.decode_batches,
+                   "with --model: the decode rows' batch sizes, ascending, 1..512 (default: "
+                   "powers of two); with --graphs, vLLM's capture sizes (1,2,4,8,16,24,...,512) "
+                   "give a row for every graph a decode step replays")
+      ->delimiter(',')
       ->needs(model);
   c.cmd
       ->add_option("--kv-cache-dtype", c.model.kv_cache_dtype,
@@ -260,6 +268,14 @@ int run_calibrate_cli(CalibrateCli& c) {
   if (!o.in_context.empty()) return memsim::run_calibrate_in_context(o, std::cout, std::cerr);
   if (!o.check.empty()) return memsim::run_calibrate_check(o, std::cout, std::cerr);
   if (c.model.model.empty()) return memsim::cuda_calibrate(o, std::cout, std::cerr);
+  if (!c.model.decode_batches.empty()) {  // refused before any GPU work, in every build
+    const std::string why =
+        memsim::check_decode_batches(c.model.decode_batches, memsim::kCalibrateMaxSeqs);
+    if (!why.empty()) {
+      std::cerr << "memsim calibrate: --decode-batches: " << why << "\n";
+      return kExitConfigError;
+    }
+  }
   c.model.gpu_path = o.gpu_path;
   c.model.out_path = o.out_path;
   return memsim::cuda_calibrate_model(c.model, std::cout, std::cerr);
