@@ -202,9 +202,9 @@ bool graph_check_run(ModelStep& step, Pool& pool, const ModelShape& model) {
 }
 
 // The grid's measured times next to the roofline's prediction for the same steps (the rank's
-// shard with the GPU file's collectives added under TP).
+// shard with the GPU file's collectives added under TP), then the profiler's log.
 void print_grid(const StepProfile& prof, const ModelStep& step, const GpuSpec& gpu, uint32_t tp,
-                uint32_t run_layers) {
+                uint32_t run_layers, const std::string& profiler_log) {
   const ModelShape& model = step.config().model;
   const StepTimeModel roofline =
       tp > 1 ? StepTimeModel(step.rank_model(), gpu,
@@ -228,6 +228,9 @@ void print_grid(const StepProfile& prof, const ModelStep& step, const GpuSpec& g
   };
   for (const ProfileRow& r : prof.decode) print("decode", r, true);
   for (const ProfileRow& r : prof.prefill) print("prefill", r, false);
+  std::printf("%s", profiler_log.c_str());  // the profiler's log: each point's GPU and host time
+  std::printf("activation peak reserved: %.1f MiB\n",
+              double(step.activation_stats().peak_reserved_bytes) / (1 << 20));
 }
 
 // The launcher of --tensor-parallel (one process per rank: their exit status), or 77 without the
@@ -296,25 +299,37 @@ struct ModelOverrides {
   }
 };
 
+// The grid's options: its points, repetitions and graphs, and how often to measure it.
+struct GridOptions {
+  ProfileGrid grid;
+  uint32_t instances = 1;
+  void add_options(CLI::App& app) {
+    app.add_option("--block-size", grid.block_size, "KV block size");
+    app.add_option("--batches", grid.batches, "decode batch sizes")->delimiter(',');
+    app.add_option("--contexts", grid.contexts, "decode context lengths")->delimiter(',');
+    app.add_option("--chunks", grid.chunks, "prefill chunk sizes (one sequence)")->delimiter(',');
+    app.add_option("--prefixes", grid.prefixes, "cached prefix before each prefill chunk")
+        ->delimiter(',');
+    app.add_option("--reps", grid.reps, "timed steps per point (median)");
+    app.add_flag("--graphs", grid.graphs, "decode steps as captured CUDA graphs");
+    app.add_option("--instances", instances,
+                   "measure the grid N times in this process, the backend and the model step "
+                   "(weights, graphs, activations) made again each time")
+        ->check(CLI::Range(1, 64));
+  }
+};
+
 int run(int argc, char** argv) {
   CLI::App app{"memsim-model-bench: the model-shaped step on the GPU"};
   std::string model_name = "llama-3.1-8b", gpu_name = "h200", check_dir;
-  uint32_t layers = 0, block_size = 16, reps = 5, decodes = 4;
-  const ProfileGrid defaults;
-  std::vector<uint32_t> batches = defaults.batches, contexts = defaults.contexts;
-  std::vector<uint32_t> chunks = defaults.chunks, prefixes = defaults.prefixes;
+  uint32_t layers = 0, decodes = 4;
   double pool_gib = 60;
   app.add_option("--model", model_name, "configs/models/NAME.yaml");
   app.add_option("--gpu", gpu_name, "configs/gpus/NAME.yaml: the roofline to compare with");
   app.add_option("--layers", layers, "layers to run (0 = all)");
-  app.add_option("--block-size", block_size, "KV block size");
-  app.add_option("--batches", batches, "decode batch sizes")->delimiter(',');
-  app.add_option("--contexts", contexts, "decode context lengths")->delimiter(',');
-  app.add_option("--chunks", chunks, "prefill chunk sizes (one sequence)")->delimiter(',');
-  app.add_option("--prefixes", prefixes, "cached prefix before each prefill chunk")->delimiter(',');
-  app.add_option("--reps", reps, "timed steps per point (median)");
-  bool graphs = false, graph_check = false;
-  app.add_flag("--graphs", graphs, "decode steps as captured CUDA graphs");
+  GridOptions g;
+  g.add_options(app);
+  bool graph_check = false;
   app.add_flag("--graph-check", graph_check,
                "check that a captured decode step gives the eager step's tokens");
   app.add_option("--pool-gib", pool_gib, "KV pool of the check runs");
@@ -362,56 +377,60 @@ int run(int argc, char** argv) {
   if (!overrides.apply(model, !check_dir.empty())) return memsim::bench::kExitBadInput;
   const GpuSpec gpu =
       load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + gpu_name + ".yaml"));
-  SimClock clock;
-  auto backend =
-      must(CudaBackend::create(unpriced_gpu_spec(gpu_name), clock, nullptr, std::max(rank, 0)),
-           "backend");
-  ModelStepConfig cfg;
-  cfg.model = model;
-  cfg.layers_run = layers;
-  cfg.max_tokens = 16384;
-  cfg.max_seqs = 512;
-  cfg.return_logits = !check_dir.empty();
-  cfg.tp = member.group.get();
-  auto step = must(ModelStep::create(cfg, *backend), "model step");
-  // The check runs' pool (the grid measures on a pool of its own).
-  Pool pool = make_pool(
-      *backend, step->rank_model(), block_size,
-      static_cast<uint64_t>((check_dir.empty() && !graph_check ? 1 : pool_gib) * (1ull << 30)));
-  const DevPtr pool_base = pool.base;
-  const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
-  std::printf(
-      "memsim-model-bench: %s (%u of %u layers)%s, weights %.2f GiB, block %u, KV %s\n",
-      model.name.c_str(), run_layers, model.layers,
-      rank >= 0
-          ? fmt::format(", rank {} of {}, all-reduce {}", rank, tp, member.group->all_reduce_kind())
-                .c_str()
-          : "",
-      double(step->weight_bytes()) / (1ull << 30), block_size, to_string(model.kv_cache_dtype()));
-  if (!check_dir.empty()) {
-    check(*step, pool, rank >= 0 ? fmt::format("{}/rank{}", check_dir, rank) : check_dir, decodes);
-    return 0;
+  if (g.instances > 1 && (!check_dir.empty() || graph_check || tp > 1)) {
+    std::printf(
+        "memsim-model-bench: --instances measures the grid: not with --check, "
+        "--graph-check or --tensor-parallel\n");
+    return memsim::bench::kExitBadInput;
   }
-  if (graph_check) return graph_check_run(*step, pool, model) ? 0 : 1;
-  // The grid through the profiler (what `memsim calibrate --model` writes), each point next to
-  // the roofline's prediction for the same step.
-  ProfileGrid grid;
-  grid.batches = batches;
-  grid.contexts = contexts;
-  grid.chunks = chunks;
-  grid.prefixes = prefixes;
-  grid.block_size = block_size;
-  grid.reps = reps;
-  grid.graphs = graphs;
-  pool.layout = {};
-  if (const Status st = backend->device_free(pool_base); !st.ok()) die(st.error().message);
-  std::ostringstream log;
-  const StepProfile prof = must(measure_step_profile(*step, *backend, grid, log), "profile");
-  if (!lead) return 0;
-  print_grid(prof, *step, gpu, member.group ? tp : 1, run_layers);
-  std::printf("%s", log.str().c_str());  // the profiler's log: each point's GPU and host time
-  std::printf("activation peak reserved: %.1f MiB\n",
-              double(step->activation_stats().peak_reserved_bytes) / (1 << 20));
+  // One measurement: a backend and a model step of their own, the grid (or the check run).
+  const auto run_once = [&]() -> int {
+    SimClock clock;
+    auto backend =
+        must(CudaBackend::create(unpriced_gpu_spec(gpu_name), clock, nullptr, std::max(rank, 0)),
+             "backend");
+    ModelStepConfig cfg;
+    cfg.model = model;
+    cfg.layers_run = layers;
+    cfg.max_tokens = 16384;
+    cfg.max_seqs = 512;
+    cfg.return_logits = !check_dir.empty();
+    cfg.tp = member.group.get();
+    auto step = must(ModelStep::create(cfg, *backend), "model step");
+    // The check runs' pool (the grid measures on a pool of its own).
+    Pool pool = make_pool(
+        *backend, step->rank_model(), g.grid.block_size,
+        static_cast<uint64_t>((check_dir.empty() && !graph_check ? 1 : pool_gib) * (1ull << 30)));
+    const DevPtr pool_base = pool.base;
+    const uint32_t run_layers = layers ? std::min(layers, model.layers) : model.layers;
+    const std::string ranks = rank >= 0 ? fmt::format(", rank {} of {}, all-reduce {}", rank, tp,
+                                                      member.group->all_reduce_kind())
+                                        : "";
+    std::printf("memsim-model-bench: %s (%u of %u layers)%s, weights %.2f GiB, block %u, KV %s\n",
+                model.name.c_str(), run_layers, model.layers, ranks.c_str(),
+                double(step->weight_bytes()) / (1ull << 30), g.grid.block_size,
+                to_string(model.kv_cache_dtype()));
+    if (!check_dir.empty()) {
+      check(*step, pool, rank >= 0 ? fmt::format("{}/rank{}", check_dir, rank) : check_dir,
+            decodes);
+      return 0;
+    }
+    if (graph_check) return graph_check_run(*step, pool, model) ? 0 : 1;
+    // The grid through the profiler (what `memsim calibrate --model` writes), each point next to
+    // the roofline's prediction for the same step.
+    pool.layout = {};
+    if (const Status st = backend->device_free(pool_base); !st.ok()) die(st.error().message);
+    std::ostringstream log;
+    const StepProfile prof = must(measure_step_profile(*step, *backend, g.grid, log), "profile");
+    if (lead) print_grid(prof, *step, gpu, member.group ? tp : 1, run_layers, log.str());
+    return 0;
+  };
+  for (uint32_t instance = 1; instance <= g.instances; ++instance) {
+    if (g.instances > 1)
+      std::printf("instance %u of %u (the backend and the model step made again)\n", instance,
+                  g.instances);
+    if (const int rc = run_once(); rc != 0) return rc;
+  }
   return 0;
 }
 
