@@ -130,9 +130,11 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
       ->needs(model);
   c.cmd
       ->add_option("--decode-batches", c.model.decode_batches,
-                   "with --model: the decode rows' batch sizes, ascending, 1..512 (default: "
-                   "powers of two); with --graphs, vLLM's capture sizes (1,2,4,8,16,24,...,512) "
-                   "give a row for every graph a decode step replays")
+                   fmt::format("with --model: the decode rows' batch sizes, ascending, 1..{} "
+                               "(default: powers of two); with --graphs, vLLM's capture sizes "
+                               "(1,2,4,8,16,24,...,512) give a row for every graph a decode step "
+                               "replays",
+                               memsim::kCalibrateMaxSeqs))
       ->delimiter(',')
       ->needs(model);
   c.cmd
