@@ -25,6 +25,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "bench/all_reduce_check.h"
 #include "bench/bench_cli.h"
+#include "bench/step_replay.h"
 #include "kernels/attention.h"
 #include "src/app/rank_launch.h"
 #include "src/config/config_node.h"
@@ -303,7 +304,9 @@ struct ModelOverrides {
 struct GridOptions {
   ProfileGrid grid;
   uint32_t instances = 1;
+  memsim::bench::ReplayOptions replay;  // or steps of a serving run, on the grid's pool and timer
   void add_options(CLI::App& app) {
+    replay.add_options(app);
     app.add_option("--block-size", grid.block_size, "KV block size");
     app.add_option("--batches", grid.batches, "decode batch sizes")->delimiter(',');
     app.add_option("--contexts", grid.contexts, "decode context lengths")->delimiter(',');
@@ -377,12 +380,16 @@ int run(int argc, char** argv) {
   if (!overrides.apply(model, !check_dir.empty())) return memsim::bench::kExitBadInput;
   const GpuSpec gpu =
       load_gpu_spec(ConfigNode::load_file(root() + "/configs/gpus/" + gpu_name + ".yaml"));
-  if (g.instances > 1 && (!check_dir.empty() || graph_check || tp > 1)) {
-    std::printf(
-        "memsim-model-bench: --instances measures the grid: not with --check, "
-        "--graph-check or --tensor-parallel\n");
-    return memsim::bench::kExitBadInput;
-  }
+  const bool check_or_tp = !check_dir.empty() || graph_check || tp > 1;
+  for (const char* mode : {!g.replay.steps_csv.empty() ? "--replay-steps" : nullptr,
+                           g.instances > 1 ? "--instances" : nullptr})
+    if (mode && check_or_tp) {
+      std::printf(
+          "memsim-model-bench: %s times steps on one GPU: not with --check, "
+          "--graph-check or --tensor-parallel\n",
+          mode);
+      return memsim::bench::kExitBadInput;
+    }
   // One measurement: a backend and a model step of their own, the grid (or the check run).
   const auto run_once = [&]() -> int {
     SimClock clock;
@@ -420,6 +427,8 @@ int run(int argc, char** argv) {
     // the roofline's prediction for the same step.
     pool.layout = {};
     if (const Status st = backend->device_free(pool_base); !st.ok()) die(st.error().message);
+    if (!g.replay.steps_csv.empty())
+      return memsim::bench::replay_steps(*step, *backend, g.grid, g.replay);
     std::ostringstream log;
     const StepProfile prof = must(measure_step_profile(*step, *backend, g.grid, log), "profile");
     if (lead) print_grid(prof, *step, gpu, member.group ? tp : 1, run_layers, log.str());

@@ -37,6 +37,7 @@ struct LtGemm::Api {
 
 struct LtGemm::Plan {
   const Api* api = nullptr;
+  bool borrowed = false;  // the algorithm is the covering rows' plan's (not checked for m yet)
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -132,11 +133,31 @@ std::string LtGemm::library() const {
   return api_ ? api_->path : std::string();
 }
 
+std::vector<uint32_t> LtGemm::plan_rows(uint32_t most) {
+  std::vector<uint32_t> v;
+  for (uint32_t t = 1; t <= most; t += t < 64 ? 1 : 8) v.push_back(t);
+  if (most && v.back() != most) v.push_back(most);
+  return v;
+}
+
+namespace {
+
+// The smallest of plan_rows' counts >= m, but for `most` (which the rows cover by itself).
+uint32_t covering_rows(uint32_t m) {
+  return m <= 64 ? m : (m + 7) / 8 * 8;
+}
+
+}  // namespace
+
 std::string LtGemm::plan(KvDtype dtype, uint64_t bias, uint32_t m, uint32_t n, uint32_t k,
-                         Plan** out) {
+                         Plan** out, bool exact) {
   const Api& api = *api_;
   const auto key = std::make_tuple(static_cast<int>(dtype), m, n, k, bias != 0);
   auto it = plans_.find(key);
+  if (it != plans_.end() && exact && it->second->borrowed) {
+    plans_.erase(it);
+    it = plans_.end();
+  }
   if (it == plans_.end()) {
     // Column-major view: D[n, m] = W^T[n, k] x X[k, m], where W (row-major [n, k]) is the
     // column-major [k, n] matrix A (transposed) and X (row-major [m, k]) the column-major
@@ -168,6 +189,14 @@ std::string LtGemm::plan(KvDtype dtype, uint64_t bias, uint32_t m, uint32_t n, u
     if (s == CUBLAS_STATUS_SUCCESS) s = api.cublasLtMatrixLayoutCreate(&plan->b, t, k, m, k);
     if (s == CUBLAS_STATUS_SUCCESS) s = api.cublasLtMatrixLayoutCreate(&plan->c, t, n, m, n);
     if (s != CUBLAS_STATUS_SUCCESS) return "matmul descriptors: " + status(s);
+    const auto cover =
+        plans_.find(std::make_tuple(static_cast<int>(dtype), covering_rows(m), n, k, bias != 0));
+    if (!exact && cover != plans_.end() && covering_rows(m) != m) {
+      plan->algo = cover->second->algo;
+      plan->borrowed = true;
+      *out = plans_.emplace(key, std::move(plan)).first->second.get();
+      return {};
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     s = api.cublasLtMatmulPreferenceCreate(&pref);
     const uint64_t ws = workspace_bytes_;
@@ -194,26 +223,37 @@ std::string LtGemm::matmul(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias,
                            uint32_t m, uint32_t n, uint32_t k, cudaStream_t stream) {
   if (m == 0) return {};
   if (!x || !w || !y || n == 0 || k == 0) return "matmul: null operand or empty shape";
-  const Api& api = *api_;
   Plan* found = nullptr;
   if (std::string why = plan(dtype, bias, m, n, k, &found); !why.empty()) return why;
-  Plan& p = *found;
+  auto s = static_cast<cublasStatus_t>(launch(*found, x, w, bias, y, stream));
+  if (s != CUBLAS_STATUS_SUCCESS && found->borrowed) {
+    // cuBLASLt refused the covering rows' algorithm for m (before launching anything): the
+    // heuristic's own, from now on.
+    if (std::string why = plan(dtype, bias, m, n, k, &found, true); !why.empty()) return why;
+    s = static_cast<cublasStatus_t>(launch(*found, x, w, bias, y, stream));
+  }
+  if (s != CUBLAS_STATUS_SUCCESS)
+    return fmt::format("cublasLtMatmul m {} n {} k {}: {}", m, n, k, status(s));
+  found->borrowed = false;  // checked: cuBLASLt ran it for m
+  return {};
+}
+
+int LtGemm::launch(const Plan& p, uint64_t x, uint64_t w, uint64_t bias, uint64_t y,
+                   cudaStream_t stream) {
+  const Api& api = *api_;
   if (bias) {
     const void* b = reinterpret_cast<const void*>(bias);
     if (cublasStatus_t s = api.cublasLtMatmulDescSetAttribute(
             p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b));
         s != CUBLAS_STATUS_SUCCESS)
-      return "matmul bias: " + status(s);
+      return s;
   }
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t s = api.cublasLtMatmul(
-      static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, reinterpret_cast<const void*>(w), p.a,
-      reinterpret_cast<const void*>(x), p.b, &beta, reinterpret_cast<void*>(y), p.c,
-      reinterpret_cast<void*>(y), p.c, &p.algo, reinterpret_cast<void*>(workspace_),
-      workspace_bytes_, stream);
-  if (s != CUBLAS_STATUS_SUCCESS)
-    return fmt::format("cublasLtMatmul m {} n {} k {}: {}", m, n, k, status(s));
-  return {};
+  return api.cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha,
+                            reinterpret_cast<const void*>(w), p.a, reinterpret_cast<const void*>(x),
+                            p.b, &beta, reinterpret_cast<void*>(y), p.c, reinterpret_cast<void*>(y),
+                            p.c, &p.algo, reinterpret_cast<void*>(workspace_), workspace_bytes_,
+                            stream);
 }
 
 std::string LtGemm::warm_up(KvDtype dtype, uint64_t x, uint64_t w, uint64_t bias, uint64_t y,

@@ -34,6 +34,16 @@ class LtGemm {
                      uint32_t n, uint32_t k, cudaStream_t stream);
   std::string library() const;  // the file that was loaded
 
+  // The row counts whose plans cover every m in 1..most: each m up to 64, then every multiple of
+  // 8, and `most`. A shape first seen at m takes the algorithm of the smallest of these >= m
+  // when its plan exists (warm_up over these rows makes them all), instead of asking cuBLASLt's
+  // heuristic during that step, which a short eager step's kernels wait for: on an H200, served
+  // steps of at most 256 prefill tokens at a row count not planned ran a median 0.8-1.1 ms
+  // longer than the same steps in isolation, those at a planned one did not (a step makes five
+  // GEMM shapes). cuBLASLt checks the borrowed algorithm at the matmul; one it refuses is
+  // replaced by the heuristic's for m.
+  static std::vector<uint32_t> plan_rows(uint32_t most);
+
   // Loads, before they are needed, the kernels cuBLASLt picks for the GEMM of each m in `ms`:
   // the plan of every m is made (and cached), and one matmul runs for each algorithm not seen
   // at an earlier m. With CUDA's lazy module loading a kernel's first launch loads it (about
@@ -47,8 +57,13 @@ class LtGemm {
   struct Api;
   struct Plan;
   LtGemm() = default;
-  // The cached plan of the shape (descriptors and the heuristic's algorithm), made on first use.
-  std::string plan(KvDtype dtype, uint64_t bias, uint32_t m, uint32_t n, uint32_t k, Plan** out);
+  // The cached plan of the shape (descriptors and an algorithm), made on first use: the
+  // algorithm of the covering rows' plan (plan_rows) when it exists and `exact` is false, else
+  // the heuristic's for m.
+  std::string plan(KvDtype dtype, uint64_t bias, uint32_t m, uint32_t n, uint32_t k, Plan** out,
+                   bool exact = false);
+  // The plan's matmul on the stream; the cuBLASLt status.
+  int launch(const Plan& p, uint64_t x, uint64_t w, uint64_t bias, uint64_t y, cudaStream_t stream);
   std::unique_ptr<Api> api_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   uint64_t workspace_ = 0, workspace_bytes_ = 0;

@@ -1,18 +1,23 @@
-// ModelStep on a real GPU: the GEMM warm-up (warm_up_gemms) against steps run without it; exits
+// ModelStep on a real GPU: the GEMM warm-up (warm_up_gemms) against steps run without it, and a
+// row count between the planned ones (the covering plan's algorithm) against its own; exits
 // 77 (skipped) when no CUDA device is present.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
-#include "kernels/attention.h"
 #include "core/clock.h"
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
 #include "src/config/config_node.h"
 #include "src/config/loaders.h"
 #include "src/exec/model_step.h"
@@ -104,6 +109,51 @@ TEST_CASE("GEMM warm-up: one matmul per new algorithm, no memory kept, no result
     ok(f.step->release_cached());
     ok(f.backend->device_free(f.pool));
   }
+}
+
+TEST_CASE("GEMM plans: a row count between the planned ones takes the covering plan's algorithm") {
+  // plan_rows: each count to 64, then multiples of 8, and the largest.
+  const std::vector<uint32_t> rows = kernels::LtGemm::plan_rows(90);
+  CHECK(rows.size() == 64 + 3 + 1);
+  CHECK(rows[63] == 64);
+  CHECK(rows[64] == 72);
+  CHECK(rows[66] == 88);
+  CHECK(rows.back() == 90);
+  CHECK(kernels::LtGemm::plan_rows(0).empty());
+  CHECK(kernels::LtGemm::plan_rows(8) == std::vector<uint32_t>{1, 2, 3, 4, 5, 6, 7, 8});
+
+  // One prefill chunk of 67 tokens (every GEMM at m = 67, between the plans of 64 and 72):
+  // cold, cuBLASLt's heuristic plans m = 67 itself; after the warm-up it borrows the plan of 72.
+  // The same tokens either way, and logits within bf16 rounding of each other.
+  Fixture f("llama-3.1-8b");
+  std::vector<StepSeqInput> in(1);
+  for (int32_t b = 0; b < 5; ++b) in[0].table.push_back(b);
+  for (uint32_t i = 0; i < 67; ++i)
+    in[0].tokens.push_back(static_cast<int32_t>((i * 104729 + 13) % 32000));
+  const StepResult cold = take(f.step->run(f.layout, in));
+  Fixture g("llama-3.1-8b");
+  (void)take(g.step->warm_up_gemms());
+  const StepResult warm = take(g.step->run(g.layout, in));
+  CHECK(warm.next_tokens == cold.next_tokens);
+  REQUIRE(warm.logits.size() == cold.logits.size());
+  REQUIRE(!cold.logits.empty());
+  const auto value = [](uint16_t bf16) {  // the logits' bits as a float
+    const uint32_t bits = uint32_t{bf16} << 16;
+    float v = 0;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  };
+  float most = 0, diff = 0;
+  for (size_t i = 0; i < cold.logits.size(); ++i) {
+    most = std::max(most, std::abs(value(cold.logits[i])));
+    diff = std::max(diff, std::abs(value(warm.logits[i]) - value(cold.logits[i])));
+  }
+  CHECK(most > 0);
+  CHECK(diff <= 0.02f * most);
+  ok(f.step->release_cached());
+  ok(g.step->release_cached());
+  ok(f.backend->device_free(f.pool));
+  ok(g.backend->device_free(g.pool));
 }
 
 }  // namespace

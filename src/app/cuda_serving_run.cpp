@@ -15,6 +15,7 @@
 #include "src/app/legend.h"
 #include "src/app/rank_launch.h"
 #include "src/exec/step_profiler.h"
+#include "workload/measured_steps.h"
 
 namespace memsim {
 
@@ -170,8 +171,7 @@ void report_step_classes(const ServingResults& measured, OutputDir& dir, std::os
                      "count", "measured", "predicted", "ratio", "err p10", "err p90", "pred/gpu");
   double single_pred = 0, single_gpu = 0;  // single-sequence decode steps of every run
   std::ostringstream steps;
-  steps << "run,step,num_seqs,new_tokens,decode_seqs,decode_kv_tokens,decode_max_kv,"
-           "kv_read_tokens,attn_pairs,measured_ms,predicted_ms,wall_s,gpu_ms\n";
+  steps << kStepsCsvHeader << "\n";
   for (const ServingRunResult& m : measured.runs) {
     const auto& ms = m.result.measured_steps;
     const char* kClass[] = {"decode", "mixed", "prefill"};

@@ -541,12 +541,8 @@ Status ModelStep::release_cached() {
 
 Result<uint32_t> ModelStep::warm_up_gemms() {
   Impl& m = *impl_;
-  auto counts = [](uint32_t most) {
-    std::vector<uint32_t> v;
-    for (uint32_t t = 1; t <= most; t += t < 64 ? 1 : 8) v.push_back(t);
-    if (v.empty() || v.back() != most) v.push_back(most);
-    return v;
-  };
+  // Every row count a step's GEMM can have is covered by these plans (kernels::LtGemm).
+  const auto counts = [](uint32_t most) { return kernels::LtGemm::plan_rows(most); };
   const uint32_t T = m.cfg.max_tokens, S = std::min(m.cfg.max_seqs, T);
   const uint64_t in_cols = std::max({m.hidden, m.q_cols, m.inter});
   const uint64_t out_elems = std::max(uint64_t{T} * std::max({m.qkv_cols, 2 * m.inter, m.hidden}),

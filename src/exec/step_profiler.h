@@ -10,6 +10,7 @@
 #include "backends/backend.h"
 #include "src/exec/model_step.h"
 #include "workload/executor_program.h"
+#include "workload/measured_steps.h"
 #include "workload/step_profile.h"
 
 namespace memsim {
@@ -35,6 +36,16 @@ struct ProfileGrid {
 // point is dropped) and returns the profile; one line per point goes to `log`.
 Result<StepProfile> measure_step_profile(ModelStep& step, Backend& backend, const ProfileGrid& grid,
                                          std::ostream& log);
+
+// Times each step (its sequences) in isolation on the grid's pool and timer, as the grid's
+// points are timed: tables over blocks in the grid's random order, the median GPU time of
+// grid.reps steps after one warm-up (grid.reps, block_size, pool_bytes, headroom and seed
+// apply). The times in ms, one per step; an error names the first step outside the model
+// step's sizes or the pool.
+Result<std::vector<double>> measure_steps(ModelStep& step, Backend& backend,
+                                          const ProfileGrid& grid,
+                                          const std::vector<std::vector<SeqWork>>& steps,
+                                          std::ostream& log);
 
 // This GPU's speed against a profile measured on another of its kind: a few of the profile's
 // own grid points timed again, eagerly, as calibrate --model times them (decode batches 1, 8,
