@@ -513,7 +513,7 @@ if /usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1; then
 fi
 
 # A model profile's options without --model would go unused: refused before anything runs.
-for opt in "--kv-cache-dtype fp8" "--graphs" "--layers 2" "--decode-batches 1,8"; do
+for opt in "--kv-cache-dtype fp8" "--graphs" "--layers 2" "--decode-batches 1,8" "--prefill-chunks 16,64"; do
   name=calibrate_needs_model_${opt%% *}; name=${name//-/}
   run "$name" calibrate --backend cuda $opt
   expect_rc "$name" 2
@@ -529,6 +529,14 @@ run decode_batches_range calibrate --backend cuda --model llama-3.1-8b --decode-
 expect_rc decode_batches_range 2
 expect_in "$TMP/decode_batches_range.err" "--decode-batches: batch 1024 is outside 1..512" \
   "calibrate --decode-batches 1,1024: names the batch and the range"
+run prefill_chunks_order calibrate --backend cuda --model llama-3.1-8b --prefill-chunks 16,512,384
+expect_rc prefill_chunks_order 2
+expect_in "$TMP/prefill_chunks_order.err" "--prefill-chunks: chunks must ascend (384 after 512)" \
+  "calibrate --prefill-chunks 16,512,384: says which is out of order"
+run prefill_chunks_range calibrate --backend cuda --model llama-3.1-8b --prefill-chunks 16,9000
+expect_rc prefill_chunks_range 2
+expect_in "$TMP/prefill_chunks_range.err" "--prefill-chunks: chunk 9000 is outside 1..8192" \
+  "calibrate --prefill-chunks 16,9000: names the chunk and the range"
 
 # calibrate --check of two runs' calls (no GPU needed): one run at about the model's time per map,
 # one at 6x: per run 1 and 0 classes within 25%, the class beyond any model's reach, and pooled out.

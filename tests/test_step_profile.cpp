@@ -241,6 +241,10 @@ TEST_CASE("profile: calibrate's decode batches are checked before any GPU work")
   CHECK(check_decode_batches({8, 513}, 512) == "batch 513 is outside 1..512");
   CHECK(check_decode_batches({8, 8}, 512) == "batches must ascend (8 after 8)");
   CHECK(check_decode_batches({16, 8}, 512) == "batches must ascend (8 after 16)");
+  CHECK(check_prefill_chunks({16, 64, 128, 384, 8192}, 8192).empty());
+  CHECK(check_prefill_chunks({}, 8192) == "no chunk size given");
+  CHECK(check_prefill_chunks({16, 8193}, 8192) == "chunk 8193 is outside 1..8192");
+  CHECK(check_prefill_chunks({512, 384}, 8192) == "chunks must ascend (384 after 512)");
 }
 
 TEST_CASE("profile file: round trip and located errors") {

@@ -76,15 +76,30 @@ std::string check_step_profile(const StepProfile& p) {
   return check_rows(p.prefill, "prefill");
 }
 
-std::string check_decode_batches(const std::vector<uint32_t>& batches, uint32_t max_seqs) {
-  if (batches.empty()) return "no batch size given";
-  for (size_t i = 0; i < batches.size(); ++i) {
-    if (batches[i] == 0 || batches[i] > max_seqs)
-      return fmt::format("batch {} is outside 1..{}", batches[i], max_seqs);
-    if (i && batches[i] <= batches[i - 1])
-      return fmt::format("batches must ascend ({} after {})", batches[i], batches[i - 1]);
+namespace {
+
+// Empty when `sizes` is non-empty, ascending and each in 1..most; else what is wrong, naming one
+// size `what` and all of them `whats`.
+std::string check_row_sizes(const std::vector<uint32_t>& sizes, uint32_t most, const char* what,
+                            const char* whats) {
+  if (sizes.empty()) return fmt::format("no {} size given", what);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0 || sizes[i] > most)
+      return fmt::format("{} {} is outside 1..{}", what, sizes[i], most);
+    if (i && sizes[i] <= sizes[i - 1])
+      return fmt::format("{} must ascend ({} after {})", whats, sizes[i], sizes[i - 1]);
   }
   return {};
+}
+
+}  // namespace
+
+std::string check_decode_batches(const std::vector<uint32_t>& batches, uint32_t max_seqs) {
+  return check_row_sizes(batches, max_seqs, "batch", "batches");
+}
+
+std::string check_prefill_chunks(const std::vector<uint32_t>& chunks, uint32_t max_tokens) {
+  return check_row_sizes(chunks, max_tokens, "chunk", "chunks");
 }
 
 StepProfile scale_step_profile(StepProfile p, double decode, double prefill) {

@@ -57,6 +57,8 @@ std::string check_step_profile(const StepProfile& p);
 // Empty when `batches` can be a profile's decode rows for a model step of up to `max_seqs`
 // sequences (non-empty, ascending, each 1..max_seqs), else what is wrong.
 std::string check_decode_batches(const std::vector<uint32_t>& batches, uint32_t max_seqs);
+// The same for prefill rows' chunk sizes and a model step of up to `max_tokens` tokens.
+std::string check_prefill_chunks(const std::vector<uint32_t>& chunks, uint32_t max_tokens);
 
 // One grid point measured on two machines: the reference profile's time and this one's.
 struct ProbePoint {

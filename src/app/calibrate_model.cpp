@@ -50,26 +50,31 @@ int write_profile(const CalibrateModelOptions& o, StepProfile& p, const ModelSha
       o.decode_batches.empty()
           ? ""
           : fmt::format(" --decode-batches {}", fmt::join(o.decode_batches, ","));
+  const std::string chunks_flag =
+      o.prefill_chunks.empty()
+          ? ""
+          : fmt::format(" --prefill-chunks {}", fmt::join(o.prefill_chunks, ","));
   const std::string text = format_step_profile(
-      p, {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}{}{}",
-                      model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag, kv_flag,
-                      batches_flag),
-          fmt::format("ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
-                      "16, tables over blocks in random order{}), {}, median of 5 steps; the "
-                      "serving engine interpolates it (step_profile.h){}",
-                      kv ? fmt::format("; an {} cache the KV write quantizes with scales of 1.0",
-                                       to_string(*kv))
-                         : "",
-                      o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
-                                 "to 32K, prefill eager"
-                               : "eager launches",
-                      tp > 1 ? fmt::format(". One rank of {}: its shard, {} and the logits' "
-                                           "NCCL all-gather included",
-                                           tp,
-                                           p.all_reduce == "custom"
-                                               ? "custom all-reduces (NCCL above 8 MiB)"
-                                               : "NCCL all-reduces")
-                             : "")});
+      p,
+      {fmt::format("Step times of {} on {}: memsim calibrate --backend cuda --model {}{}{}{}{}{}",
+                   model.name, p.gpu, model.name, o.graphs ? " --graphs" : "", tp_flag, kv_flag,
+                   batches_flag, chunks_flag),
+       fmt::format(
+           "ModelStep (src/exec/model_step.h): random bf16 weights, paged KV (block "
+           "16, tables over blocks in random order{}), {}, median of 5 steps; the "
+           "serving engine interpolates it (step_profile.h){}",
+           kv ? fmt::format("; an {} cache the KV write quantizes with scales of 1.0",
+                            to_string(*kv))
+              : "",
+           o.graphs ? "decode steps replayed as CUDA graphs captured for contexts up "
+                      "to 32K, prefill eager"
+                    : "eager launches",
+           tp > 1 ? fmt::format(". One rank of {}: its shard, {} and the logits' "
+                                "NCCL all-gather included",
+                                tp,
+                                p.all_reduce == "custom" ? "custom all-reduces (NCCL above 8 MiB)"
+                                                         : "NCCL all-reduces")
+                  : "")});
   // Read back exactly as the serving engine will, before it replaces anything at `path`.
   const auto loads_back = [&](std::string_view t) -> std::string {
     try {
@@ -137,7 +142,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   cfg.model = model;
   cfg.model.kv_dtype = kv_cache_dtype_from_name(o.kv_cache_dtype);
   cfg.layers_run = o.layers;
-  cfg.max_tokens = 8192;
+  cfg.max_tokens = kCalibrateMaxTokens;
   cfg.max_seqs = kCalibrateMaxSeqs;
   cfg.tp = member.group.get();
   auto step = ModelStep::create(cfg, **backend);
@@ -148,6 +153,7 @@ int run_calibrate_model(const CalibrateModelOptions& o, std::ostream& out, std::
   ProfileGrid grid;
   grid.graphs = o.graphs;
   if (!o.decode_batches.empty()) grid.batches = o.decode_batches;
+  if (!o.prefill_chunks.empty()) grid.chunks = o.prefill_chunks;
   auto profile = measure_step_profile(**step, **backend, grid, out);
   if (!profile.ok()) {
     err << "memsim calibrate: " << profile.error().message << "\n";

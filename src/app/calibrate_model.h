@@ -11,6 +11,7 @@ namespace memsim {
 
 // The most sequences one profiled step holds (the model step's max_seqs, the grid's last row).
 inline constexpr uint32_t kCalibrateMaxSeqs = 512;
+inline constexpr uint32_t kCalibrateMaxTokens = 8192;  // the model step's tokens a step
 
 struct CalibrateModelOptions {
   std::string gpu_path = "configs/gpus/h200.yaml";
@@ -22,6 +23,9 @@ struct CalibrateModelOptions {
   // empty: ProfileGrid's (powers of two).
   // With --graphs, the engine's capture sizes give a row for every graph a replay can run.
   std::vector<uint32_t> decode_batches;
+  // The prefill rows' chunk sizes, ascending, 1..kCalibrateMaxTokens (check_prefill_chunks);
+  // empty: ProfileGrid's (16, 64, 256, 1024, 2048, 4096, 8192).
+  std::vector<uint32_t> prefill_chunks;
   // The KV cache's dtype (vLLM's --kv-cache-dtype): auto (the model's), fp8 (= fp8_e4m3) or
   // fp8_e5m2. An fp8 cache's profile is <model>[.tp<N>].fp8[.graphs].yaml.
   std::string kv_cache_dtype = "auto";

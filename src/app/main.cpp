@@ -138,6 +138,14 @@ void add_calibrate(CLI::App& app, CalibrateCli& c) {
       ->delimiter(',')
       ->needs(model);
   c.cmd
+      ->add_option("--prefill-chunks", c.model.prefill_chunks,
+                   fmt::format("with --model: the prefill rows' chunk sizes, ascending, 1..{} "
+                               "(default: 16,64,256,1024,2048,4096,8192); rows between them leave "
+                               "less to interpolate",
+                               memsim::kCalibrateMaxTokens))
+      ->delimiter(',')
+      ->needs(model);
+  c.cmd
       ->add_option("--kv-cache-dtype", c.model.kv_cache_dtype,
                    "with --model: the KV cache's dtype, as vLLM's --kv-cache-dtype: auto (the "
                    "model's), fp8 (= fp8_e4m3) or fp8_e5m2; writes <model>.fp8.yaml (or "
@@ -270,11 +278,20 @@ int run_calibrate_cli(CalibrateCli& c) {
   if (!o.in_context.empty()) return memsim::run_calibrate_in_context(o, std::cout, std::cerr);
   if (!o.check.empty()) return memsim::run_calibrate_check(o, std::cout, std::cerr);
   if (c.model.model.empty()) return memsim::cuda_calibrate(o, std::cout, std::cerr);
-  if (!c.model.decode_batches.empty()) {  // refused before any GPU work, in every build
+  // Grid sizes are refused before any GPU work, in every build.
+  if (!c.model.decode_batches.empty()) {
     const std::string why =
         memsim::check_decode_batches(c.model.decode_batches, memsim::kCalibrateMaxSeqs);
     if (!why.empty()) {
       std::cerr << "memsim calibrate: --decode-batches: " << why << "\n";
+      return kExitConfigError;
+    }
+  }
+  if (!c.model.prefill_chunks.empty()) {
+    const std::string why =
+        memsim::check_prefill_chunks(c.model.prefill_chunks, memsim::kCalibrateMaxTokens);
+    if (!why.empty()) {
+      std::cerr << "memsim calibrate: --prefill-chunks: " << why << "\n";
       return kExitConfigError;
     }
   }
