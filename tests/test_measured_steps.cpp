@@ -103,12 +103,14 @@ TEST_CASE("sequences_of keeps every sum of random valid shapes") {
 
 TEST_CASE("sequences_of refuses inconsistent sums") {
   CHECK(!sequences_of(shape(0, 0, 0, 0, 0, 0)).ok());
-  CHECK(!sequences_of(shape(2, 2, 3, 10, 5, 10)).ok());     // more decodes than sequences
-  CHECK(!sequences_of(shape(2, 1, 1, 10, 10, 10)).ok());    // a prefill with no token
-  CHECK(!sequences_of(shape(1, 1, 1, 10, 11, 10)).ok());    // longest over the sum
-  CHECK(!sequences_of(shape(3, 3, 3, 100, 10, 100)).ok());  // others longer than the longest
-  CHECK(!sequences_of(shape(1, 500, 0, 0, 0, 400)).ok());   // KV below the new tokens
-  CHECK(!sequences_of(shape(2, 3, 1, 50, 50, 40)).ok());    // decodes over the step's KV
+  CHECK(!sequences_of(shape(2, 2, 3, 10, 5, 10)).ok());         // more decodes than sequences
+  CHECK(!sequences_of(shape(2, 1, 1, 10, 10, 10)).ok());        // a prefill with no token
+  CHECK(!sequences_of(shape(1, 1, 1, 10, 11, 10)).ok());        // longest over the sum
+  CHECK(!sequences_of(shape(3, 3, 3, 100, 10, 100)).ok());      // others longer than the longest
+  CHECK(!sequences_of(shape(1, 500, 0, 0, 0, 400)).ok());       // KV below the new tokens
+  CHECK(!sequences_of(shape(2, 3, 1, 50, 50, 40)).ok());        // decodes over the step's KV
+  CHECK(!sequences_of(shape(1, 1, 1, 10, 10, 30)).ok());        // KV of no sequence
+  CHECK(!sequences_of(shape(1, 5, 0, 0, 0, 1ull << 33)).ok());  // beyond 32 bits
   auto e = sequences_of(shape(1, 1, 1, 10, 11, 10));
   CHECK_THAT(e.error().message, Catch::Contains("decode_max_kv 11"));
 }

@@ -7,6 +7,7 @@
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <optional>
 #include <string_view>
@@ -153,8 +154,11 @@ Result<std::vector<SeqWork>> sequences_of(const StepShape& s) {
                            s.decode_max_kv, d, s.decode_kv_tokens));
   const uint64_t prefill_new = s.new_tokens - d;
   const uint64_t prefill_kv = s.kv_read_tokens - s.decode_kv_tokens;
-  if (p == 0 ? prefill_new != 0 : prefill_kv < prefill_new)
-    return bad("the prefills' KV tokens do not hold their new tokens");
+  if (p == 0 ? prefill_kv != 0 : prefill_kv < prefill_new)
+    return bad(p == 0 ? "KV tokens beyond the decodes' with no prefill sequence"
+                      : "the prefills' KV tokens do not hold their new tokens");
+  if (p && (prefill_kv + p - 1) / p > UINT32_MAX)
+    return bad("a prefill sequence of more than 2^32 tokens");
   std::vector<SeqWork> seqs;
   const auto add = [&](uint64_t cached, uint64_t tokens) {
     seqs.push_back({static_cast<uint32_t>(cached), static_cast<uint32_t>(tokens)});
