@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "bench/bench_cli.h"
+#include "src/app/output.h"
 #include "workload/measured_steps.h"
 
 namespace memsim::bench {
@@ -119,10 +120,10 @@ int replay_steps(ModelStep& step, Backend& backend, const ProfileGrid& grid,
       prefill += steps[i][j].tokens;
       prefix += steps[i][j].cached;
     }
-    csv << fmt::format("\"{}\",{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f}\n", r.run,
-                       r.step, step_class(s), s.num_seqs, s.new_tokens, s.decode_seqs,
-                       s.decode_kv_tokens, prefill, prefix, r.measured_ms, r.predicted_ms, r.gpu_ms,
-                       (*ms)[i]);
+    csv << fmt::format("{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                       csv_quoted(r.run), r.step, step_class(s), s.num_seqs, s.new_tokens,
+                       s.decode_seqs, s.decode_kv_tokens, prefill, prefix, r.measured_ms,
+                       r.predicted_ms, r.gpu_ms, (*ms)[i]);
     by_class[step_class(s)].add(r, (*ms)[i]);
     by_band[{step_class(s), prefill_band(s.new_tokens - s.decode_seqs)}].add(r, (*ms)[i]);
   }
