@@ -71,9 +71,12 @@ int cuda_launch_ranks(uint32_t ranks, bool nccl_cumem, std::ostream& out) {
                        ranks, ranks, devices);
     return 2;
   }
-  // The device probe left this process a context on GPU 0; the ranks' run needs none here.
-  (void)cudaDeviceReset();
+  cuda_release_device();  // the ranks' run needs no context here
   return run_rank_processes(own_command_line(), ranks, nccl_cumem, 3600, out);
+}
+
+void cuda_release_device() {
+  (void)cudaDeviceReset();
 }
 
 int cuda_serving_report(const ServingConfig& config, const ServingResults& results, OutputDir& dir,

@@ -44,6 +44,9 @@ Result<ServingRunHooks> cuda_serving_hooks_for(const ServingConfig& config, int 
 // --rank and --nccl-id added), NVLink multicast off; each rank's output follows. 0 when every
 // rank exited 0, 2 when there are fewer than `ranks` GPUs or no NCCL, else 1.
 int cuda_launch_ranks(uint32_t ranks, bool nccl_cumem, std::ostream& out);
+// Ends this process's CUDA context on device 0 (cudaDeviceReset), which the device probe left:
+// processes started next get the whole GPU.
+void cuda_release_device();
 int cuda_serving_report(const ServingConfig& config, const ServingResults& results, OutputDir& dir,
                         std::ostream& out);
 

@@ -275,12 +275,14 @@ void report_sim_vs_measured(const ServingConfig& config, const ServingResults& m
     out << fmt::format(" {:>5.1f}% {:>13}\n", host * 100,
                        fmt::format("{}/{}", v.graph_steps, v.steps));
   }
-  if (std::count_if(measured.runs.begin(), measured.runs.end(), compared) > 1)
+  if (!measured.process_per_run &&
+      std::count_if(measured.runs.begin(), measured.runs.end(), compared) > 1)
     out << "note: these runs were measured one after another in one process. On the H200, "
            "once a process had made the model (weights, graphs, activations) twice, every later "
            "one ran the same kernels 3-4% slower, so runs after the first, and the speed probe "
            "after them, may measure slow (docs/results/serving-measured.md). For the closest "
-           "comparison run each in its own process: a config of one run each.\n";
+           "comparison run each in its own process: --process-per-run on (the default on one "
+           "GPU).\n";
   if (band && !band->runs.empty()) {
     out << fmt::format(
         "\nprediction band: each figure predicted with every step priced {:.2f}x to {:.2f}x "

@@ -7,14 +7,17 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "src/app/allocators_experiment.h"
 #include "src/app/cuda_modes.h"
 #include "src/app/output.h"
 #include "src/app/rl_experiment.h"
 #include "src/app/run_progress.h"
+#include "src/app/serving_processes.h"
 #include "src/app/serving_writers.h"
 #include "src/app/shapes_experiment.h"
+#include "src/app/spawn.h"
 #include "src/app/tp_memory_experiment.h"
 #include "src/app/writers.h"
 #include "src/serve/serving_experiment.h"
@@ -82,14 +85,32 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
     const int rc = cuda_launch_ranks(tp, config.parallel.comm.nccl_cumem, std::cout);
     return rc == 0 ? 0 : rc == 2 ? kExitConfigError : kExitRunFailure;
   }
+  std::string why;
+  const bool per_run =
+      ctx.serving_run < 0 &&
+      runs_in_own_processes(process_per_run_from_name(ctx.process_per_run), config, ctx.cuda, &why);
+  if (!why.empty()) {
+    std::cerr << "memsim: " << why << "\n";
+    return kExitConfigError;
+  }
   ServingRunHooks hooks;
-  if (ctx.cuda) {
+  if (ctx.cuda) {  // checked here also when the runs go to processes of their own
     auto made = cuda_serving_hooks_for(config, ctx.rank, ctx.nccl_id);
     if (!made.ok()) {
       std::cerr << "memsim: --backend cuda: " << made.error().message << "\n";
       return kExitConfigError;
     }
     hooks = std::move(made).value();
+  }
+  if (ctx.serving_run >= 0)
+    return serve_one_run(config, ctx.serving_run, hooks, ctx.serving_result);
+  std::optional<RunProcesses> processes;
+  if (per_run) {
+    if (ctx.cuda) cuda_release_device();  // the runs' processes get the whole GPU
+    processes.emplace(own_command_line());
+    hooks = ServingRunHooks();
+    hooks.serial = true;
+    hooks.run_elsewhere = [&processes](size_t i, ServingRunResult& o) { processes->run(i, o); };
   }
   // Ranks other than 0 write their outputs to a folder of their own, removed at the end (their
   // tables are in their log); rank 0's are the run's.
@@ -102,7 +123,8 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
   // A progress line on a terminal (stderr) for long runs; nothing otherwise.
   TerminalProgress progress(config, std::cerr, isatty(STDERR_FILENO) != 0);
   hooks.progress = progress.hook();
-  const ServingResults results = run_serving_experiment(config, hooks);
+  ServingResults results = run_serving_experiment(config, hooks);
+  results.process_per_run = per_run;
   std::cout << format_serving_table(config, results, ctx.explain);
   write_serving_outputs(config, results, dir);
   dir.add_note(plot_serving(config, dir));

@@ -20,6 +20,12 @@ struct RunContext {
   // the NCCL unique id (hex). -1: not a rank.
   int rank = -1;
   std::string nccl_id;
+  // --process-per-run (serving): auto, on or off (serving_processes.h).
+  std::string process_per_run = "auto";
+  // A process running one serving run (set by its launcher: --serving-run, --serving-result):
+  // the run's index in the config and the file its outcome goes to. -1: not one.
+  int serving_run = -1;
+  std::string serving_result;
 };
 
 struct ExperimentKind {

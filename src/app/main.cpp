@@ -17,6 +17,7 @@
 #include "src/app/output.h"
 #include "src/app/plots.h"
 #include "src/app/replay_command.h"
+#include "src/app/serving_processes.h"
 #include "src/app/sweep.h"
 #include "workload/model_shape.h"
 #include "workload/step_profile.h"
@@ -33,6 +34,9 @@ struct RunCli {
   bool no_plots = false, explain = false;
   int rank = -1;  // a tensor-parallel rank process (hidden options, set by its launcher)
   std::string nccl_id;
+  std::string process_per_run = "auto";
+  int serving_run = -1;  // a process running one serving run (hidden, set by its launcher)
+  std::string serving_result;
   CLI::Option* config_opt = nullptr;
   CLI::Option* seed_opt = nullptr;
 };
@@ -81,6 +85,13 @@ void add_run_options(CLI::App& app, RunCli& r) {
   app.add_option("--config-base", r.config_base)->group("");
   app.add_option("--rank", r.rank)->group("");
   app.add_option("--nccl-id", r.nccl_id)->group("");
+  app.add_option("--serving-run", r.serving_run)->group("");
+  app.add_option("--serving-result", r.serving_result)->group("");
+  app.add_option("--process-per-run", r.process_per_run,
+                 "serving: each run in a process of its own (auto: with --backend cuda on one "
+                 "GPU, where a process's later model steps ran slower)")
+      ->check(CLI::IsMember(memsim::process_per_run_names()))
+      ->capture_default_str();
   app.add_option("--set", r.overrides,
                  "override a config key: --set key.path=value; a list entry by its index, "
                  "--set runs.0.kv.impl=radix_token_pool (repeatable)");
@@ -336,7 +347,16 @@ int run_experiment_cli(RunCli& r) {
       return kExitConfigError;
     }
   }
-  return memsim::experiment_kind(root).run(root, {r.out_dir, cuda, r.explain, r.rank, r.nccl_id});
+  const memsim::ExperimentKind& kind = memsim::experiment_kind(root);
+  if (r.process_per_run != "auto" && kind.name != "serving") {
+    std::cerr << fmt::format(
+        "memsim: --process-per-run {}: {} is a {} experiment; only serving experiments run in "
+        "processes of their own\n",
+        r.process_per_run, r.config_path, kind.name);
+    return kExitConfigError;
+  }
+  return kind.run(root, {r.out_dir, cuda, r.explain, r.rank, r.nccl_id, r.process_per_run,
+                         r.serving_run, r.serving_result});
 }
 
 int run_cli(int argc, char** argv) {

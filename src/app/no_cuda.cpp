@@ -38,6 +38,8 @@ int cuda_launch_ranks(uint32_t, bool, std::ostream& out) {
   return refuse(out, "");
 }
 
+void cuda_release_device() {}
+
 int cuda_serving_report(const ServingConfig&, const ServingResults&, OutputDir&,
                         std::ostream& out) {
   return refuse(out, "");

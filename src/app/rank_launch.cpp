@@ -102,16 +102,6 @@ std::string wait_ranks(std::vector<RankProcess>& ranks, int timeout_s) {
   return problem;
 }
 
-std::vector<std::string> own_command_line() {
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> argv;
-  for (std::string arg; std::getline(f, arg, '\0');) argv.push_back(arg);
-  std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (!argv.empty() && !self.empty()) argv[0] = self;
-  return argv;
-}
-
 int run_rank_processes(const std::vector<std::string>& argv, uint32_t ranks, bool nccl_cumem,
                        int timeout_s, std::ostream& out) {
   auto nccl = Nccl::load();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cuda/nccl.h"
+#include "src/app/spawn.h"
 #include "src/exec/tp_group.h"
 
 namespace memsim {
@@ -37,9 +38,6 @@ std::string start_rank(std::vector<std::string> argv, uint32_t rank, bool nccl_c
 // Waits for every rank; kills them all when one fails or `timeout_s` pass. Returns "" or what
 // went wrong (the first failed rank, by its index in `ranks`, how it ended, and its log).
 std::string wait_ranks(std::vector<RankProcess>& ranks, int timeout_s);
-
-// This process's own argument vector (/proc/self/cmdline), argv[0] replaced by its executable.
-std::vector<std::string> own_command_line();
 
 // Runs `argv` + {--rank r, --nccl-id ID} as ranks 0..ranks-1 (a fresh NCCL unique id; logs in a
 // temporary folder, kept when a rank failed), waits for them, then copies each rank's output to

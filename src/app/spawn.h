@@ -29,4 +29,7 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& op
 int run_process(const std::vector<std::string>& argv, const SpawnOptions& options,
                 std::string* error);
 
+// This process's own argument vector (/proc/self/cmdline), argv[0] replaced by its executable.
+std::vector<std::string> own_command_line();
+
 }  // namespace memsim

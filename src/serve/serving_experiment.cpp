@@ -555,14 +555,8 @@ Result<KvBudget> engine_budget(const KvBudgetInput& in) {
   return e->stages[e->min_stage];
 }
 
-}  // namespace
-
-ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHooks& hooks) {
-  ServingResults out;
-  out.runs.resize(c.runs.size());
-  const auto wall0 = std::chrono::steady_clock::now();
-
-  // Budgets first (serially, cached: most runs share one).
+// Each run's spec and budget (serially, cached: most runs share one).
+void set_budgets(const ServingConfig& c, ServingResults& out) {
   std::map<std::string, Result<KvBudget>> budgets;
   for (size_t i = 0; i < c.runs.size(); ++i) {
     const ServingRunSpec& r = c.runs[i];
@@ -600,6 +594,15 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
       o.budget_error.clear();
     }
   }
+}
+
+}  // namespace
+
+ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHooks& hooks) {
+  ServingResults out;
+  out.runs.resize(c.runs.size());
+  const auto wall0 = std::chrono::steady_clock::now();
+  set_budgets(c, out);
 
   // Runs in parallel: each has its own backend, clock, strategy and state.
   std::vector<char> out_of_memory(c.runs.size(), 0);
@@ -608,6 +611,12 @@ ServingResults run_serving_experiment(const ServingConfig& c, const ServingRunHo
     const RequestTable& requests = c.request_sets[o.spec.requests].requests;
     const EngineProgress ended{requests.size(), requests.size(), 0};
     if (!o.budget_error.empty()) {
+      if (hooks.progress) hooks.progress(i, ended);
+      return;
+    }
+    if (hooks.run_elsewhere) {
+      hooks.run_elsewhere(i, o);
+      if (hooks.failed && !o.result.error.empty()) hooks.failed(o.spec, o.result.error);
       if (hooks.progress) hooks.progress(i, ended);
       return;
     }

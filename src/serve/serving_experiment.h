@@ -112,6 +112,7 @@ struct ServingRunResult {
 struct ServingResults {
   std::vector<ServingRunResult> runs;
   double wall_seconds = 0;
+  bool process_per_run = false;  // each run ran in a process of its own (--process-per-run)
 };
 
 // How runs execute beyond the simulation (the CUDA serving path sets both): `customize` edits
@@ -127,6 +128,10 @@ struct ServingRunHooks {
   // run starts. A tensor-parallel rank process ends itself there: its peers, waiting in a
   // collective, are then stopped by their launcher instead of meeting the next run's. Null: none.
   std::function<void(const ServingRunSpec&, const std::string& error)> failed;
+  // Runs run `run` (its index into config.runs) elsewhere, e.g. in a process of its own, and
+  // fills the run's result, replicas and assigned (an error in result.error). Set, no engine
+  // runs here and `customize` is not called; the run's budget is still computed here.
+  std::function<void(size_t run, ServingRunResult& o)> run_elsewhere;
 };
 
 // A `kv:` map ({impl, ...the strategy's keys}) and a `scheduler:` map, parsed and validated
