@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -60,15 +61,25 @@ ServingPredictions predict_timed_runs(const ServingConfig& config, std::ostream&
   }
   p.probe = std::move(probe).value();
   out << fmt::format(
-      "\nspeed probe: isolated steps of the profile's grid on this GPU, eager (as calibrate "
-      "--model times them), against {}\n",
+      "\nspeed probe: the profile's grid timed again on this GPU, eager and in calibrate "
+      "--model's order (the GPU's power then builds up as it did), against {}; this GPU / the "
+      "profile, by row: geometric mean over its points, and the least and greatest\n",
       probed.path);
-  out << fmt::format("{:<8} {:>6} {:>7} {:>11} {:>11} {:>7}\n", "step", "size", "point", "profile",
-                     "this GPU", "ratio");
-  for (const ProbePoint& q : p.probe->points)
-    out << fmt::format("{:<8} {:>6} {:>7} {:>9.3f}ms {:>9.3f}ms {:>7.3f}\n",
-                       q.decode ? "decode" : "prefill", q.size, q.point, q.profile_ms,
-                       q.measured_ms, q.measured_ms / q.profile_ms);
+  out << fmt::format("{:<8} {:>6} {:>7} {:>8} {:>8} {:>8}\n", "step", "size", "points", "ratio",
+                     "least", "greatest");
+  const std::vector<ProbePoint>& q = p.probe->points;
+  for (size_t a = 0, b = 0; a < q.size(); a = b) {
+    double log_sum = 0, lo = 1e300, hi = 0;
+    for (b = a; b < q.size() && q[b].decode == q[a].decode && q[b].size == q[a].size; ++b) {
+      const double r = q[b].measured_ms / q[b].profile_ms;
+      log_sum += std::log(r);
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+    }
+    out << fmt::format("{:<8} {:>6} {:>7} {:>8.3f} {:>8.3f} {:>8.3f}\n",
+                       q[a].decode ? "decode" : "prefill", q[a].size, b - a,
+                       std::exp(log_sum / double(b - a)), lo, hi);
+  }
   out << fmt::format(
       "this GPU runs the profile's steps at decode x{:.3f}, prefill x{:.3f} (geometric means; "
       "`step_profile_scale: {{decode: {:.3f}, prefill: {:.3f}}}` predicts for it)\n",

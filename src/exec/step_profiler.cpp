@@ -11,6 +11,7 @@
 #include <chrono>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "kernels/attention.h"
 #include "src/exec/tp_group.h"
@@ -224,25 +225,29 @@ Result<std::vector<double>> measure_steps(ModelStep& step, Backend& backend, con
 
 Result<SpeedProbe> probe_profile_speed(ModelStep& step, Backend& backend,
                                        const StepProfile& profile, std::ostream& log) {
-  // The probe's rows among the profile's (profile_speed matches their points).
-  auto row_of = [](const std::vector<ProfileRow>& rows, uint32_t size) -> const ProfileRow* {
-    for (const ProfileRow& r : rows)
-      if (r.size == size) return &r;
-    return nullptr;
-  };
+  // The profile's grid: its rows the step takes, each at every point of any row (a point the
+  // profile lacks is timed too, and left out of the comparison by profile_speed).
   ProfileGrid g;
+  std::set<uint32_t> contexts, prefixes;
   g.batches.clear();
   g.chunks.clear();
-  for (uint32_t b : {1u, 8u, 32u, 128u})
-    if (row_of(profile.decode, b) && b <= step.config().max_seqs) g.batches.push_back(b);
-  for (uint32_t c : {256u, 1024u})
-    if (row_of(profile.prefill, c) && c <= step.config().max_tokens) g.chunks.push_back(c);
-  g.contexts = {512, 2048};
-  g.prefixes = {0, 4096};
+  for (const ProfileRow& r : profile.decode)
+    if (r.size <= step.config().max_seqs) {
+      g.batches.push_back(r.size);
+      contexts.insert(r.points.begin(), r.points.end());
+    }
+  for (const ProfileRow& r : profile.prefill)
+    if (r.size <= step.config().max_tokens) {
+      g.chunks.push_back(r.size);
+      prefixes.insert(r.points.begin(), r.points.end());
+    }
+  g.contexts.assign(contexts.begin(), contexts.end());
+  g.prefixes.assign(prefixes.begin(), prefixes.end());
   if (g.batches.empty() && g.chunks.empty())
     return make_error(ErrorCode::kInvalidArgument,
-                      "speed probe: the profile holds none of the probe's rows (decode batches "
-                      "1, 8, 32, 128; prefill chunks 256, 1024)");
+                      fmt::format("speed probe: the step takes none of the profile's rows (at "
+                                  "most {} sequences and {} tokens a step)",
+                                  step.config().max_seqs, step.config().max_tokens));
   MEMSIM_ASSIGN_OR_RETURN(StepProfile here, measure_step_profile(step, backend, g, log));
   SpeedProbe probe = profile_speed(here, profile);
   if (probe.points.empty())

@@ -47,10 +47,13 @@ Result<std::vector<double>> measure_steps(ModelStep& step, Backend& backend,
                                           const std::vector<std::vector<SeqWork>>& steps,
                                           std::ostream& log);
 
-// This GPU's speed against a profile measured on another of its kind: a few of the profile's
-// own grid points timed again, eagerly, as calibrate --model times them (decode batches 1, 8,
-// 32 and 128 at contexts 512 and 2,048; prefill chunks 256 and 1,024 at prefixes 0 and 4,096;
-// those the profile holds), compared by profile_speed.
+// This GPU's speed against a profile measured on another of its kind: the profile's whole grid
+// (its rows that the step takes, at every point of any row) timed again, eagerly and in
+// calibrate --model's order, compared by profile_speed. The whole grid, not a few points of it:
+// a step's time depends on the power the GPU draws, which a grid of seconds builds up (an H200
+// reaches its 700 W cap, SM clock about 1,575 MHz, from the grid's fourth second on, where a
+// two-second grid runs at 1,980 MHz), so only the same grid in the same order compares GPUs
+// rather than power states.
 Result<SpeedProbe> probe_profile_speed(ModelStep& step, Backend& backend,
                                        const StepProfile& profile, std::ostream& log);
 
