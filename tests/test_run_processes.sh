@@ -35,6 +35,8 @@ for exp in kv_preemption dp_serving; do
     check "--process-per-run on: $exp/$(basename "$f") as in one process" \
       cmp -s "$f" "$TMP/ppr_on/$exp/$(basename "$f")"
   done
+  expect_in "$TMP/ppr_on_$exp.out" "each run in a process of its own" \
+    "--process-per-run on: the runs ran in processes of their own"
   check "--process-per-run on: $exp printed the same table" \
     cmp -s <(grep -v "wall\|^wrote" "$TMP/ppr_off_$exp.out") <(grep -v "wall\|^wrote" "$TMP/ppr_on_$exp.out")
 done
@@ -47,12 +49,32 @@ run ppr_bad --config "$ROOT/experiments/kv_preemption.yaml" --process-per-run al
 expect_rc ppr_bad 2
 expect_in "$TMP/ppr_bad.err" "--process-per-run: always not in {auto,on,off}" \
   "--process-per-run takes auto, on or off"
-run ppr_child --config "$ROOT/experiments/kv_preemption.yaml" --serving-run 99 \
-  --serving-result "$TMP/x.json" --out "$TMP/out_ppr_child"
+# A run's process started by hand: its launcher must be its parent, its inputs the launcher's.
+# child NAME ARGS...: memsim with ARGS and --serving-launcher set to its parent's pid.
+child() {
+  local name=$1
+  shift
+  (cd "$TMP" && bash -c 'exec "$@" --serving-launcher $PPID' child "$MEMSIM" "$@") \
+    >"$TMP/$name.out" 2>"$TMP/$name.err"
+  rc=$?
+}
+child ppr_child --config "$ROOT/experiments/kv_preemption.yaml" --serving-run 99 \
+  --serving-result "$TMP/x.json" --serving-digest 0 --out "$TMP/out_ppr_child"
 expect_rc ppr_child 2
 expect_in "$TMP/ppr_child.err" "--serving-run 99 names no run of the config's" \
   "a run process for no run"
 expect_absent "$TMP/out_ppr_child" "a run process writes no results folder"
+child ppr_digest --config "$ROOT/experiments/kv_preemption.yaml" --serving-run 0 \
+  --serving-result "$TMP/x.json" --serving-digest 0123456789abcdef --out "$TMP/out_ppr_child"
+expect_rc ppr_digest 2
+expect_in "$TMP/ppr_digest.err" "changed since the launcher read it" \
+  "a run process whose inputs are not the launcher's runs nothing"
+expect_absent "$TMP/x.json" "a run process whose inputs changed writes no outcome"
+run ppr_orphan --config "$ROOT/experiments/kv_preemption.yaml" --serving-run 0 \
+  --serving-result "$TMP/x.json" --serving-launcher 1 --serving-digest 0
+expect_rc ppr_orphan 1
+expect_in "$TMP/ppr_orphan.err" "the launcher is not this process's parent" \
+  "a run process whose launcher is gone runs nothing"
 
 echo "test_run_processes: $checks checks passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -135,7 +135,7 @@ TEST_CASE("serving outcome: bad input names the key") {
 
 TEST_CASE("run processes: a process that fails or hands back nothing is the run's error") {
   const auto run_with = [](std::vector<std::string> argv) {
-    RunProcesses processes(std::move(argv));
+    RunProcesses processes(std::move(argv), "0123456789abcdef");
     ServingRunResult o;
     o.spec.label = "conv 1x";
     processes.run(3, o);

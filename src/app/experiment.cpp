@@ -80,11 +80,6 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
         "scheduling runs on the sim backend only");
   }
   if (ctx.cuda && !refuse_other_gpu(config.gpu)) return kExitConfigError;
-  const uint32_t tp = config.parallel.sizes.tensor;
-  if (ctx.cuda && tp > 1 && ctx.rank < 0) {  // one process per rank, this command again
-    const int rc = cuda_launch_ranks(tp, config.parallel.comm.nccl_cumem, std::cout);
-    return rc == 0 ? 0 : rc == 2 ? kExitConfigError : kExitRunFailure;
-  }
   std::string why;
   const bool per_run =
       ctx.serving_run < 0 &&
@@ -92,6 +87,11 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
   if (!why.empty()) {
     std::cerr << "memsim: " << why << "\n";
     return kExitConfigError;
+  }
+  const uint32_t tp = config.parallel.sizes.tensor;
+  if (ctx.cuda && tp > 1 && ctx.rank < 0) {  // one process per rank, this command again
+    const int rc = cuda_launch_ranks(tp, config.parallel.comm.nccl_cumem, std::cout);
+    return rc == 0 ? 0 : rc == 2 ? kExitConfigError : kExitRunFailure;
   }
   ServingRunHooks hooks;
   if (ctx.cuda) {  // checked here also when the runs go to processes of their own
@@ -103,11 +103,12 @@ int run_serving(const ConfigNode& root, const RunContext& ctx) {
     hooks = std::move(made).value();
   }
   if (ctx.serving_run >= 0)
-    return serve_one_run(config, ctx.serving_run, hooks, ctx.serving_result);
+    return serve_one_run(config, ctx.serving_run, hooks, ctx.serving_result,
+                         serving_inputs_digest(root, config), ctx.serving_digest);
   std::optional<RunProcesses> processes;
   if (per_run) {
     if (ctx.cuda) cuda_release_device();  // the runs' processes get the whole GPU
-    processes.emplace(own_command_line());
+    processes.emplace(own_command_line(), serving_inputs_digest(root, config));
     hooks = ServingRunHooks();
     hooks.serial = true;
     hooks.run_elsewhere = [&processes](size_t i, ServingRunResult& o) { processes->run(i, o); };

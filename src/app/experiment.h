@@ -22,10 +22,12 @@ struct RunContext {
   std::string nccl_id;
   // --process-per-run (serving): auto, on or off (serving_processes.h).
   std::string process_per_run = "auto";
-  // A process running one serving run (set by its launcher: --serving-run, --serving-result):
-  // the run's index in the config and the file its outcome goes to. -1: not one.
+  // A process running one serving run (set by its launcher: --serving-run, --serving-result,
+  // --serving-digest): the run's index in the config, the file its outcome goes to, and the
+  // digest of the inputs the launcher read. -1: not one.
   int serving_run = -1;
   std::string serving_result;
+  std::string serving_digest;  // the launcher's serving_inputs_digest (serving_processes.h)
 };
 
 struct ExperimentKind {

@@ -36,7 +36,8 @@ struct RunCli {
   std::string nccl_id;
   std::string process_per_run = "auto";
   int serving_run = -1;  // a process running one serving run (hidden, set by its launcher)
-  std::string serving_result;
+  std::string serving_result, serving_digest;
+  long serving_launcher = -1;
   CLI::Option* config_opt = nullptr;
   CLI::Option* seed_opt = nullptr;
 };
@@ -87,6 +88,8 @@ void add_run_options(CLI::App& app, RunCli& r) {
   app.add_option("--nccl-id", r.nccl_id)->group("");
   app.add_option("--serving-run", r.serving_run)->group("");
   app.add_option("--serving-result", r.serving_result)->group("");
+  app.add_option("--serving-launcher", r.serving_launcher)->group("");
+  app.add_option("--serving-digest", r.serving_digest)->group("");
   app.add_option("--process-per-run", r.process_per_run,
                  "serving: each run in a process of its own (auto: with --backend cuda on one "
                  "GPU, where a process's later model steps ran slower)")
@@ -325,6 +328,8 @@ std::optional<std::string> parse_seed(const std::string& text) {
 }
 
 int run_experiment_cli(RunCli& r) {
+  // A serving run's process (started by its launcher) ends with it, from here on.
+  if (r.serving_run >= 0 && !memsim::attach_to_launcher(r.serving_launcher)) return kExitRunFailure;
   const bool cuda = r.backend == "cuda";
   if (cuda && !memsim::cuda_backend_built()) {
     std::cerr << "memsim: --backend cuda: " << memsim::cuda_device_problem()
@@ -356,7 +361,7 @@ int run_experiment_cli(RunCli& r) {
     return kExitConfigError;
   }
   return kind.run(root, {r.out_dir, cuda, r.explain, r.rank, r.nccl_id, r.process_per_run,
-                         r.serving_run, r.serving_result});
+                         r.serving_run, r.serving_result, r.serving_digest});
 }
 
 int run_cli(int argc, char** argv) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "src/config/config_node.h"
 #include "src/serve/serving_experiment.h"
 
 namespace memsim {
@@ -25,13 +26,22 @@ ProcessPerRun process_per_run_from_name(const std::string& name);  // one of tho
 bool runs_in_own_processes(ProcessPerRun mode, const ServingConfig& config, bool cuda,
                            std::string* why);
 
+// A digest of what a run's process reads again and must find unchanged: the config as loaded
+// (after --set and --unset), every request set, and the step-profile files. Hex.
+std::string serving_inputs_digest(const ConfigNode& root, const ServingConfig& config);
+
+// A run's process, first thing: ends with its launcher (PR_SET_PDEATHSIG). False (said why on
+// stderr) when `launcher` is no longer its parent: it ended before that could be set.
+bool attach_to_launcher(long launcher);
+
 // The launcher: run `index` of the experiment as this command again (`argv`, from
-// own_command_line()) with --serving-run INDEX --serving-result FILE, its output going to this
-// process's; its outcome read back into `o` (result, replicas, assigned). A process that fails,
-// or an outcome that cannot be read, is the run's error (o.result.error), naming how it ended.
+// own_command_line()) with --serving-run INDEX --serving-result FILE --serving-launcher PID
+// --serving-digest DIGEST, its output going to this process's; its outcome read back into `o`
+// (result, replicas and assigned, all or nothing). A process that fails, or an outcome that
+// cannot be read, is the run's error (o.result.error), naming how it ended.
 class RunProcesses {
  public:
-  explicit RunProcesses(std::vector<std::string> argv);
+  RunProcesses(std::vector<std::string> argv, std::string digest);
   ~RunProcesses();  // removes the folder of outcomes
   RunProcesses(const RunProcesses&) = delete;
   RunProcesses& operator=(const RunProcesses&) = delete;
@@ -39,13 +49,16 @@ class RunProcesses {
 
  private:
   std::vector<std::string> argv_;
+  std::string digest_;
   std::string folder_;  // a temporary folder for the outcomes, in $TMPDIR or /tmp ("": none)
 };
 
 // A run's process: config.runs[index] alone, with `hooks` (and a progress line of its own on a
-// terminal); its outcome written atomically to
-// `path`. Returns 0 when the outcome was written (whatever the run's own result, which the
-// launcher reports), 1 when it could not be, 2 when `index` names no run.
-int serve_one_run(ServingConfig config, int index, ServingRunHooks hooks, const std::string& path);
+// terminal); its outcome written atomically to `path`. Returns 0 when the outcome was written
+// (whatever the run's own result, which the launcher reports), 1 when it could not be, 2 when
+// `index` names no run or `digest` (this process's inputs) is not `launcher_digest` (a file
+// changed since the launcher read it).
+int serve_one_run(ServingConfig config, int index, ServingRunHooks hooks, const std::string& path,
+                  const std::string& digest, const std::string& launcher_digest);
 
 }  // namespace memsim

@@ -238,8 +238,9 @@ std::string format_serving_table(const ServingConfig& c, const ServingResults& r
     wall += r.result.wall_seconds;
   }
   o << fmt::format(
-      "{} runs: {:.1f} s simulated in {:.2f} s of engine time ({:.0f}x), {:.2f} s wall\n",
-      results.runs.size(), sim, wall, wall > 0 ? sim / wall : 0.0, results.wall_seconds);
+      "{} runs: {:.1f} s simulated in {:.2f} s of engine time ({:.0f}x), {:.2f} s wall{}\n",
+      results.runs.size(), sim, wall, wall > 0 ? sim / wall : 0.0, results.wall_seconds,
+      results.process_per_run ? ", each run in a process of its own" : "");
   o << table_legend(kServingColumns, kServingAnchor, explain);
   return o.str();
 }
