@@ -92,7 +92,7 @@ TEST_CASE("profile: other steps are a prefill chunk with the step's attention wo
 TEST_CASE("profile: several prompts and decodes in one step") {
   const ProfiledStepTime t(grid());
   // Two 50-token prompts do half the attention of one 100-token chunk: prefix -25 on the chunk
-  // 100 row's first segment (0.01 ms a prefix token), 5 - 0.25 ms.
+  // 100 row's slope (0.01 ms a prefix token), 5 - 0.25 ms.
   StepShape two;
   two.num_seqs = 2;
   two.new_tokens = 100;
@@ -103,6 +103,27 @@ TEST_CASE("profile: several prompts and decodes in one step") {
   // (4.99 ms) plus the decode's attention, batch 1 at 601 (15.01 ms) less at 0 (9 ms).
   const StepShape mixed = prompt_and_decode();
   CHECK(std::llabs(t.step_time(mixed) - ms(4.99 + 6.01)) <= 1);
+}
+
+TEST_CASE("profile: below prefix 0 a prefill row falls by its least-squares slope") {
+  StepProfile p = grid();
+  // Chunk 100 over prefixes 0, 1,000, 2,000: 10, 30, 34 ms. Its first segment rises 0.02 ms a
+  // prefix token, the row as a whole 0.012 (least squares: 24,000 / 2,000,000).
+  p.prefill = {{100, {0, 1000, 2000}, {10, 30, 34}}};
+  const ProfiledStepTime t(p);
+  StepShape two;  // two 50-token prompts: prefix -25 on the chunk of 100
+  two.num_seqs = 2;
+  two.new_tokens = 100;
+  two.attn_pairs = 2 * (50.0 * 51 / 2);
+  two.kv_read_tokens = 100;
+  CHECK(std::llabs(t.step_time(two) - ms(10 - 25 * 0.012)) <= 1);  // not 10 - 25 * 0.02
+  // At and above prefix 0 the segments still interpolate: prefix 500 is 20 ms.
+  two.attn_pairs = 100.0 * 500 + 100.0 * 101 / 2;
+  CHECK(t.step_time(two) == ms(20));
+  // A row whose times fall with the prefix (noise) is flat below prefix 0, never rising.
+  p.prefill = {{100, {0, 1000, 2000}, {10, 9, 8}}};
+  two.attn_pairs = 2 * (50.0 * 51 / 2);
+  CHECK(ProfiledStepTime(p).step_time(two) == ms(10));
 }
 
 TEST_CASE("profile: scaled to another machine's speed, decode and prefill rows apart") {

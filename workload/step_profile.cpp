@@ -27,23 +27,45 @@ size_t segment(const V& xs, double x) {
   return hi - 1;
 }
 
-// A row at `point`; below its first point the first segment extends it unfloored when `raw`,
-// else no time falls below the row's fastest measured step.
-double row_at(const ProfileRow& r, double point, bool raw = false) {
-  if (r.points.size() == 1) return r.ms[0];
-  const size_t i = segment(r.points, point);
-  const double y = lerp(r.points[i], r.ms[i], r.points[i + 1], r.ms[i + 1], point);
-  return raw ? y : std::max(y, *std::min_element(r.ms.begin(), r.ms.end()));
+// The least-squares slope of a row's times over its points (at least two), never below 0.
+double row_slope(const ProfileRow& r) {
+  const double n = static_cast<double>(r.points.size());
+  double mx = 0, my = 0;
+  for (size_t j = 0; j < r.points.size(); ++j) {
+    mx += r.points[j] / n;
+    my += r.ms[j] / n;
+  }
+  double sxy = 0, sxx = 0;
+  for (size_t j = 0; j < r.points.size(); ++j) {
+    sxy += (r.points[j] - mx) * (r.ms[j] - my);
+    sxx += (r.points[j] - mx) * (r.points[j] - mx);
+  }
+  return sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0;
 }
 
-double grid_at(const std::vector<ProfileRow>& rows, double size, double point, bool raw = false) {
-  if (rows.size() == 1) return row_at(rows[0], point, raw);
+// How a row is read outside its points. kFloored: the nearest segment extends it, no time below
+// the row's fastest measured step. kSegment: the same, unfloored. kRowSlope: unfloored, and below
+// the first point the row's least-squares slope over all its points extends it from there.
+enum class Extend { kFloored, kSegment, kRowSlope };
+
+double row_at(const ProfileRow& r, double point, Extend how = Extend::kFloored) {
+  if (r.points.size() == 1) return r.ms[0];
+  if (how == Extend::kRowSlope && point < r.points[0])
+    return r.ms[0] + row_slope(r) * (point - r.points[0]);
+  const size_t i = segment(r.points, point);
+  const double y = lerp(r.points[i], r.ms[i], r.points[i + 1], r.ms[i + 1], point);
+  return how != Extend::kFloored ? y : std::max(y, *std::min_element(r.ms.begin(), r.ms.end()));
+}
+
+double grid_at(const std::vector<ProfileRow>& rows, double size, double point,
+               Extend how = Extend::kFloored) {
+  if (rows.size() == 1) return row_at(rows[0], point, how);
   std::vector<double> sizes;
   for (const ProfileRow& r : rows) sizes.push_back(r.size);
   const size_t i = segment(sizes, size);
-  const double y = lerp(sizes[i], row_at(rows[i], point, raw), sizes[i + 1],
-                        row_at(rows[i + 1], point, raw), size);
-  return raw ? y : std::max(y, 0.0);
+  const double y = lerp(sizes[i], row_at(rows[i], point, how), sizes[i + 1],
+                        row_at(rows[i + 1], point, how), size);
+  return how != Extend::kFloored ? y : std::max(y, 0.0);
 }
 
 std::string check_rows(const std::vector<ProfileRow>& rows, const char* what) {
@@ -195,16 +217,16 @@ SimTime ProfiledStepTime::step_time(const StepShape& s) const {
   } else {
     // One chunk of all t new tokens (their GEMMs) whose prefix gives the prefill sequences'
     // attention work: below one chunk's own t (t + 1) / 2 pairs (several shorter prompts) the
-    // prefix is negative and the rows' first segment extends the grid.
+    // prefix is negative and each row falls from prefix 0 by its least-squares slope.
     const double t = static_cast<double>(s.new_tokens);
     const double pairs = std::max(0.0, s.attn_pairs - double(s.decode_kv_tokens));
-    ms = grid_at(p_.prefill, t, (pairs - t * (t + 1) / 2) / t, true);
+    ms = grid_at(p_.prefill, t, (pairs - t * (t + 1) / 2) / t, Extend::kRowSlope);
     // The decodes' attention: their decode step less the same step at context 0 (the GEMM part
     // the chunk above already counts).
     if (s.decode_seqs) {
       const double d = s.decode_seqs;
-      ms += std::max(0.0, grid_at(p_.decode, d, double(s.decode_kv_tokens) / d, true) -
-                              grid_at(p_.decode, d, 0, true));
+      ms += std::max(0.0, grid_at(p_.decode, d, double(s.decode_kv_tokens) / d, Extend::kSegment) -
+                              grid_at(p_.decode, d, 0, Extend::kSegment));
     }
     ms = std::max(ms, 0.0);
   }

@@ -83,7 +83,9 @@ SpeedProbe profile_speed(const StepProfile& measured, const StepProfile& referen
 // ModelStep and vLLM's FlashInfer backend do), so it costs
 //   one prefill chunk of all new_tokens tokens (t) whose prefix p makes its attention work equal
 //   the prefill sequences' (t x p + t (t + 1) / 2 = attn_pairs - decode_kv_tokens; p < 0 when
-//   several short prompts do less work than one chunk of t, the rows' first segment extended),
+//   several short prompts do less work than one chunk of t: each row then falls from prefix 0
+//   by its least-squares slope over all its prefixes (the attention cost of a prefix token),
+//   not by its first segment alone, two points close enough that their noise sets the slope),
 // + the decodes' attention: the decode step of decode_seqs sequences at their mean context less
 //   the same step at context 0 (extended), whose GEMM share the chunk already counts.
 // Outside a grid the nearest segment's slope extends it (times never below the smallest
