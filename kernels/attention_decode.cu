@@ -43,6 +43,18 @@ struct WorkView {
   __device__ bool listed(uint32_t s) const { return w[2 + 2 * capacity + s] >= 0; }
 };
 
+// Programmatic dependent launch (Hopper; FlashInfer and TensorRT-LLM launch their kernels so):
+// the combine is launched as a programmatic dependent of the decode kernel, whose CTAs let it
+// launch as soon as each has started (launch_dependents), so the combine's launch and CTA
+// placement overlap the decode's last wave; the combine then waits (wait) until the decode grid
+// has completed and its partials are visible before it reads anything.
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 template <typename T, int D>
 using DecodeTiles = Tiles<T, D, 1, 4, static_cast<int>(kDecodeTile)>;
 // fp8 caches: 128-token tiles in two stages (an fp8 row is half a bf16 row's bytes, so a tile is
@@ -90,6 +102,7 @@ __global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMin
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float ml[kWarps][16][2];
   T* smem = reinterpret_cast<T*>(smem_raw);
+  pdl_launch_dependents();  // the combine may launch; it waits for this grid to complete
   const uint32_t h = blockIdx.y;
   uint32_t seq, kv_len, b, e, part;
   bool direct;
@@ -230,6 +243,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const __grid_constant__ CombineParams<T> p) {
   extern __shared__ __align__(16) float w[];  // [splits] weights (padded), then group sums
   __shared__ float red[kCombineThreads / 32];
+  pdl_wait();  // the decode grid's partials (a no-op when launched without the attribute)
   const uint32_t qh = blockIdx.x, seq = blockIdx.y;
   if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -310,9 +324,11 @@ size_t combine_smem(uint32_t splits, uint32_t head_dim) {
 }
 
 // Launches the combine over grid (q_heads, rows) with its shared memory for c.num_splits
-// partials (raising the kernel's dynamic limit past 48 KB when that needs it).
+// partials (raising the kernel's dynamic limit past 48 KB when that needs it); `dependent`: as a
+// programmatic dependent of the kernel launched before it on `stream` (the decode kernel).
 template <typename T, int D>
-cudaError_t launch_combine(const CombineParams<T>& c, uint32_t rows, cudaStream_t stream) {
+cudaError_t launch_combine(const CombineParams<T>& c, uint32_t rows, cudaStream_t stream,
+                           bool dependent = false) {
   constexpr auto combine = DecodeCombineKernel<T, D>;
   const size_t smem = combine_smem(c.num_splits, D);
   if (smem > 48 * 1024) {
@@ -321,8 +337,17 @@ cudaError_t launch_combine(const CombineParams<T>& c, uint32_t rows, cudaStream_
         e != cudaSuccess)
       return e;
   }
-  combine<<<dim3(c.q_heads, rows), kCombineThreads, smem, stream>>>(c);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(c.q_heads, rows);
+  cfg.blockDim = dim3(kCombineThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl;
+  cfg.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, combine, c);
 }
 
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
@@ -345,11 +370,12 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
   const dim3 grid = plan.work_capacity ? dim3(1, shape.kv_heads, plan.work_capacity)
                                        : dim3(plan.num_splits, shape.kv_heads, plan.max_batch);
   kernel<<<grid, TL::kThreads, TL::kSmemBytes, stream>>>(p);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (plan.num_splits > 1) {
     CombineParams<T> c{p.partial_o,        p.partial_lse,   p.kv.o,  p.num_seqs,
                        shape.q_heads,      plan.num_splits, p.work,  p.kv.kv_lens,
                        plan.work_capacity, nullptr,         a.window};
-    return launch_combine<T, D>(c, plan.max_batch, stream);
+    return launch_combine<T, D>(c, plan.max_batch, stream, /*dependent=*/true);
   }
   return cudaGetLastError();
 }
