@@ -233,20 +233,25 @@ struct CombineParams {
 
 constexpr int kCombineThreads = 128;
 
-// Grid (q_head, sequence), 128 threads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
-// (merge_states: grid (q_head, token), a token's partials given by an indptr.)
-// The split weights are computed once into shared memory (block reductions over the splits),
-// then every thread sums its float4 of the output over a quarter of the splits (independent
-// loads in flight) and the four quarters are added in shared memory.
+// Grid (q_head, sequence), 128 threads: out = sum_s 2^lse_s o_s / sum_s 2^lse_s over the
+// sequence's partials. (merge_states: grid (q_head, token), a token's partials given by an
+// indptr.) One pass: each thread owns a float4 of the output row and a quarter of the splits
+// (D = 128; an eighth at 64, a half at 256), loads their log-sum-exps and partial rows a batch of
+// kBatch at a time (independent loads in flight, no round trip for the weights first) and merges
+// them online (running max, sum and output, as the decode kernel merges tiles); the groups'
+// states are then merged in shared memory.
 template <typename T, int D>
 __global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const __grid_constant__ CombineParams<T> p) {
-  extern __shared__ __align__(16) float w[];  // [splits] weights (padded), then group sums
-  __shared__ float red[kCombineThreads / 32];
+  constexpr int kChunks = D / 4;                      // float4s per output row
+  constexpr int kGroups = kCombineThreads / kChunks;  // split groups (2, 4 or 8)
+  constexpr int kBatch = 4;                           // splits a thread loads before it merges
+  __shared__ float4 part[kCombineThreads];
+  __shared__ float gm[kGroups], gl[kGroups];
   pdl_wait();  // the decode grid's partials (a no-op when launched without the attribute)
   const uint32_t qh = blockIdx.x, seq = blockIdx.y;
   if (p.num_seqs && seq >= static_cast<uint32_t>(*p.num_seqs)) return;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   uint32_t splits = p.num_splits, row0 = seq * p.num_splits;
   if (p.work) {  // a sequence of one chunk (or none: past the live batch) wrote its output
     const WorkView wv{p.work, p.capacity};
@@ -262,54 +267,56 @@ __global__ void __launch_bounds__(kCombineThreads)
     if (splits <= 1) return;
   }
   const int64_t first = static_cast<int64_t>(row0) * p.q_heads + qh;
-
-  float m = -INFINITY;
-  for (uint32_t s = tid; s < splits; s += kCombineThreads) {
-    w[s] = p.partial_lse[first + static_cast<int64_t>(s) * p.q_heads];
-    m = fmaxf(m, w[s]);
-  }
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  m = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-  __syncthreads();
-  float den = 0.f;
-  for (uint32_t s = tid; s < splits; s += kCombineThreads) {
-    const float x = m == -INFINITY || w[s] == -INFINITY ? 0.f : exp2f(w[s] - m);
-    w[s] = x;
-    den += x;
-  }
-  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-  if (lane == 0) red[warp] = den;
-  __syncthreads();
-  den = red[0] + red[1] + red[2] + red[3];
-
-  constexpr int kChunks = D / 4;                      // float4s per output row
-  constexpr int kGroups = kCombineThreads / kChunks;  // split groups (2, 4 or 8)
   const int c4 = tid % kChunks, grp = tid / kChunks;
+
+  float m = -INFINITY, l = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (uint32_t s = grp; s < splits; s += kGroups) {
-    const float x = w[s];
-    if (x == 0.f) continue;
-    const float4 v = *reinterpret_cast<const float4*>(
-        p.partial_o + (first + static_cast<int64_t>(s) * p.q_heads) * D + 4 * c4);
-    acc.x += x * v.x;
-    acc.y += x * v.y;
-    acc.z += x * v.z;
-    acc.w += x * v.w;
+  for (uint32_t s0 = grp; s0 < splits; s0 += kBatch * kGroups) {
+    float lse[kBatch];
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const uint32_t s = s0 + j * kGroups;
+      const int64_t row = first + static_cast<int64_t>(s) * p.q_heads;
+      lse[j] = s < splits ? p.partial_lse[row] : -INFINITY;
+      v[j] = s < splits ? *reinterpret_cast<const float4*>(p.partial_o + row * D + 4 * c4)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (lse[j] == -INFINITY) continue;  // an empty split (or past the last)
+      const float mn = fmaxf(m, lse[j]);
+      const float a = exp2f(m - mn), b = exp2f(lse[j] - mn);  // a = 0 while m is -inf
+      acc.x = acc.x * a + v[j].x * b;
+      acc.y = acc.y * a + v[j].y * b;
+      acc.z = acc.z * a + v[j].z * b;
+      acc.w = acc.w * a + v[j].w * b;
+      l = l * a + b;
+      m = mn;
+    }
   }
-  float4* part =
-      reinterpret_cast<float4*>(w + p.num_splits + (p.num_splits & 3 ? 4 - (p.num_splits & 3) : 0));
-  part[grp * kChunks + c4] = acc;
+  part[tid] = acc;
+  if (c4 == 0) {
+    gm[grp] = m;
+    gl[grp] = l;
+  }
   __syncthreads();
   if (grp != 0) return;
-  for (int g = 1; g < kGroups; ++g) {
-    const float4 v = part[g * kChunks + c4];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) mx = fmaxf(mx, gm[g]);
+  float den = 0.f;
+  acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    if (gm[g] == -INFINITY) continue;
+    const float w = exp2f(gm[g] - mx);
+    const float4 x = part[g * kChunks + c4];
+    den += gl[g] * w;
+    acc.x += x.x * w;
+    acc.y += x.y * w;
+    acc.z += x.z * w;
+    acc.w += x.w * w;
   }
   const float inv = den > 0.f ? 1.f / den : 0.f;
   uint2 out;
@@ -318,36 +325,21 @@ __global__ void __launch_bounds__(kCombineThreads)
   *reinterpret_cast<uint2*>(p.o + (static_cast<int64_t>(seq) * p.q_heads + qh) * D + 4 * c4) = out;
 }
 
-// Shared memory of the combine: the split weights (padded to 16 bytes) and the group sums.
-size_t combine_smem(uint32_t splits, uint32_t head_dim) {
-  return sizeof(float) * ((splits + 3) / 4 * 4 + kCombineThreads / (head_dim / 4) * head_dim);
-}
-
-// Launches the combine over grid (q_heads, rows) with its shared memory for c.num_splits
-// partials (raising the kernel's dynamic limit past 48 KB when that needs it); `dependent`: as a
-// programmatic dependent of the kernel launched before it on `stream` (the decode kernel).
+// Launches the combine over grid (q_heads, rows); `dependent`: as a programmatic dependent of the
+// kernel launched before it on `stream` (the decode kernel).
 template <typename T, int D>
 cudaError_t launch_combine(const CombineParams<T>& c, uint32_t rows, cudaStream_t stream,
                            bool dependent = false) {
-  constexpr auto combine = DecodeCombineKernel<T, D>;
-  const size_t smem = combine_smem(c.num_splits, D);
-  if (smem > 48 * 1024) {
-    if (cudaError_t e = cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-        e != cudaSuccess)
-      return e;
-  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(c.q_heads, rows);
   cfg.blockDim = dim3(kCombineThreads);
-  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = pdl;
   cfg.numAttrs = dependent ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, combine, c);
+  return cudaLaunchKernelEx(&cfg, DecodeCombineKernel<T, D>, c);
 }
 
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
@@ -389,10 +381,17 @@ cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaSt
   if (a.tokens > 65535 || a.max_parts == 0 || !a.partial_o || !a.partial_lse || !a.indptr)
     return cudaErrorInvalidValue;
   return dispatch(shape, KvAddressing::kPaged, [&]<typename T, int D, bool>() {
-    const CombineParams<T> c{a.partial_o, a.partial_lse, reinterpret_cast<T*>(a.o),
-                             nullptr,     shape.q_heads, a.max_parts,
-                             nullptr,     nullptr,       0,
-                             a.indptr};
+    const CombineParams<T> c{a.partial_o,
+                             a.partial_lse,
+                             reinterpret_cast<T*>(a.o),
+                             nullptr,
+                             shape.q_heads,
+                             a.max_parts,
+                             nullptr,
+                             nullptr,
+                             0,
+                             a.indptr,
+                             0};
     return launch_combine<T, D>(c, a.tokens, stream);
   });
 }
