@@ -124,6 +124,10 @@ TEST_CASE("profile: below prefix 0 a prefill row falls by its least-squares slop
   p.prefill = {{100, {0, 1000, 2000}, {10, 9, 8}}};
   two.attn_pairs = 2 * (50.0 * 51 / 2);
   CHECK(ProfiledStepTime(p).step_time(two) == ms(10));
+  // A row that starts above prefix 0 (500, 1,000, 2,000: 20, 30, 34 ms) is its first segment
+  // down to 0 (10 ms), then its least-squares slope below (10,000 / 1,166,666.7 = 3 / 350).
+  p.prefill = {{100, {500, 1000, 2000}, {20, 30, 34}}};
+  CHECK(std::llabs(ProfiledStepTime(p).step_time(two) - ms(10 - 25 * 3.0 / 350)) <= 1);
 }
 
 TEST_CASE("profile: scaled to another machine's speed, decode and prefill rows apart") {

@@ -44,14 +44,14 @@ double row_slope(const ProfileRow& r) {
 }
 
 // How a row is read outside its points. kFloored: the nearest segment extends it, no time below
-// the row's fastest measured step. kSegment: the same, unfloored. kRowSlope: unfloored, and below
-// the first point the row's least-squares slope over all its points extends it from there.
+// the row's fastest measured step. kSegment: the same, unfloored. kRowSlope: as kSegment down to
+// point 0, and below 0 the row's least-squares slope over all its points extends it from there.
 enum class Extend { kFloored, kSegment, kRowSlope };
 
 double row_at(const ProfileRow& r, double point, Extend how = Extend::kFloored) {
   if (r.points.size() == 1) return r.ms[0];
-  if (how == Extend::kRowSlope && point < r.points[0])
-    return r.ms[0] + row_slope(r) * (point - r.points[0]);
+  if (how == Extend::kRowSlope && point < 0)
+    return row_at(r, 0, Extend::kSegment) + row_slope(r) * point;
   const size_t i = segment(r.points, point);
   const double y = lerp(r.points[i], r.ms[i], r.points[i + 1], r.ms[i + 1], point);
   return how != Extend::kFloored ? y : std::max(y, *std::min_element(r.ms.begin(), r.ms.end()));

@@ -89,8 +89,9 @@ SpeedProbe profile_speed(const StepProfile& measured, const StepProfile& referen
 // + the decodes' attention: the decode step of decode_seqs sequences at their mean context less
 //   the same step at context 0 (extended), whose GEMM share the chunk already counts.
 // Outside a grid the nearest segment's slope extends it (times never below the smallest
-// measured one of the row, except in the two extensions to negative prefix and context 0); a
-// grid with one row or point is flat in that direction.
+// measured one of the row, except in the two extensions to negative prefix and context 0; below
+// prefix 0 the row's least-squares slope, as above); a grid with one row or point is flat in
+// that direction.
 //
 // With `graphs` (a profile of mode graphs: decode steps replayed as captured CUDA graphs) and
 // the engine's `graph_sizes` (ascending), a decode step of B sequences up to the largest size
