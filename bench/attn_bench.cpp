@@ -91,6 +91,7 @@ struct Fp8Figures {
   uint32_t splits = 0;
   double bytes = 0, paged_s = 0, contig_s = 0, ceiling_s = 0;
   std::vector<std::pair<uint32_t, double>> sweep;  // (splits, paged seconds)
+  bool tma_paged = false, tma_contig = false;      // decode_uses_tma
 };
 
 struct DecodeRow {
@@ -169,9 +170,11 @@ Fp8Figures bench_decode_fp8(const AttentionShape& sh8, const DeviceLimits& lim, 
   f.bytes = double(kv_bytes + 2ull * batch * sh8.q_heads * sh8.head_dim * 2);
   const int reps = static_cast<int>(std::clamp<uint64_t>((8ull << 30) / kv_bytes, 5, 400));
   a.cache = {qk.a(), qv.a(), static_cast<int64_t>(block), page, KvAddressing::kPaged};
+  f.tma_paged = decode_uses_tma(sh8, a.cache, 0);
   f.paged_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh8, plan, a, st)); });
   a.cache = {rk.a(), rv.a(), static_cast<int64_t>(uint64_t{ctx} * row), 0,
              KvAddressing::kContiguous};
+  f.tma_contig = decode_uses_tma(sh8, a.cache, 0);
   f.contig_s = time_calls(st, reps, 7, [&] { CK(paged_decode(sh8, plan, a, st)); });
   a.cache = {qk.a(), qv.a(), static_cast<int64_t>(block), page, KvAddressing::kPaged};
   f.sweep = sweep_splits(sh8, a, lim, batch, ctx, reps, st, sweep);
@@ -517,10 +520,12 @@ KvCacheDtype kv_fp8_rows(const std::string& name) {
 // The fp8 decode rows: times, GB/s over the fp8 bytes, the ratio of bf16's time to fp8's.
 void print_fp8_decode(const std::vector<DecodeRow>& dec, KvCacheDtype fp8, std::ofstream& out) {
   if (fp8 != KvCacheDtype::kAuto) {
+    const auto copies = [](bool tma) { return tma ? "TMA" : "cp.async"; };
+    const Fp8Figures* first = dec.empty() ? nullptr : &dec.front().fp8;
     std::printf(
-        "%s KV cache decode (k/v scales 1, the fp8 shape's plan): tokens/s = batch / time; GB/s "
-        "over Q, fp8 K/V and O\n",
-        to_string(fp8));
+        "%s KV cache decode (k/v scales 1, the fp8 shape's plan; tiles copied by %s paged, %s "
+        "contiguous): tokens/s = batch / time; GB/s over Q, fp8 K/V and O\n",
+        to_string(fp8), copies(first && first->tma_paged), copies(first && first->tma_contig));
     std::printf("%-12s %6s %10s %10s %10s %10s %9s %9s %12s %12s\n", "batch x ctx", "splits",
                 "paged us", "bf16 us", "fp8 GB/s", "ceiling", "p/ceil", "p vs c", "fp8/bf16 p",
                 "fp8/bf16 c");

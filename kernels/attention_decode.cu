@@ -1,7 +1,9 @@
 // PagedDecodeKernel (one query token per sequence, split-K over the KV range) and
 // DecodeCombineKernel (merges the splits by log-sum-exp), with their host launcher.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/attention.h"
@@ -26,6 +28,10 @@ struct DecodeParams {
   float* partial_o;    // [max_batch, splits, q_heads, D], with a work list [capacity, q_heads, D]
   float* partial_lse;  // [max_batch, splits, q_heads] (log2 domain), or [capacity, q_heads]
   uint32_t window;     // sliding window (0 = full): splits and chunks cover the last window only
+  // TMA launches (fp8 caches at head_dim 128 on Hopper: decode_tma_rows): K's and V's tensor
+  // maps (kv_tma_map) and the tokens of a box.
+  CUtensorMap k_map, v_map;
+  int box_rows;
 };
 
 // A work list's view of chunk rows: item i covers chunk item_chunk[i] of sequence item_seq[i].
@@ -92,15 +98,20 @@ inline constexpr int kDecodeMinCtas = static_cast<int>(decode_ctas_bound(D, deta
 // cut [0, kv_len) without one: tiles before the window are never read, and no token needs a lower
 // mask. WINDOW false: full attention, the window a compile-time 0 (the code of a kernel without
 // windows).
-template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
+// TMA: whole fp8 tiles come by TMA (attend_range_fp8), which needs the dynamic shared memory on
+// a 1024-byte boundary (the 128-byte swizzle's period); a launch without it traps.
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW, bool TMA = false>
 __global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMinCtas<KV, D>))
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T, KV> p) {
   constexpr bool kFp8 = detail::kIsFp8<KV>;
   using KT = DecodeTilesOf<T, KV, D>;
   using TL = Tiles<T, D, 1, KT::kWarpsN, KT::kBN>;  // Q's layout, and K/V's unless fp8
   constexpr int kWarps = TL::kWarpsN;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float ml[kWarps][16][2];
+  if constexpr (TMA) {
+    if (detail::smem_addr(smem_raw) % 1024 != 0) __trap();
+  }
   T* smem = reinterpret_cast<T*>(smem_raw);
   pdl_launch_dependents();  // the combine may launch; it waits for this grid to complete
   const uint32_t h = blockIdx.y;
@@ -149,9 +160,11 @@ __global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMin
   const uint32_t limit[1][2] = {{e, e}};
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
   if constexpr (kFp8) {
-    detail::attend_range_fp8<DecodeFp8Tiles<T, D>, T, KV>(
+    const detail::TmaKv tma{&p.k_map, &p.v_map, p.box_rows, static_cast<int>(h)};
+    detail::attend_range_fp8<DecodeFp8Tiles<T, D>, T, KV, TMA>(
         st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
-        reinterpret_cast<const uint8_t*>(p.kv.v), loc, b, e, e, limit, p.kv.scale_log2);
+        reinterpret_cast<const uint8_t*>(p.kv.v), loc, b, e, e, limit, p.kv.scale_log2, 0,
+        detail::kNoWindow, &tma);
   } else {
     detail::attend_range<TL>(st, smem, p.kv.k, p.kv.v, loc, b, e, e, limit, p.kv.scale_log2);
   }
@@ -342,11 +355,76 @@ cudaError_t launch_combine(const CombineParams<T>& c, uint32_t rows, cudaStream_
   return cudaLaunchKernelEx(&cfg, DecodeCombineKernel<T, D>, c);
 }
 
-template <typename T, typename KV, int D, bool PAGED, bool WINDOW>
+// cuTensorMapEncodeTiled from the driver (through the runtime: no link against libcuda), or null.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return EncodeTiled{nullptr};
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// The tokens of one TMA box of an fp8 head_dim-128 decode without a window, or 0 where whole tiles
+// are copied by cp.async. Contiguous tiles are one box (128 tokens); paged boxes are 64 of a
+// block's rows, so blocks of a multiple of 64 tokens (a whole 64-token-aligned range never crosses
+// one). Smaller blocks keep cp.async: on an H200 a tile of 16-token boxes (vLLM's default block)
+// ran 7-8% slower than cp.async, 32-token boxes the same, 64-token ones 1.00-1.04x faster, within
+// 3% of contiguous (docs/results/kernels.md, 2026-11-29). Also cp.async: devices before Hopper,
+// strides TMA cannot take (2^40 bytes or more), MEMSIM_DECODE_TMA=0.
+int decode_tma_rows(const AttentionShape& shape, const KvLayerView& cache, uint32_t window) {
+  static const bool disabled = [] {
+    const char* e = std::getenv("MEMSIM_DECODE_TMA");
+    return e != nullptr && e[0] == '0';
+  }();
+  if (disabled || window != 0 || !shape.kv_fp8() || shape.head_dim != 128 ||
+      cache.block_stride >= (int64_t{1} << 40))
+    return 0;
+  const bool contiguous = cache.addressing == KvAddressing::kContiguous;
+  if (!contiguous && cache.block_size % 64 != 0) return 0;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      major < 9 || encode_tiled() == nullptr)
+    return 0;
+  return contiguous ? 2 * static_cast<int>(kDecodeTile) : 64;
+}
+
+// One layer's fp8 K or V (at `base`) as the 4-D byte tensor TMA reads, innermost first: head_dim,
+// KV heads, a block's tokens (contiguous: a slot's positions), blocks (slots); boxes of one KV
+// head's `box_rows` rows in the 128-byte swizzle. The outer extent is the largest coordinate (the
+// block ids and slots come from the tables, as the cp.async path's addresses do). L2 promotion of
+// 128 bytes, a row: 256 bytes made contiguous decode 1-5% slower.
+cudaError_t kv_tma_map(CUtensorMap* map, uint64_t base, const AttentionShape& shape,
+                       const KvLayerView& cache, int box_rows) {
+  const uint64_t d = shape.head_dim, row = d * shape.kv_heads;  // bytes
+  const uint64_t outer = static_cast<uint64_t>(cache.block_stride);
+  const cuuint64_t dims[4] = {
+      d, shape.kv_heads, cache.addressing == KvAddressing::kPaged ? cache.block_size : outer / row,
+      uint64_t{INT32_MAX}};
+  const cuuint64_t strides[3] = {d, row, outer};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(d), 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUresult r =
+      encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, reinterpret_cast<void*>(base), dims,
+                     strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename T, typename KV, int D, bool PAGED, bool WINDOW, bool TMA = false>
 cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, int box_rows = 0) {
   using TL = DecodeTilesOf<T, KV, D>;
-  constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED, WINDOW>;
+  constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED, WINDOW, TMA>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
   DecodeParams<T, KV> p{};
   p.kv = detail::make_kv_params<T, KV>(shape, a.q, a.o, a.cache, a.seqs, a.scale, a.kv_scales);
@@ -355,6 +433,13 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
   p.work = plan.work_capacity ? a.work : nullptr;
   p.capacity = plan.work_capacity;
   p.window = a.window;
+  if constexpr (TMA) {
+    p.box_rows = box_rows;
+    if (cudaError_t e = kv_tma_map(&p.k_map, a.cache.k, shape, a.cache, box_rows); e != cudaSuccess)
+      return e;
+    if (cudaError_t e = kv_tma_map(&p.v_map, a.cache.v, shape, a.cache, box_rows); e != cudaSuccess)
+      return e;
+  }
   const uint64_t rows =
       plan.work_capacity ? plan.work_capacity : uint64_t{plan.max_batch} * plan.num_splits;
   p.partial_o = reinterpret_cast<float*>(a.workspace);
@@ -398,6 +483,10 @@ cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaSt
 
 }  // namespace detail
 
+bool decode_uses_tma(const AttentionShape& shape, const KvLayerView& cache, uint32_t window) {
+  return decode_tma_rows(shape, cache, window) > 0;
+}
+
 cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
                          const DecodeArgs& args, cudaStream_t stream) {
   if (plan.max_batch == 0) return cudaSuccess;
@@ -409,6 +498,10 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
     return cudaErrorInvalidValue;
   return detail::dispatch_kv(
       shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {
+        if constexpr (detail::kIsFp8<KV> && D == 128) {
+          if (const int rows = decode_tma_rows(shape, args.cache, args.window); rows > 0)
+            return launch_decode<T, KV, D, PAGED, false, true>(shape, plan, args, stream, rows);
+        }
         return args.window ? launch_decode<T, KV, D, PAGED, true>(shape, plan, args, stream)
                            : launch_decode<T, KV, D, PAGED, false>(shape, plan, args, stream);
       });

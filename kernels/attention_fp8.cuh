@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "kernels/attention_core.cuh"
+#include "kernels/attention_sm90.cuh"
 
 namespace memsim::kernels::detail {
 
@@ -282,17 +283,54 @@ __device__ __forceinline__ float q_to_compute(unsigned char* smem, int tid) {
   return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
 }
 
+// The fp8 decode's whole KV tiles by TMA (Hopper). kv_tma_map's tensor maps view one layer's K
+// or V as [blocks, block_size, kv_heads, head_dim] bytes (paged) or [slots, positions, kv_heads,
+// head_dim] (contiguous) and write 128-byte rows in the 128-byte swizzle, which is Fp8Tiles::swz
+// at head_dim 128 when a stage starts on a 1024-byte boundary. One warp issues a tile's boxes,
+// each `box_rows` tokens of one KV head (64 rows of a paged block; a contiguous tile is one box),
+// on its stage's mbarrier, which counts the tile's bytes: the other warps issue no copies and
+// compute no addresses. The paged boxes' block ids are loaded a tile ahead, one lane a box.
+struct TmaKv {
+  const CUtensorMap* k;
+  const CUtensorMap* v;
+  int box_rows;  // tokens a box (decode_tma_rows): divides the tile
+  int head;      // the KV head (coordinate 1)
+};
+
+// This lane's box coordinates of the tile at tile_start (none for lanes past the tile's boxes).
+template <class TL, class Loc>
+__device__ __forceinline__ void tma_fetch(int& c2, int& c3, const Loc& loc, const TmaKv& tma,
+                                          uint32_t tile_start, int lane) {
+  if (lane * tma.box_rows < TL::kBN) loc.box(tile_start + lane * tma.box_rows, c2, c3);
+}
+
+// Warp-wide: one lane arms the stage's barrier with the tile's K and V bytes, each box's lane loads
+// its K and V boxes.
+template <class TL>
+__device__ __forceinline__ void tma_issue(uint8_t* ks, uint8_t* vs, uint32_t bar, const TmaKv& tma,
+                                          int c2, int c3, int lane) {
+  if (lane == 0) sm90::mbar_arrive_expect_tx(bar, 2 * TL::kTileBytes);
+  __syncwarp();
+  if (lane * tma.box_rows < TL::kBN) {
+    const uint32_t off = static_cast<uint32_t>(lane * tma.box_rows * TL::kD);
+    sm90::tma_load_4d(smem_addr(ks) + off, tma.k, bar, 0, tma.head, c2, c3);
+    sm90::tma_load_4d(smem_addr(vs) + off, tma.v, bar, 0, tma.head, c2, c3);
+  }
+}
+
 // The kStages-deep pipeline over KV tokens [kv_begin, kv_end) (as attend_range, mask_below and
 // window included; Q's cp.async group committed, nothing else pending). One barrier per tile: the
 // stage a tile is issued into was last read in the previous iteration, which every warp has left at
-// the barrier.
-template <class TL, typename T, typename KV, class Loc>
+// the barrier. TMA (`tma`, decode at head_dim 128, stages on 1024-byte boundaries): whole tiles
+// come by TMA as above; a tile reaching past kv_end (the last, at most) by cp.async as without it.
+template <class TL, typename T, typename KV, bool TMA = false, class Loc>
 __device__ __forceinline__ void attend_range_fp8(
     RowState<TL::kDT> (&st)[TL::kMT], unsigned char* smem, const uint8_t* k, const uint8_t* v,
     const Loc& loc, uint32_t kv_begin, uint32_t kv_end, uint32_t mask_from,
     const uint32_t (&limit)[TL::kMT][2], float scale_log2, uint32_t mask_below = 0,
-    uint32_t window = kNoWindow) {
+    uint32_t window = kNoWindow, const TmaKv* tma = nullptr) {
   constexpr int S = TL::kStages;
+  static_assert(!TMA || (TL::kD == 128 && TL::kBN % 64 == 0), "TMA tiles: 128-byte rows");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / TL::kWarpsN, wn = warp % TL::kWarpsN;
   const T* qs = reinterpret_cast<const T*>(smem);
@@ -303,15 +341,39 @@ __device__ __forceinline__ void attend_range_fp8(
 
   const uint32_t ntiles = kv_end > kv_begin ? (kv_end - kv_begin + TL::kBN - 1) / TL::kBN : 0;
   RowFetch<TL> f;
+  // TMA: one mbarrier a stage; warp 0's lanes hold the next whole tile's box coordinates.
+  __shared__ uint64_t bars[TMA ? S : 1];
+  auto bar = [&](uint32_t stage) { return smem_addr(&bars[stage]); };
+  auto by_tma = [&](uint32_t i) { return TMA && start(i) + TL::kBN <= kv_end; };
+  int c2 = 0, c3 = 0;
+  if constexpr (TMA) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < S; ++s) sm90::mbar_init(bar(s), 1);
+      sm90::fence_mbar_init();
+    }
+    __syncthreads();
+    if (warp == 0 && by_tma(0)) tma_fetch<TL>(c2, c3, loc, *tma, start(0), lane);
+  }
+  // Tile i into its stage; TMA: then the next tile's coordinates.
+  auto issue = [&](uint32_t i) {
+    if (by_tma(i)) {
+      if (warp == 0) {
+        tma_issue<TL>(ks(i % S), vs(i % S), bar(i % S), *tma, c2, c3, lane);
+        if (by_tma(i + 1)) tma_fetch<TL>(c2, c3, loc, *tma, start(i + 1), lane);
+      }
+      return;
+    }
+    if (TMA || !TL::kPrefetchRows || i < S - 1) fetch_rows<TL>(f, loc, start(i), kv_end, tid);
+    issue_rows_fp8<TL>(ks(i % S), vs(i % S), k, v, loc, f, tid);
+  };
 #pragma unroll
   for (uint32_t i = 0; i + 1 < S; ++i) {
-    if (i < ntiles) {
-      fetch_rows<TL>(f, loc, start(i), kv_end, tid);
-      issue_rows_fp8<TL>(ks(i), vs(i), k, v, loc, f, tid);
-    }
+    if (i < ntiles) issue(i);
     cp_async_commit();
   }
-  if (TL::kPrefetchRows && S - 1 < ntiles) fetch_rows<TL>(f, loc, start(S - 1), kv_end, tid);
+  if (!TMA && TL::kPrefetchRows && S - 1 < ntiles)
+    fetch_rows<TL>(f, loc, start(S - 1), kv_end, tid);
   if constexpr (!std::is_same_v<typename TL::Compute, T>) {
     cp_async_wait<S - 1>();  // Q has landed (the tiles may not have)
     __syncthreads();
@@ -325,15 +387,13 @@ __device__ __forceinline__ void attend_range_fp8(
     for (int kk = 0; kk < TL::kKS; ++kk) load_q_frag_fp8<TL>(qf[kk], qs, 0, kk, lane);
   }
   for (uint32_t i = 0; i < ntiles; ++i) {
-    cp_async_wait<S - 2>();  // Q and tiles 0..i have landed
+    cp_async_wait<S - 2>();  // Q and tiles 0..i have landed (cp.async)
+    if (by_tma(i)) sm90::mbar_wait(bar(i % S), (i / S) & 1u);  // tile i has landed (TMA)
     __syncthreads();
     const uint32_t next = i + S - 1;
-    if (next < ntiles) {
-      if constexpr (!TL::kPrefetchRows) fetch_rows<TL>(f, loc, start(next), kv_end, tid);
-      issue_rows_fp8<TL>(ks(next % S), vs(next % S), k, v, loc, f, tid);
-    }
+    if (next < ntiles) issue(next);
     cp_async_commit();
-    if (TL::kPrefetchRows && next + 1 < ntiles)
+    if (!TMA && TL::kPrefetchRows && next + 1 < ntiles)
       fetch_rows<TL>(f, loc, start(next + 1), kv_end, tid);
     attend_tile_fp8<TL, T, KV>(st, qs, qf, ks(i % S), vs(i % S), wm, wn, lane, start(i), limit,
                                start(i) + TL::kBN > mask_from || start(i) < mask_below, scale_log2,

@@ -1,10 +1,13 @@
-// Hopper (sm_90a) primitives of the wgmma prefill kernel: mbarriers, cp.async completion on an
-// mbarrier, register reallocation, shared-memory matrix descriptors (128-byte swizzle) and the
-// m64n128k16 warpgroup MMAs (A from shared memory or registers, f32 accumulators).
+// Hopper primitives: mbarriers, cp.async completion on an mbarrier and TMA tile loads (sm_90: the
+// fp8 decode's KV tiles), and for the wgmma prefill kernel (sm_90a) register reallocation,
+// shared-memory matrix descriptors (128-byte swizzle) and the m64n128k16 warpgroup MMAs (A from
+// shared memory or registers, f32 accumulators).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
 #include <type_traits>
@@ -29,6 +32,27 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+// This thread's arrival, which also raises the phase's expected transaction bytes by `bytes`
+// (the TMA loads completing on this barrier count them down).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Makes mbarrier.init visible to the async proxy (the TMA unit) before the barrier is used.
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// TMA: the box of a 4-D tensor map (a __grid_constant__ kernel parameter) at coordinates
+// (c0, c1, c2, c3) into shared memory at `dst`, completing `bar`'s transaction bytes. Boxes
+// past the tensor's extent are zero-filled.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
 }
 // The barrier's arrival (counted in its expected count: .noinc) once this thread's earlier
 // cp.async copies have landed.

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -267,6 +268,35 @@ TEST_CASE("fp8 decode over long ranges, split-K and a ragged work list") {
   check_decode(KvDtype::kBf16, KvCacheDtype::kFp8E4m3, 128, 32, 8, 16, {3000, 5}, 7, rng);
   check_decode(KvDtype::kBf16, KvCacheDtype::kFp8E4m3, 128, 32, 8, 16, {1500, 40, 700, 1}, 0, rng,
                true);
+}
+
+TEST_CASE("fp8 decode by TMA: 64- and 128-token blocks, contiguous; splits, work lists") {
+  std::mt19937 rng(13);
+  AttentionShape sh{32, 8, 128, KvDtype::kBf16};
+  sh.kv_cache = KvCacheDtype::kFp8E4m3;
+  int dev = 0, major = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  const char* off = std::getenv("MEMSIM_DECODE_TMA");
+  const bool tma = major >= 9 && !(off && off[0] == '0');
+  const auto paged = [](uint32_t page) {
+    return KvLayerView{256, 512, page * 1024, page, KvAddressing::kPaged};
+  };
+  CHECK(decode_uses_tma(sh, paged(64), 0) == tma);
+  CHECK(decode_uses_tma(sh, paged(128), 0) == tma);
+  CHECK(decode_uses_tma(sh, {256, 512, 4096 * 1024, 0, KvAddressing::kContiguous}, 0) == tma);
+  CHECK_FALSE(decode_uses_tma(sh, paged(16), 0));    // cp.async: 16-token boxes ran slower
+  CHECK_FALSE(decode_uses_tma(sh, paged(64), 512));  // windows: cp.async
+  sh.head_dim = 64;
+  CHECK_FALSE(decode_uses_tma(sh, paged(64), 0));
+  // Whole tiles by TMA, the last partial tile by cp.async; paged against contiguous (both TMA)
+  // and against the reference; interleaved block strides (make_batch).
+  check_decode(KvDtype::kBf16, KvCacheDtype::kFp8E4m3, 128, 32, 8, 64, {2000}, 1, rng);
+  check_decode(KvDtype::kBf16, KvCacheDtype::kFp8E4m3, 128, 32, 8, 128, {3000, 5, 64, 127}, 7, rng);
+  check_decode(KvDtype::kFp16, KvCacheDtype::kFp8E5m2, 128, 32, 8, 64, {1500, 40, 700, 1}, 0, rng,
+               true);
+  check_decode(KvDtype::kBf16, KvCacheDtype::kFp8E4m3, 128, 28, 4, 192, {191, 192, 193, 1000}, 3,
+               rng);
 }
 
 // Prefill: chunk i of sequence s has q_lens[s] new tokens after prefixes[s] cached ones (q_exp:

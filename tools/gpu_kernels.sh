@@ -75,8 +75,8 @@ if want racecheck; then
     "$bin/test_attention_kernels" "sliding-window decode*"
   launch racecheck-window-prefill 280 "$CS" --tool racecheck --error-exitcode 9 \
     "$bin/test_attention_kernels" "sliding-window prefill*"
-  for spec in "fp8 decode matches*" "fp8 decode over long*" "fp8 prefill*" "fp8 sliding-window*" \
-    "fp8 paged_kv_write*"; do
+  for spec in "fp8 decode matches*" "fp8 decode over long*" "fp8 decode by TMA*" "fp8 prefill*" \
+    "fp8 sliding-window*" "fp8 paged_kv_write*"; do
     name=$(echo "$spec" | tr -c 'a-z0-9\n' '-' | sed 's/-*$//')
     launch "racecheck-$name" 280 "$CS" --tool racecheck --error-exitcode 9 \
       "$bin/test_attention_fp8" "$spec"
