@@ -103,7 +103,7 @@ struct PagedLocator {
   __device__ __forceinline__ int64_t offset(uint32_t a, uint32_t b) const {
     return static_cast<int64_t>(static_cast<uint64_t>(a) * block_stride + b);
   }
-  // A TMA box's coordinates of token pos (kv_tma_map's paged tensor): c2 = the token's row in its
+  // A TMA box's coordinates of token pos (kv_tma_map's tensor): c2 = the token's row in its
   // block, c3 = the block id (loaded).
   __device__ __forceinline__ void box(uint32_t pos, int& c2, int& c3) const {
     uint32_t blk, in;
@@ -115,18 +115,12 @@ struct PagedLocator {
 
 struct ContiguousLocator {
   int64_t base, row;  // base = slot * seq_stride + head offset
-  int32_t slot;
   __device__ __forceinline__ void fetch(uint32_t pos, uint32_t& a, uint32_t& b) const {
     a = pos;
     b = 0;
   }
   __device__ __forceinline__ int64_t offset(uint32_t a, uint32_t) const {
     return base + static_cast<int64_t>(a) * row;
-  }
-  // A TMA box's coordinates of token pos (kv_tma_map's contiguous tensor): position, slot.
-  __device__ __forceinline__ void box(uint32_t pos, int& c2, int& c3) const {
-    c2 = static_cast<int>(pos);
-    c3 = slot;
   }
 };
 
@@ -189,8 +183,7 @@ __device__ __forceinline__ auto make_locator(const KvParams<T, KV>& p, uint32_t 
                         static_cast<uint32_t>(p.block_stride), static_cast<uint32_t>(p.row),
                         static_cast<uint32_t>(head_off)};
   } else {
-    const int32_t slot = p.slots[seq];
-    return ContiguousLocator{static_cast<int64_t>(slot) * p.block_stride + head_off, p.row, slot};
+    return ContiguousLocator{static_cast<int64_t>(p.slots[seq]) * p.block_stride + head_off, p.row};
   }
 }
 

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <map>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/attention.h"
@@ -18,6 +20,12 @@ namespace {
 
 using detail::Tiles;
 
+// A TMA launch's tensor maps over K and V (kv_tma_map) and the tokens of a box.
+struct TmaMaps {
+  CUtensorMap k, v;
+  int box_rows = 0;
+};
+
 template <typename T, typename KV>
 struct DecodeParams {
   detail::KvParams<T, KV> kv;
@@ -28,10 +36,7 @@ struct DecodeParams {
   float* partial_o;    // [max_batch, splits, q_heads, D], with a work list [capacity, q_heads, D]
   float* partial_lse;  // [max_batch, splits, q_heads] (log2 domain), or [capacity, q_heads]
   uint32_t window;     // sliding window (0 = full): splits and chunks cover the last window only
-  // TMA launches (fp8 caches at head_dim 128 on Hopper: decode_tma_rows): K's and V's tensor
-  // maps (kv_tma_map) and the tokens of a box.
-  CUtensorMap k_map, v_map;
-  int box_rows;
+  TmaMaps tma;         // TMA launches (fp8 caches at head_dim 128 on Hopper: decode_tma)
 };
 
 // A work list's view of chunk rows: item i covers chunk item_chunk[i] of sequence item_seq[i].
@@ -98,8 +103,9 @@ inline constexpr int kDecodeMinCtas = static_cast<int>(decode_ctas_bound(D, deta
 // cut [0, kv_len) without one: tiles before the window are never read, and no token needs a lower
 // mask. WINDOW false: full attention, the window a compile-time 0 (the code of a kernel without
 // windows).
-// TMA: whole fp8 tiles come by TMA (attend_range_fp8), which needs the dynamic shared memory on
-// a 1024-byte boundary (the 128-byte swizzle's period); a launch without it traps.
+// TMA (paged fp8 at head_dim 128, decode_tma): whole tiles come by TMA (attend_range_fp8), which
+// needs the dynamic shared memory on a 1024-byte boundary (the 128-byte swizzle's period); a
+// launch without it traps.
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW, bool TMA = false>
 __global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMinCtas<KV, D>))
     PagedDecodeKernel(const __grid_constant__ DecodeParams<T, KV> p) {
@@ -107,6 +113,8 @@ __global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMin
   using KT = DecodeTilesOf<T, KV, D>;
   using TL = Tiles<T, D, 1, KT::kWarpsN, KT::kBN>;  // Q's layout, and K/V's unless fp8
   constexpr int kWarps = TL::kWarpsN;
+  // 1024 for every instantiation: an alignment that depends on TMA is not honoured (ptxas), and
+  // it costs 512 bytes of static shared memory, which leaves bf16's 3 CTAs per SM as they were.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ float ml[kWarps][16][2];
   if constexpr (TMA) {
@@ -160,7 +168,7 @@ __global__ void __launch_bounds__(DecodeTilesOf<T, KV, D>::kThreads, (kDecodeMin
   const uint32_t limit[1][2] = {{e, e}};
   const auto loc = detail::make_locator<PAGED, D>(p.kv, seq, h);
   if constexpr (kFp8) {
-    const detail::TmaKv tma{&p.k_map, &p.v_map, p.box_rows, static_cast<int>(h)};
+    const detail::TmaKv tma{&p.tma.k, &p.tma.v, p.tma.box_rows, static_cast<int>(h)};
     detail::attend_range_fp8<DecodeFp8Tiles<T, D>, T, KV, TMA>(
         st, smem_raw, reinterpret_cast<const uint8_t*>(p.kv.k),
         reinterpret_cast<const uint8_t*>(p.kv.v), loc, b, e, e, limit, p.kv.scale_log2, 0,
@@ -373,44 +381,41 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// The tokens of one TMA box of an fp8 head_dim-128 decode without a window, or 0 where whole tiles
-// are copied by cp.async. Contiguous tiles are one box (128 tokens); paged boxes are 64 of a
-// block's rows, so blocks of a multiple of 64 tokens (a whole 64-token-aligned range never crosses
-// one). Smaller blocks keep cp.async: on an H200 a tile of 16-token boxes (vLLM's default block)
-// ran 7-8% slower than cp.async, 32-token boxes the same, 64-token ones 1.00-1.04x faster, within
-// 3% of contiguous (docs/results/kernels.md, 2026-11-29). Also cp.async: devices before Hopper,
-// strides TMA cannot take (2^40 bytes or more), MEMSIM_DECODE_TMA=0.
+// The tokens of one TMA box of an fp8 head_dim-128 paged decode without a window, or 0 where whole
+// tiles are copied by cp.async. Boxes are 64 of a block's rows, so blocks of a multiple of 64
+// tokens (a whole 64-token-aligned range never crosses one). Measured on an H200
+// (docs/results/kernels.md, 2026-11-29): with 64-row boxes paged decode ran 1.00-1.04x faster
+// than by cp.async and within 3% of contiguous; a tile of 16-row boxes (vLLM's default block)
+// ran 6-8% slower than cp.async, of 32-row boxes no faster; contiguous decode (one 128-row box a
+// tile) took the same time either way, so it keeps cp.async. Also cp.async: devices before
+// Hopper, strides TMA cannot take (2^40 bytes or more), MEMSIM_DECODE_TMA=0 (read once).
 int decode_tma_rows(const AttentionShape& shape, const KvLayerView& cache, uint32_t window) {
   static const bool disabled = [] {
     const char* e = std::getenv("MEMSIM_DECODE_TMA");
     return e != nullptr && e[0] == '0';
   }();
   if (disabled || window != 0 || !shape.kv_fp8() || shape.head_dim != 128 ||
+      cache.addressing != KvAddressing::kPaged || cache.block_size % 64 != 0 ||
       cache.block_stride >= (int64_t{1} << 40))
     return 0;
-  const bool contiguous = cache.addressing == KvAddressing::kContiguous;
-  if (!contiguous && cache.block_size % 64 != 0) return 0;
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       major < 9 || encode_tiled() == nullptr)
     return 0;
-  return contiguous ? 2 * static_cast<int>(kDecodeTile) : 64;
+  return 64;
 }
 
-// One layer's fp8 K or V (at `base`) as the 4-D byte tensor TMA reads, innermost first: head_dim,
-// KV heads, a block's tokens (contiguous: a slot's positions), blocks (slots); boxes of one KV
-// head's `box_rows` rows in the 128-byte swizzle. The outer extent is the largest coordinate (the
-// block ids and slots come from the tables, as the cp.async path's addresses do). L2 promotion of
-// 128 bytes, a row: 256 bytes made contiguous decode 1-5% slower.
+// One layer's paged fp8 K or V (at `base`) as the 4-D byte tensor TMA reads, innermost first:
+// head_dim, KV heads, a block's tokens, blocks; boxes of one KV head's `box_rows` rows in the
+// 128-byte swizzle. The block extent is the largest coordinate (the block ids come from the
+// tables, as the cp.async path's addresses do). L2 promotion of 128 bytes, a row: 256 bytes made
+// decode 1-5% slower.
 cudaError_t kv_tma_map(CUtensorMap* map, uint64_t base, const AttentionShape& shape,
                        const KvLayerView& cache, int box_rows) {
   const uint64_t d = shape.head_dim, row = d * shape.kv_heads;  // bytes
-  const uint64_t outer = static_cast<uint64_t>(cache.block_stride);
-  const cuuint64_t dims[4] = {
-      d, shape.kv_heads, cache.addressing == KvAddressing::kPaged ? cache.block_size : outer / row,
-      uint64_t{INT32_MAX}};
-  const cuuint64_t strides[3] = {d, row, outer};
+  const cuuint64_t dims[4] = {d, shape.kv_heads, cache.block_size, uint64_t{INT32_MAX}};
+  const cuuint64_t strides[3] = {d, row, static_cast<uint64_t>(cache.block_stride)};
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(d), 1, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult r =
@@ -420,9 +425,41 @@ cudaError_t kv_tma_map(CUtensorMap* map, uint64_t base, const AttentionShape& sh
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// The tensor maps of a TMA launch for this shape, cache and window (false: the launch copies by
+// cp.async, also when a view's extents or strides are ones TMA cannot take and encoding fails).
+// Memoized per thread and view (everything the maps encode is in the key): encoding them costs
+// host time on every eager launch otherwise, which per-layer launches of small batches feel.
+bool decode_tma(const AttentionShape& shape, const KvLayerView& cache, uint32_t window,
+                TmaMaps* out) {
+  const int rows = decode_tma_rows(shape, cache, window);
+  if (rows == 0) return false;
+  using Key = std::tuple<uint64_t, uint64_t, int64_t, uint32_t, int, uint32_t, uint32_t>;
+  thread_local std::map<Key, TmaMaps> memo;
+  const Key key{cache.k,
+                cache.v,
+                cache.block_stride,
+                cache.block_size,
+                static_cast<int>(cache.addressing),
+                shape.kv_heads,
+                shape.head_dim};
+  if (const auto it = memo.find(key); it != memo.end()) {
+    *out = it->second;
+    return true;
+  }
+  TmaMaps m;
+  m.box_rows = rows;
+  if (kv_tma_map(&m.k, cache.k, shape, cache, rows) != cudaSuccess ||
+      kv_tma_map(&m.v, cache.v, shape, cache, rows) != cudaSuccess)
+    return false;
+  if (memo.size() >= 4096) memo.clear();  // a bound for processes that make many caches
+  memo.emplace(key, m);
+  *out = m;
+  return true;
+}
+
 template <typename T, typename KV, int D, bool PAGED, bool WINDOW, bool TMA = false>
 cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, const DecodeArgs& a,
-                          cudaStream_t stream, int box_rows = 0) {
+                          cudaStream_t stream, const TmaMaps* tma = nullptr) {
   using TL = DecodeTilesOf<T, KV, D>;
   constexpr auto kernel = PagedDecodeKernel<T, KV, D, PAGED, WINDOW, TMA>;
   if (cudaError_t e = detail::allow_smem<kernel>(TL::kSmemBytes); e != cudaSuccess) return e;
@@ -433,13 +470,7 @@ cudaError_t launch_decode(const AttentionShape& shape, const DecodePlan& plan, c
   p.work = plan.work_capacity ? a.work : nullptr;
   p.capacity = plan.work_capacity;
   p.window = a.window;
-  if constexpr (TMA) {
-    p.box_rows = box_rows;
-    if (cudaError_t e = kv_tma_map(&p.k_map, a.cache.k, shape, a.cache, box_rows); e != cudaSuccess)
-      return e;
-    if (cudaError_t e = kv_tma_map(&p.v_map, a.cache.v, shape, a.cache, box_rows); e != cudaSuccess)
-      return e;
-  }
+  if constexpr (TMA) p.tma = *tma;
   const uint64_t rows =
       plan.work_capacity ? plan.work_capacity : uint64_t{plan.max_batch} * plan.num_splits;
   p.partial_o = reinterpret_cast<float*>(a.workspace);
@@ -484,7 +515,8 @@ cudaError_t merge_states(const AttentionShape& shape, const MergeArgs& a, cudaSt
 }  // namespace detail
 
 bool decode_uses_tma(const AttentionShape& shape, const KvLayerView& cache, uint32_t window) {
-  return decode_tma_rows(shape, cache, window) > 0;
+  TmaMaps maps;
+  return decode_tma(shape, cache, window, &maps);
 }
 
 cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
@@ -498,9 +530,9 @@ cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
     return cudaErrorInvalidValue;
   return detail::dispatch_kv(
       shape, args.cache.addressing, [&]<typename T, typename KV, int D, bool PAGED>() {
-        if constexpr (detail::kIsFp8<KV> && D == 128) {
-          if (const int rows = decode_tma_rows(shape, args.cache, args.window); rows > 0)
-            return launch_decode<T, KV, D, PAGED, false, true>(shape, plan, args, stream, rows);
+        if constexpr (detail::kIsFp8<KV> && D == 128 && PAGED) {
+          if (TmaMaps maps; decode_tma(shape, args.cache, args.window, &maps))
+            return launch_decode<T, KV, D, PAGED, false, true>(shape, plan, args, stream, &maps);
         }
         return args.window ? launch_decode<T, KV, D, PAGED, true>(shape, plan, args, stream)
                            : launch_decode<T, KV, D, PAGED, false>(shape, plan, args, stream);

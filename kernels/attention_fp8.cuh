@@ -1,5 +1,6 @@
 // Device core of attention over an fp8 KV cache (e4m3 or e5m2, per-tensor scales): fp8 tiles
-// copied by cp.async into byte-swizzled shared memory (half the bytes of a bf16 row, so a decode
+// copied by cp.async (paged decode's whole tiles at blocks of 64 tokens and up: by TMA) into
+// byte-swizzled shared memory (half the bytes of a bf16 row, so a decode
 // tile holds twice a bf16 tile's tokens), K and V fragments read with ldmatrix on the bytes and
 // converted to the compute dtype in registers, the same mma.sync and online softmax as
 // attention_core.cuh.
@@ -283,13 +284,12 @@ __device__ __forceinline__ float q_to_compute(unsigned char* smem, int tid) {
   return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
 }
 
-// The fp8 decode's whole KV tiles by TMA (Hopper). kv_tma_map's tensor maps view one layer's K
-// or V as [blocks, block_size, kv_heads, head_dim] bytes (paged) or [slots, positions, kv_heads,
-// head_dim] (contiguous) and write 128-byte rows in the 128-byte swizzle, which is Fp8Tiles::swz
-// at head_dim 128 when a stage starts on a 1024-byte boundary. One warp issues a tile's boxes,
-// each `box_rows` tokens of one KV head (64 rows of a paged block; a contiguous tile is one box),
-// on its stage's mbarrier, which counts the tile's bytes: the other warps issue no copies and
-// compute no addresses. The paged boxes' block ids are loaded a tile ahead, one lane a box.
+// Paged fp8 decode's whole KV tiles by TMA (Hopper). kv_tma_map's tensor maps view one layer's K
+// or V as [blocks, block_size, kv_heads, head_dim] bytes and write 128-byte rows in the 128-byte
+// swizzle, which is Fp8Tiles::swz at head_dim 128 when a stage starts on a 1024-byte boundary.
+// One warp issues a tile's boxes, each `box_rows` (64) rows of one KV head in one block, on its
+// stage's mbarrier, which counts the tile's bytes: the other warps issue no copies and compute no
+// addresses. The boxes' block ids are loaded a tile ahead, one lane a box.
 struct TmaKv {
   const CUtensorMap* k;
   const CUtensorMap* v;
@@ -357,12 +357,14 @@ __device__ __forceinline__ void attend_range_fp8(
   }
   // Tile i into its stage; TMA: then the next tile's coordinates.
   auto issue = [&](uint32_t i) {
-    if (by_tma(i)) {
-      if (warp == 0) {
-        tma_issue<TL>(ks(i % S), vs(i % S), bar(i % S), *tma, c2, c3, lane);
-        if (by_tma(i + 1)) tma_fetch<TL>(c2, c3, loc, *tma, start(i + 1), lane);
+    if constexpr (TMA) {
+      if (by_tma(i)) {
+        if (warp == 0) {
+          tma_issue<TL>(ks(i % S), vs(i % S), bar(i % S), *tma, c2, c3, lane);
+          if (by_tma(i + 1)) tma_fetch<TL>(c2, c3, loc, *tma, start(i + 1), lane);
+        }
+        return;
       }
-      return;
     }
     if (TMA || !TL::kPrefetchRows || i < S - 1) fetch_rows<TL>(f, loc, start(i), kv_end, tid);
     issue_rows_fp8<TL>(ks(i % S), vs(i % S), k, v, loc, f, tid);

@@ -54,6 +54,9 @@ if want kernels; then
   for t in test_attention_kernels test_attention_fp8 test_block_kernels; do
     launch "$t" 200 "$bin/$t"
   done
+  # fp8 decode with TMA off: the cp.async path at the block sizes TMA takes otherwise.
+  launch test_attention_fp8-no-tma 200 env MEMSIM_DECODE_TMA=0 "$bin/test_attention_fp8" \
+    "fp8 decode*"
 fi
 want matrix && launch matrix 300 python3 "$here/attention_check.py" "$bin/libmemsim_kernels.so" \
   ${MATRIX_ARGS:-}
