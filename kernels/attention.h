@@ -16,9 +16,10 @@ cudaError_t query_device(DeviceLimits* out);
 cudaError_t paged_kv_write(const AttentionShape& shape, const KvWriteArgs& args,
                            cudaStream_t stream);
 // Whether paged_decode copies whole KV tiles by TMA (Hopper tensor maps) for this shape, cache
-// and window, rather than by cp.async: fp8 caches at head_dim 128 without a window, contiguous or
-// in blocks of a multiple of 64 tokens, on compute capability 9.0 or later, unless the
-// environment sets MEMSIM_DECODE_TMA=0. The outputs are the same either way (bit for bit).
+// and window, rather than by cp.async: paged fp8 caches in blocks of a multiple of 64 tokens at
+// head_dim 128 without a window, on compute capability 9.0 or later, unless the environment sets
+// MEMSIM_DECODE_TMA=0 (read once) or the view's tensor maps cannot be encoded. The outputs are
+// the same either way (bit for bit).
 bool decode_uses_tma(const AttentionShape& shape, const KvLayerView& cache, uint32_t window);
 cudaError_t paged_decode(const AttentionShape& shape, const DecodePlan& plan,
                          const DecodeArgs& args, cudaStream_t stream);

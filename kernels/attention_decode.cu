@@ -386,7 +386,7 @@ EncodeTiled encode_tiled() {
 // tokens (a whole 64-token-aligned range never crosses one). Measured on an H200
 // (docs/results/kernels.md, 2026-11-29): with 64-row boxes paged decode ran 1.00-1.04x faster
 // than by cp.async and within 3% of contiguous; a tile of 16-row boxes (vLLM's default block)
-// ran 6-8% slower than cp.async, of 32-row boxes no faster; contiguous decode (one 128-row box a
+// ran 6-9% slower than cp.async, of 32-row boxes no faster; contiguous decode (one 128-row box a
 // tile) took the same time either way, so it keeps cp.async. Also cp.async: devices before
 // Hopper, strides TMA cannot take (2^40 bytes or more), MEMSIM_DECODE_TMA=0 (read once).
 int decode_tma_rows(const AttentionShape& shape, const KvLayerView& cache, uint32_t window) {
