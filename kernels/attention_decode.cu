@@ -385,7 +385,7 @@ EncodeTiled encode_tiled() {
 // tiles are copied by cp.async. Boxes are 64 of a block's rows, so blocks of a multiple of 64
 // tokens (a whole 64-token-aligned range never crosses one). Measured on an H200
 // (docs/results/kernels.md, 2026-11-29): with 64-row boxes paged decode ran 1.00-1.04x faster
-// than by cp.async and within 3% of contiguous; a tile of 16-row boxes (vLLM's default block)
+// than by cp.async and -0.9..+3.3% over contiguous; a tile of 16-row boxes (vLLM's default block)
 // ran 6-9% slower than cp.async, of 32-row boxes no faster; contiguous decode (one 128-row box a
 // tile) took the same time either way, so it keeps cp.async. Also cp.async: devices before
 // Hopper, strides TMA cannot take (2^40 bytes or more), MEMSIM_DECODE_TMA=0 (read once).
